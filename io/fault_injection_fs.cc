@@ -1,0 +1,324 @@
+#include "io/fault_injection_fs.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "io/errno_status.h"
+#include "io/status_macros.h"
+
+namespace ckpt::io {
+
+class FaultInjectionFs::File final : public WritableFile {
+ public:
+  File(FaultInjectionFs* fs, std::unique_ptr<WritableFile> base, int inode)
+      : fs_(fs), base_(std::move(base)), inode_(inode) {}
+
+  absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
+    bool short_write = false;
+    int err = 0;
+    RETURN_IF_ERROR(fs_->OnWrite(inode_, path(), offset, &buffer, &short_write, &err));
+    if (short_write) {
+      // Part of the data reached the file before the device gave up.
+      size_t prefix = buffer.size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
+      if (prefix > 0) {
+        buffer.set_size(prefix);
+        (void)base_->Write(offset, std::move(buffer));
+        (void)base_->Flush();
+      }
+      return ErrnoToStatus(err, absl::StrCat("write ", path(), " at offset ", offset,
+                                             " (injected short write)"));
+    }
+    return base_->Write(offset, std::move(buffer));
+  }
+  absl::Status Flush() override { return base_->Flush(); }
+  absl::Status Sync() override { return SyncImpl(false); }
+  absl::Status DataSync() override { return SyncImpl(true); }
+  absl::Status Close() override { return base_->Close(); }
+  const std::string& path() const override { return base_->path(); }
+
+ private:
+  absl::Status SyncImpl(bool data_only) {
+    RETURN_IF_ERROR(base_->Flush());
+    bool inject = false;
+    RETURN_IF_ERROR(fs_->BeforeSync(path(), &inject));
+    if (inject) return fs_->OnSync(inode_, path(), false);
+    absl::Status s = data_only ? base_->DataSync() : base_->Sync();
+    RETURN_IF_ERROR(s);
+    return fs_->OnSync(inode_, path(), true);
+  }
+
+  FaultInjectionFs* const fs_;
+  std::unique_ptr<WritableFile> base_;
+  const int inode_;
+};
+
+FaultInjectionFs::FaultInjectionFs(FileSystem* base) : base_(base) {}
+FaultInjectionFs::~FaultInjectionFs() = default;
+
+void FaultInjectionFs::FailWriteAt(int n, int err) {
+  absl::MutexLock l(&mu_);
+  fail_write_ = {n, err};
+}
+void FaultInjectionFs::ShortWriteAt(int n, int err) {
+  absl::MutexLock l(&mu_);
+  short_write_ = {n, err};
+}
+void FaultInjectionFs::FailSyncAt(int n, int err) {
+  absl::MutexLock l(&mu_);
+  fail_sync_ = {n, err};
+}
+void FaultInjectionFs::FailSyncDirAt(int n, int err) {
+  absl::MutexLock l(&mu_);
+  fail_sync_dir_ = {n, err};
+}
+void FaultInjectionFs::PowerLossAfter(int n) {
+  absl::MutexLock l(&mu_);
+  power_loss_after_ = n;
+}
+void FaultInjectionFs::EnableTornWrites(uint64_t seed) {
+  absl::MutexLock l(&mu_);
+  torn_ = true;
+  rng_.seed(seed);
+}
+int FaultInjectionFs::writes() const {
+  absl::MutexLock l(&mu_);
+  return writes_;
+}
+int FaultInjectionFs::syncs() const {
+  absl::MutexLock l(&mu_);
+  return syncs_;
+}
+int FaultInjectionFs::mutations() const {
+  absl::MutexLock l(&mu_);
+  return mutations_;
+}
+
+absl::Status FaultInjectionFs::BeginMutation(absl::string_view what) {
+  ++mutations_;
+  if (power_loss_after_ >= 0 && mutations_ > power_loss_after_) {
+    return ErrnoToStatus(EIO, absl::StrCat(what, " (simulated power loss)"));
+  }
+  return absl::OkStatus();
+}
+
+void FaultInjectionFs::TrackDir(const std::string& dir) {
+  if (durable_dirs_.count(dir) != 0) return;
+  std::map<std::string, int>& entries = durable_dirs_[dir];
+  absl::StatusOr<std::vector<std::string>> names = base_->ListDir(dir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) {
+    std::string path = JoinPath(dir, name);
+    absl::StatusOr<std::string> contents = ReadFileToString(base_, path);
+    if (!contents.ok()) continue;  // a directory or unreadable: not modelled
+    int id = next_inode_++;
+    inodes_[id].durable = *std::move(contents);
+    entries[name] = id;
+    current_[path] = id;
+  }
+}
+
+std::string FaultInjectionFs::PathOf(int inode) const {
+  for (const auto& [path, id] : current_) {
+    if (id == inode) return path;
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFs::NewWritableFile(
+    const std::string& path, const FileOptions& options) {
+  int inode;
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(BeginMutation(absl::StrCat("create ", path)));
+    TrackDir(DirName(path));
+    auto it = current_.find(path);
+    if (it != current_.end()) {
+      inode = it->second;  // O_TRUNC keeps the inode; its durable data changes only on fsync
+    } else {
+      inode = next_inode_++;
+      inodes_[inode];
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> base, base_->NewWritableFile(path, options));
+  absl::MutexLock l(&mu_);
+  current_[path] = inode;
+  return std::unique_ptr<WritableFile>(new File(this, std::move(base), inode));
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectionFs::NewReadableFile(
+    const std::string& path, const FileOptions& options) {
+  return base_->NewReadableFile(path, options);
+}
+
+absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path, uint64_t offset,
+                                       AlignedBuffer* buffer, bool* short_write, int* err) {
+  absl::MutexLock l(&mu_);
+  RETURN_IF_ERROR(BeginMutation(absl::StrCat("write ", path, " at offset ", offset)));
+  ++writes_;
+  if (fail_write_.at == writes_) {
+    return ErrnoToStatus(fail_write_.err,
+                         absl::StrCat("write ", path, " at offset ", offset, " (injected)"));
+  }
+  Inode& node = inodes_[inode];
+  if (short_write_.at == writes_) {
+    *short_write = true;
+    *err = short_write_.err;
+    size_t prefix = buffer->size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
+    node.unsynced.emplace_back(offset,
+                               std::string(reinterpret_cast<const char*>(buffer->data()), prefix));
+    return absl::OkStatus();
+  }
+  node.unsynced.emplace_back(
+      offset, std::string(reinterpret_cast<const char*>(buffer->data()), buffer->size()));
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFs::BeforeSync(const std::string& path, bool* inject) {
+  absl::MutexLock l(&mu_);
+  RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync ", path)));
+  ++syncs_;
+  *inject = fail_sync_.at == syncs_;
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path, bool sync_ok_in_base) {
+  absl::MutexLock l(&mu_);
+  Inode& node = inodes_[inode];
+  if (!sync_ok_in_base) {
+    // Linux marks the failed pages clean: the data never reaches the disk, and a later fsync
+    // reports success without writing it.
+    node.poisoned = true;
+    node.unsynced.clear();
+    return ErrnoToStatus(fail_sync_.err, absl::StrCat("fsync ", path, " (injected)"));
+  }
+  if (node.poisoned) return absl::OkStatus();
+  std::string current_path = PathOf(inode);
+  if (current_path.empty()) return absl::OkStatus();  // unlinked
+  absl::StatusOr<std::string> contents = ReadFileToString(base_, current_path);
+  if (!contents.ok()) return contents.status();
+  node.durable = *std::move(contents);
+  node.unsynced.clear();
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFs::Rename(const std::string& from, const std::string& to) {
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(BeginMutation(absl::StrCat("rename ", from, " to ", to)));
+    TrackDir(DirName(from));
+    TrackDir(DirName(to));
+  }
+  RETURN_IF_ERROR(base_->Rename(from, to));
+  absl::MutexLock l(&mu_);
+  auto it = current_.find(from);
+  if (it != current_.end()) {
+    int inode = it->second;
+    current_.erase(it);
+    current_[to] = inode;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFs::SyncDir(const std::string& dir) {
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync directory ", dir)));
+    ++dir_syncs_;
+    if (fail_sync_dir_.at == dir_syncs_) {
+      return ErrnoToStatus(fail_sync_dir_.err,
+                           absl::StrCat("fsync directory ", dir, " (injected)"));
+    }
+  }
+  RETURN_IF_ERROR(base_->SyncDir(dir));
+  absl::MutexLock l(&mu_);
+  TrackDir(dir);
+  std::map<std::string, int> entries;
+  for (const auto& [path, inode] : current_) {
+    if (DirName(path) == dir) entries[BaseName(path)] = inode;
+  }
+  durable_dirs_[dir] = std::move(entries);
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFs::Unlink(const std::string& path) {
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(BeginMutation(absl::StrCat("unlink ", path)));
+    TrackDir(DirName(path));
+  }
+  RETURN_IF_ERROR(base_->Unlink(path));
+  absl::MutexLock l(&mu_);
+  current_.erase(path);
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFs::CreateDirs(const std::string& path) {
+  return base_->CreateDirs(path);
+}
+absl::StatusOr<std::vector<std::string>> FaultInjectionFs::ListDir(const std::string& dir) {
+  return base_->ListDir(dir);
+}
+absl::StatusOr<uint64_t> FaultInjectionFs::FileSize(const std::string& path) {
+  return base_->FileSize(path);
+}
+absl::StatusOr<bool> FaultInjectionFs::Exists(const std::string& path) {
+  return base_->Exists(path);
+}
+absl::StatusOr<uint64_t> FaultInjectionFs::FreeSpace(const std::string& path) {
+  return base_->FreeSpace(path);
+}
+
+std::string FaultInjectionFs::TornContents(const Inode& node) {
+  std::string contents = node.durable;
+  if (!torn_ || node.unsynced.empty()) return contents;
+  size_t keep = std::uniform_int_distribution<size_t>(0, node.unsynced.size())(rng_);
+  for (size_t i = 0; i < keep; ++i) {
+    const auto& [offset, data] = node.unsynced[i];
+    absl::string_view piece = data;
+    if (i + 1 == keep) {
+      size_t sectors = piece.size() / 512;
+      piece = piece.substr(0, std::uniform_int_distribution<size_t>(0, sectors)(rng_) * 512);
+    }
+    if (contents.size() < offset + piece.size()) contents.resize(offset + piece.size(), '\0');
+    std::memcpy(contents.data() + offset, piece.data(), piece.size());
+  }
+  return contents;
+}
+
+absl::Status FaultInjectionFs::SimulatePowerLoss() {
+  absl::MutexLock l(&mu_);
+  absl::Status result;
+  for (const auto& [dir, entries] : durable_dirs_) {
+    for (auto it = current_.begin(); it != current_.end();) {
+      if (DirName(it->first) == dir) {
+        absl::Status s = base_->Unlink(it->first);
+        if (!s.ok() && result.ok()) result = s;
+        it = current_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [name, inode] : entries) {
+      std::string path = JoinPath(dir, name);
+      absl::Status s = WriteStringToFile(base_, path, TornContents(inodes_[inode]));
+      if (!s.ok() && result.ok()) result = s;
+      current_[path] = inode;
+    }
+  }
+  for (auto& [id, node] : inodes_) {
+    node.unsynced.clear();
+    node.poisoned = false;
+  }
+  // What was written by a torn power loss is now the durable state.
+  for (const auto& [path, inode] : current_) {
+    absl::StatusOr<std::string> contents = ReadFileToString(base_, path);
+    if (contents.ok()) inodes_[inode].durable = *std::move(contents);
+  }
+  writes_ = syncs_ = dir_syncs_ = mutations_ = 0;
+  fail_write_ = short_write_ = fail_sync_ = fail_sync_dir_ = Fault{};
+  power_loss_after_ = -1;
+  return result;
+}
+
+}  // namespace ckpt::io

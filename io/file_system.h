@@ -1,0 +1,128 @@
+// io::FileSystem is the only route from ckpt to the file system, so tests can put a
+// fault-injecting file system (FaultInjectionFs) in its place, the way leveldb's Env and rocksdb's
+// FileSystem do.
+//
+// Files are written and read at explicit offsets. Writes and queued reads may complete
+// asynchronously (the io_uring implementation keeps several in flight); Flush()/WaitReads()
+// wait for them and return the first error. Every call returns absl::Status with a message that
+// names the file and offset.
+//
+// Thread-safety: a FileSystem is thread-safe. A WritableFile or ReadableFile is used by one
+// thread at a time.
+#ifndef CKPT_IO_FILE_SYSTEM_H_
+#define CKPT_IO_FILE_SYSTEM_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "io/aligned_buffer.h"
+#include "io/uring_fault.h"
+
+namespace ckpt::io {
+
+struct FileOptions {
+  // O_DIRECT: offsets, lengths and buffer addresses must then be multiples of
+  // kDirectIoAlignment. A file system that refuses O_DIRECT (tmpfs) silently gets buffered I/O.
+  bool direct = false;
+};
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+
+  // Queues a write of `buffer.span()` at `offset`. The file owns the buffer until the write
+  // completes. An error may be returned here or by a later Flush(); a file that failed once
+  // fails every later call with the first error.
+  virtual absl::Status Write(uint64_t offset, AlignedBuffer buffer) = 0;
+  // Waits for every queued write.
+  virtual absl::Status Flush() = 0;
+  // Flush, then fsync(2) / fdatasync(2). A failed sync is final: the data may be gone, so the
+  // caller must not retry it and must treat the file as lost.
+  virtual absl::Status Sync() = 0;
+  virtual absl::Status DataSync() = 0;
+  // Flushes and closes. Called by the destructor if needed (errors then only logged).
+  virtual absl::Status Close() = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+
+  // Reads exactly dst.size() bytes at `offset`; reading past the end is an OutOfRange error.
+  virtual absl::Status Read(uint64_t offset, absl::Span<uint8_t> dst) = 0;
+  // Queues a read; `dst` must stay valid until WaitReads() returns.
+  virtual absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) = 0;
+  // Waits for every queued read and returns the first error.
+  virtual absl::Status WaitReads() = 0;
+  virtual absl::StatusOr<uint64_t> Size() = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // Creates `path` (truncating an existing file) for writing.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const FileOptions& options) = 0;
+  virtual absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(
+      const std::string& path, const FileOptions& options) = 0;
+
+  // rename(2): atomic replacement of `to`. Durable only after SyncDir of both parents.
+  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
+  // fsync of a directory, which makes creations, renames and unlinks in it durable.
+  virtual absl::Status SyncDir(const std::string& dir) = 0;
+  virtual absl::Status Unlink(const std::string& path) = 0;
+  // Creates the directory and its missing parents (mode 0755). Existing is not an error.
+  virtual absl::Status CreateDirs(const std::string& path) = 0;
+  // Names of the entries of `dir`, without "." and "..", sorted.
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
+  virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
+  // Bytes available to an unprivileged user on the file system holding `path`.
+  virtual absl::StatusOr<uint64_t> FreeSpace(const std::string& path) = 0;
+};
+
+// Options of the real file system.
+struct PosixFsOptions {
+  // Use io_uring for writes and queued reads. When the kernel refuses io_uring, the file system
+  // logs one warning and uses pwrite/pread instead.
+  bool use_io_uring = true;
+  // Requests in flight per file.
+  unsigned queue_depth = 16;
+  // Writes and reads are split into requests of at most this many bytes.
+  size_t max_request_bytes = 1 << 20;
+  // Tests only: consulted for every io_uring submission.
+  UringFaultHook uring_fault_hook;
+};
+
+std::unique_ptr<FileSystem> NewPosixFileSystem(const PosixFsOptions& options = {});
+
+// A process-wide posix file system with default options.
+FileSystem* DefaultFileSystem();
+
+// True when io_uring can be set up in this process (kernel support and no seccomp filter).
+bool IoUringAvailable();
+
+// "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".
+std::string DirName(absl::string_view path);
+// "a/b/c" -> "c".
+std::string BaseName(absl::string_view path);
+std::string JoinPath(absl::string_view dir, absl::string_view name);
+
+// Reads a whole file through `fs` (tools and tests; not for large data).
+absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path);
+// Writes `contents` to `path` with buffered I/O, without sync (tests and tools).
+absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
+                               absl::string_view contents);
+
+}  // namespace ckpt::io
+
+#endif  // CKPT_IO_FILE_SYSTEM_H_

@@ -1,0 +1,426 @@
+// The real file system: POSIX calls for metadata, io_uring (or pwrite/pread when the kernel
+// refuses io_uring) for data.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/base/call_once.h"
+#include "absl/strings/str_cat.h"
+#include "io/errno_status.h"
+#include "io/file_system.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "io/uring_engine.h"
+
+namespace ckpt::io {
+namespace {
+
+absl::Status PosixError(absl::string_view op, absl::string_view path) {
+  return ErrnoToStatus(errno, absl::StrCat(op, " ", path));
+}
+
+// Opens with O_DIRECT when asked, falling back to buffered I/O where the file system refuses it.
+int OpenMaybeDirect(const std::string& path, int flags, bool direct, bool* is_direct) {
+  int fd = -1;
+  *is_direct = false;
+  if (direct) {
+    do {
+      fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd >= 0) {
+      *is_direct = true;
+      return fd;
+    }
+    if (errno != EINVAL) return -1;
+  }
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+absl::Status PwriteFully(int fd, const std::string& path, const uint8_t* buf, size_t n,
+                         uint64_t offset) {
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, buf, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoToStatus(errno, absl::StrCat("write ", path, " at offset ", offset));
+    }
+    if (w == 0) {
+      return absl::InternalError(absl::StrCat("write ", path, " at offset ", offset,
+                                              ": no progress"));
+    }
+    buf += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PreadFully(int fd, const std::string& path, uint8_t* buf, size_t n,
+                        uint64_t offset) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoToStatus(errno, absl::StrCat("read ", path, " at offset ", offset));
+    }
+    if (r == 0) {
+      return absl::OutOfRangeError(absl::StrCat("read ", path, " at offset ", offset,
+                                                ": end of file with ", n, " bytes left"));
+    }
+    buf += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<UringEngine> MaybeEngine(const PosixFsOptions& options) {
+  if (!options.use_io_uring || !IoUringAvailable()) return nullptr;
+  auto engine = UringEngine::Create(
+      UringEngineOptions{options.queue_depth, options.uring_fault_hook});
+  if (!engine.ok()) {
+    CKPT_LOG_WARN("io_uring unavailable for this file ({}); using pwrite/pread",
+                  engine.status().ToString());
+    return nullptr;
+  }
+  return std::move(engine).value();
+}
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd, bool direct, const PosixFsOptions& options)
+      : path_(std::move(path)), fd_(fd), direct_(direct), options_(options),
+        engine_(MaybeEngine(options)) {}
+
+  ~PosixWritableFile() override {
+    absl::Status s = Close();
+    if (!s.ok()) CKPT_LOG_WARN("closing {}: {}", path_, s.ToString());
+  }
+
+  absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
+    RETURN_IF_ERROR(error_);
+    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("write to closed ", path_));
+    if (direct_ && (!IsAligned(offset) || !IsAligned(buffer.size()))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("O_DIRECT write to ", path_, " at offset ", offset, " of ",
+                       buffer.size(), " bytes is not aligned to ", kDirectIoAlignment));
+    }
+    if (engine_ == nullptr) {
+      error_ = PwriteFully(fd_, path_, buffer.data(), buffer.size(), offset);
+      return error_;
+    }
+    // The buffer lives in `pending_` until all of its requests completed.
+    auto holder = std::make_shared<AlignedBuffer>(std::move(buffer));
+    const size_t total = holder->size();
+    for (size_t pos = 0; pos < total; pos += options_.max_request_bytes) {
+      size_t len = std::min(options_.max_request_bytes, total - pos);
+      absl::Status s = engine_->SubmitWrite(
+          fd_, &path_, holder->data() + pos, len, offset + pos,
+          [this, holder](absl::Status status) {
+            if (!status.ok() && error_.ok()) error_ = std::move(status);
+          });
+      if (!s.ok()) {
+        if (error_.ok()) error_ = s;
+        break;
+      }
+    }
+    return error_;
+  }
+
+  absl::Status Flush() override {
+    if (engine_ != nullptr) {
+      absl::Status s = engine_->Drain();
+      if (!s.ok() && error_.ok()) error_ = s;
+    }
+    return error_;
+  }
+
+  absl::Status Sync() override { return SyncImpl(false); }
+  absl::Status DataSync() override { return SyncImpl(true); }
+
+  absl::Status Close() override {
+    if (fd_ < 0) return error_;
+    absl::Status s = Flush();
+    engine_.reset();
+    if (::close(fd_) != 0 && s.ok()) s = PosixError("close", path_);
+    fd_ = -1;
+    if (!s.ok() && error_.ok()) error_ = s;
+    return error_;
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  absl::Status SyncImpl(bool data_only) {
+    RETURN_IF_ERROR(Flush());
+    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("sync of closed ", path_));
+    int rc = data_only ? ::fdatasync(fd_) : ::fsync(fd_);
+    if (rc != 0) {
+      // Never retried: after a failed fsync the kernel may have dropped the dirty pages.
+      error_ = PosixError(data_only ? "fdatasync" : "fsync", path_);
+    }
+    return error_;
+  }
+
+  const std::string path_;
+  int fd_;
+  const bool direct_;
+  const PosixFsOptions options_;
+  std::unique_ptr<UringEngine> engine_;
+  absl::Status error_;
+};
+
+class PosixReadableFile final : public ReadableFile {
+ public:
+  PosixReadableFile(std::string path, int fd, bool direct, const PosixFsOptions& options)
+      : path_(std::move(path)), fd_(fd), direct_(direct), options_(options),
+        engine_(MaybeEngine(options)) {}
+  ~PosixReadableFile() override {
+    engine_.reset();  // drains
+    ::close(fd_);
+  }
+
+  absl::Status Read(uint64_t offset, absl::Span<uint8_t> dst) override {
+    RETURN_IF_ERROR(CheckAlignment(offset, dst));
+    return PreadFully(fd_, path_, dst.data(), dst.size(), offset);
+  }
+
+  absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) override {
+    RETURN_IF_ERROR(CheckAlignment(offset, dst));
+    if (engine_ == nullptr) {
+      absl::Status s = PreadFully(fd_, path_, dst.data(), dst.size(), offset);
+      if (!s.ok() && error_.ok()) error_ = s;
+      return absl::OkStatus();
+    }
+    for (size_t pos = 0; pos < dst.size(); pos += options_.max_request_bytes) {
+      size_t len = std::min(options_.max_request_bytes, dst.size() - pos);
+      absl::Status s = engine_->SubmitRead(fd_, &path_, dst.data() + pos, len, offset + pos,
+                                           [this](absl::Status status) {
+                                             if (!status.ok() && error_.ok()) {
+                                               error_ = std::move(status);
+                                             }
+                                           });
+      if (!s.ok()) {
+        if (error_.ok()) error_ = s;
+        break;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitReads() override {
+    if (engine_ != nullptr) {
+      absl::Status s = engine_->Drain();
+      if (!s.ok() && error_.ok()) error_ = s;
+    }
+    absl::Status result = std::exchange(error_, absl::OkStatus());
+    return result;
+  }
+
+  absl::StatusOr<uint64_t> Size() override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return PosixError("fstat", path_);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  absl::Status CheckAlignment(uint64_t offset, absl::Span<uint8_t> dst) const {
+    if (direct_ && (!IsAligned(offset) || !IsAligned(dst.size()) ||
+                    !IsAligned(reinterpret_cast<uintptr_t>(dst.data())))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("O_DIRECT read of ", path_, " at offset ", offset, " of ", dst.size(),
+                       " bytes is not aligned to ", kDirectIoAlignment));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string path_;
+  const int fd_;
+  const bool direct_;
+  const PosixFsOptions options_;
+  std::unique_ptr<UringEngine> engine_;
+  absl::Status error_;
+};
+
+class PosixFileSystem final : public FileSystem {
+ public:
+  explicit PosixFileSystem(const PosixFsOptions& options) : options_(options) {}
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const FileOptions& options) override {
+    bool direct = false;
+    int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC, options.direct, &direct);
+    if (fd < 0) return PosixError("create", path);
+    return std::make_unique<PosixWritableFile>(path, fd, direct, options_);
+  }
+
+  absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(
+      const std::string& path, const FileOptions& options) override {
+    bool direct = false;
+    int fd = OpenMaybeDirect(path, O_RDONLY, options.direct, &direct);
+    if (fd < 0) return PosixError("open", path);
+    return std::make_unique<PosixReadableFile>(path, fd, direct, options_);
+  }
+
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return PosixError("rename", absl::StrCat(from, " to ", to));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    int fd;
+    do {
+      fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return PosixError("open directory", dir);
+    absl::Status s;
+    if (::fsync(fd) != 0) s = PosixError("fsync directory", dir);
+    ::close(fd);
+    return s;
+  }
+
+  absl::Status Unlink(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return PosixError("unlink", path);
+    return absl::OkStatus();
+  }
+
+  absl::Status CreateDirs(const std::string& path) override {
+    if (path.empty()) return absl::InvalidArgumentError("create directory: empty path");
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+      return absl::AlreadyExistsError(absl::StrCat("create directory ", path,
+                                                   ": exists and is not a directory"));
+    }
+    std::string parent = DirName(path);
+    if (parent != path && parent != "." && parent != "/") RETURN_IF_ERROR(CreateDirs(parent));
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      return PosixError("mkdir", path);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return PosixError("list directory", dir);
+    std::vector<std::string> names;
+    errno = 0;
+    while (dirent* e = ::readdir(d)) {
+      absl::string_view name(e->d_name);
+      if (name != "." && name != "..") names.emplace_back(name);
+    }
+    int err = errno;
+    ::closedir(d);
+    if (err != 0) return ErrnoToStatus(err, absl::StrCat("read directory ", dir));
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return PosixError("stat", path);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  absl::StatusOr<bool> Exists(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) return true;
+    if (errno == ENOENT) return false;
+    return PosixError("stat", path);
+  }
+
+  absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override {
+    struct statvfs st;
+    if (::statvfs(path.c_str(), &st) != 0) return PosixError("statvfs", path);
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+
+ private:
+  const PosixFsOptions options_;
+};
+
+}  // namespace
+
+bool IoUringAvailable() {
+  static absl::once_flag once;
+  static bool available = false;
+  absl::call_once(once, [] {
+    io_uring ring;
+    int rc = io_uring_queue_init(2, &ring, 0);
+    if (rc == 0) {
+      available = true;
+      io_uring_queue_exit(&ring);
+    } else {
+      CKPT_LOG_WARN("io_uring is not available ({}); falling back to pwrite/pread",
+                    ErrnoToStatus(-rc, "io_uring_queue_init").ToString());
+    }
+  });
+  return available;
+}
+
+std::unique_ptr<FileSystem> NewPosixFileSystem(const PosixFsOptions& options) {
+  return std::make_unique<PosixFileSystem>(options);
+}
+
+FileSystem* DefaultFileSystem() {
+  static FileSystem* fs = NewPosixFileSystem().release();
+  return fs;
+}
+
+std::string DirName(absl::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  if (slash == absl::string_view::npos) return ".";
+  if (slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+std::string BaseName(absl::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  return std::string(slash == absl::string_view::npos ? path : path.substr(slash + 1));
+}
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->NewReadableFile(path, {}));
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  std::string out(size, '\0');
+  RETURN_IF_ERROR(
+      file->Read(0, absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size())));
+  return out;
+}
+
+absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
+                               absl::string_view contents) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs->NewWritableFile(path, {}));
+  if (!contents.empty()) {
+    AlignedBuffer buffer(contents.size());
+    std::copy(contents.begin(), contents.end(), buffer.data());
+    RETURN_IF_ERROR(file->Write(0, std::move(buffer)));
+  }
+  return file->Close();
+}
+
+}  // namespace ckpt::io

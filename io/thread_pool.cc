@@ -1,0 +1,42 @@
+#include "io/thread_pool.h"
+
+namespace ckpt::io {
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads < 1) threads = 1;
+  threads_.reserve(threads);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void ThreadPool::Schedule(std::function<void()> fn) {
+  absl::MutexLock l(&mu_);
+  queue_.push_back(std::move(fn));
+}
+
+void ThreadPool::Loop() {
+  while (true) {
+    std::function<void()> fn;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+            return p->stopping_ || !p->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping and drained
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fn();
+  }
+}
+
+}  // namespace ckpt::io

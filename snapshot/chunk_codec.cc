@@ -1,0 +1,188 @@
+#include "snapshot/chunk_codec.h"
+
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "snapshot/filter.h"
+
+namespace ckpt::snapshot {
+namespace {
+
+// The one place where zstd's error space becomes a Status.
+absl::Status ZstdError(size_t code, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(what, ": zstd: ", ZSTD_getErrorName(code)));
+}
+
+struct CCtxDeleter {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+struct DCtxDeleter {
+  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+};
+
+ZSTD_CCtx* ThreadCCtx() {
+  thread_local std::unique_ptr<ZSTD_CCtx, CCtxDeleter> ctx(ZSTD_createCCtx());
+  return ctx.get();
+}
+ZSTD_DCtx* ThreadDCtx() {
+  thread_local std::unique_ptr<ZSTD_DCtx, DCtxDeleter> ctx(ZSTD_createDCtx());
+  return ctx.get();
+}
+
+// Per-thread scratch for the filtered bytes, grown on demand.
+uint8_t* Scratch(size_t n, int which) {
+  thread_local std::vector<uint8_t> scratch[2];
+  if (scratch[which].size() < n) scratch[which].resize(n);
+  return scratch[which].data();
+}
+
+}  // namespace
+
+uint64_t Checksum(absl::Span<const uint8_t> bytes) {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+size_t MaxEncodedSize(size_t raw_size) {
+  return ChunkFootprint(ZSTD_compressBound(raw_size));
+}
+
+absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
+                                              uint32_t element_width, const CodecOptions& options,
+                                              io::BufferPool* pool, ChunkHeader* header) {
+  if (element_width == 0 || element_width > 255) {
+    return absl::InvalidArgumentError(absl::StrCat("element width ", element_width));
+  }
+  const size_t raw_size = raw.size();
+  const size_t max_size = MaxEncodedSize(raw_size);
+  io::AlignedBuffer out = (pool != nullptr && pool->buffer_capacity() >= max_size)
+                              ? pool->Acquire()
+                              : io::AlignedBuffer(max_size);
+  uint8_t* stored = out.data() + kChunkHeaderSize;
+
+  header->element_width = element_width;
+  header->raw_size = static_cast<uint32_t>(raw_size);
+  header->raw_xxh3 = Checksum(raw);
+  header->codec = proto::CODEC_NONE;
+  header->filter = proto::FILTER_NONE;
+  size_t stored_size = raw_size;
+
+  if (options.codec == proto::CODEC_ZSTD && raw_size > 0) {
+    const bool shuffled = options.shuffle && element_width > 1;
+    ZSTD_CCtx* cctx = ThreadCCtx();
+    const double keep = 1.0 - options.min_saving;
+    bool worth_trying = true;
+    if (options.probe_bytes > 0 && raw_size > 2 * options.probe_bytes) {
+      // The sample is filtered on its own: a prefix of the filtered chunk would hold only the
+      // low bytes of its elements and misjudge it.
+      size_t sample = options.probe_bytes / element_width * element_width;
+      const uint8_t* probe_input = raw.data();
+      if (shuffled) {
+        uint8_t* filtered = Scratch(sample, 0);
+        ByteShuffle(raw.data(), filtered, sample, element_width);
+        probe_input = filtered;
+      }
+      size_t probe_cap = ZSTD_compressBound(sample);
+      size_t probe = ZSTD_compressCCtx(cctx, Scratch(probe_cap, 1), probe_cap, probe_input,
+                                       sample, options.zstd_level);
+      if (ZSTD_isError(probe)) return ZstdError(probe, "compress probe");
+      worth_trying = static_cast<double>(probe) < keep * static_cast<double>(sample);
+    }
+    const uint8_t* input = raw.data();
+    if (worth_trying && shuffled) {
+      uint8_t* filtered = Scratch(raw_size, 0);
+      ByteShuffle(raw.data(), filtered, raw_size, element_width);
+      input = filtered;
+    }
+    if (worth_trying) {
+      size_t n = ZSTD_compressCCtx(cctx, stored, ZSTD_compressBound(raw_size), input, raw_size,
+                                   options.zstd_level);
+      if (ZSTD_isError(n)) return ZstdError(n, "compress");
+      if (static_cast<double>(n) < keep * static_cast<double>(raw_size)) {
+        header->codec = proto::CODEC_ZSTD;
+        header->filter = shuffled ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
+        stored_size = n;
+      }
+    }
+  }
+  if (header->codec == proto::CODEC_NONE) {
+    if (raw_size > 0) std::memcpy(stored, raw.data(), raw_size);
+    header->stored_xxh3 = header->raw_xxh3;
+  } else {
+    header->stored_xxh3 = Checksum({stored, stored_size});
+  }
+  header->stored_size = static_cast<uint32_t>(stored_size);
+  EncodeChunkHeader(*header, out.data());
+  size_t footprint = ChunkFootprint(stored_size);
+  std::memset(stored + stored_size, 0, footprint - kChunkHeaderSize - stored_size);
+  out.set_size(footprint);
+  return out;
+}
+
+absl::Status DecodeChunk(const ChunkHeader& header, absl::Span<const uint8_t> stored,
+                         absl::Span<uint8_t> raw_out) {
+  if (stored.size() != header.stored_size || raw_out.size() != header.raw_size) {
+    return absl::InvalidArgumentError(absl::StrCat("decode: buffers of ", stored.size(), "/",
+                                                   raw_out.size(), " bytes for a chunk of ",
+                                                   header.stored_size, "/", header.raw_size));
+  }
+  if (Checksum(stored) != header.stored_xxh3) {
+    return absl::DataLossError("stored bytes checksum mismatch");
+  }
+  const size_t raw_size = header.raw_size;
+  if (raw_size == 0) {
+    // Writers never produce empty chunks; an empty one is only valid if it says so exactly.
+    if (header.codec != proto::CODEC_NONE || stored.size() != 0 ||
+        header.raw_xxh3 != Checksum({})) {
+      return absl::DataLossError("empty chunk with a codec, stored bytes or a wrong checksum");
+    }
+    return absl::OkStatus();
+  }
+  bool shuffled = header.filter == proto::FILTER_BYTE_SHUFFLE;
+  if (header.filter != proto::FILTER_NONE && !shuffled) {
+    return absl::DataLossError(absl::StrCat("unknown filter ", header.filter));
+  }
+  switch (header.codec) {
+    case proto::CODEC_NONE:
+      if (stored.size() != raw_size) {
+        return absl::DataLossError("uncompressed chunk whose stored and raw sizes differ");
+      }
+      if (shuffled) {
+        ByteUnshuffle(stored.data(), raw_out.data(), raw_size, header.element_width);
+      } else {
+        std::memcpy(raw_out.data(), stored.data(), raw_size);
+        // Identical bytes: the stored checksum already covered them.
+        if (header.raw_xxh3 == header.stored_xxh3) return absl::OkStatus();
+      }
+      break;
+    case proto::CODEC_ZSTD: {
+      unsigned long long declared = ZSTD_getFrameContentSize(stored.data(), stored.size());
+      if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN ||
+          declared != raw_size) {
+        return absl::DataLossError(absl::StrCat("zstd frame declares ", declared,
+                                                " bytes, the chunk ", raw_size));
+      }
+      uint8_t* dst = shuffled ? Scratch(raw_size, 0) : raw_out.data();
+      size_t n = ZSTD_decompressDCtx(ThreadDCtx(), dst, raw_size, stored.data(), stored.size());
+      if (ZSTD_isError(n)) return ZstdError(n, "decompress");
+      if (n != raw_size) {
+        return absl::DataLossError(absl::StrCat("decompressed ", n, " bytes, expected ",
+                                                raw_size));
+      }
+      if (shuffled) ByteUnshuffle(dst, raw_out.data(), raw_size, header.element_width);
+      break;
+    }
+    default:
+      return absl::DataLossError(absl::StrCat("unknown codec ", header.codec));
+  }
+  if (Checksum(raw_out) != header.raw_xxh3) {
+    return absl::DataLossError("raw bytes checksum mismatch after decoding");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::snapshot

@@ -1,0 +1,289 @@
+#include "snapshot/format.h"
+
+#include <xxhash.h>
+
+#include <bit>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "io/status_macros.h"
+#include "snapshot/dtype.h"
+#include "snapshot/names.h"
+
+namespace ckpt::snapshot {
+namespace {
+
+constexpr uint16_t kChunkHeaderVersion = 1;
+
+// The format is little-endian; so is every machine ckpt runs on.
+static_assert(std::endian::native == std::endian::little, "ckpt assumes a little-endian host");
+template <typename T>
+void Put(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+void Put16(uint8_t* p, uint16_t v) { Put(p, v); }
+void Put32(uint8_t* p, uint32_t v) { Put(p, v); }
+void Put64(uint8_t* p, uint64_t v) { Put(p, v); }
+uint16_t Get16(const uint8_t* p) { return Get<uint16_t>(p); }
+uint32_t Get32(const uint8_t* p) { return Get<uint32_t>(p); }
+uint64_t Get64(const uint8_t* p) { return Get<uint64_t>(p); }
+
+bool AllZero(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+bool KnownCodec(proto::Codec c) { return c == proto::CODEC_NONE || c == proto::CODEC_ZSTD; }
+bool KnownFilter(proto::Filter f) {
+  return f == proto::FILTER_NONE || f == proto::FILTER_BYTE_SHUFFLE;
+}
+
+}  // namespace
+
+// Layout (little-endian): magic[4] version u16 codec u8 filter u8 | width u8 reserved[3]
+// item u32 chunk u32 | raw_size u32 stored_size u32 reserved u32 | raw_offset u64 raw_xxh3 u64
+// stored_xxh3 u64 | header_xxh3 u64 (of bytes 0..55).
+void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
+  std::memset(out, 0, kChunkHeaderSize);
+  std::memcpy(out, kChunkMagic, 4);
+  Put16(out + 4, kChunkHeaderVersion);
+  out[6] = static_cast<uint8_t>(h.codec);
+  out[7] = static_cast<uint8_t>(h.filter);
+  out[8] = static_cast<uint8_t>(h.element_width);
+  Put32(out + 12, h.item_index);
+  Put32(out + 16, h.chunk_index);
+  Put32(out + 20, h.raw_size);
+  Put32(out + 24, h.stored_size);
+  Put64(out + 32, h.raw_offset);
+  Put64(out + 40, h.raw_xxh3);
+  Put64(out + 48, h.stored_xxh3);
+  Put64(out + 56, XXH3_64bits(out, 56));
+}
+
+absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() < kChunkHeaderSize) {
+    return absl::DataLossError(absl::StrCat("chunk header truncated to ", bytes.size(), " bytes"));
+  }
+  const uint8_t* p = bytes.data();
+  if (std::memcmp(p, kChunkMagic, 4) != 0) return absl::DataLossError("chunk header: bad magic");
+  if (Get64(p + 56) != XXH3_64bits(p, 56)) {
+    return absl::DataLossError("chunk header: checksum mismatch");
+  }
+  if (Get16(p + 4) != kChunkHeaderVersion) {
+    return absl::DataLossError(absl::StrCat("chunk header: unsupported version ", Get16(p + 4)));
+  }
+  if (!AllZero(p + 9, 3) || !AllZero(p + 28, 4)) {
+    return absl::DataLossError("chunk header: reserved bytes are not zero");
+  }
+  ChunkHeader h;
+  h.codec = static_cast<proto::Codec>(p[6]);
+  h.filter = static_cast<proto::Filter>(p[7]);
+  h.element_width = p[8];
+  h.item_index = Get32(p + 12);
+  h.chunk_index = Get32(p + 16);
+  h.raw_size = Get32(p + 20);
+  h.stored_size = Get32(p + 24);
+  h.raw_offset = Get64(p + 32);
+  h.raw_xxh3 = Get64(p + 40);
+  h.stored_xxh3 = Get64(p + 48);
+  return h;
+}
+
+// Layout (little-endian): magic[8] version u32 flags u32 manifest_offset u64 manifest_size u64
+// manifest_xxh3 u64 file_size u64 reserved u64 footer_xxh3 u64 (of bytes 0..55).
+void EncodeFooter(const Footer& f, uint8_t out[kFooterSize]) {
+  std::memset(out, 0, kFooterSize);
+  std::memcpy(out, kFooterMagic, 8);
+  Put32(out + 8, kFormatVersion);
+  Put64(out + 16, f.manifest_offset);
+  Put64(out + 24, f.manifest_size);
+  Put64(out + 32, f.manifest_xxh3);
+  Put64(out + 40, f.file_size);
+  Put64(out + 56, XXH3_64bits(out, 56));
+}
+
+absl::StatusOr<Footer> DecodeFooter(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != kFooterSize) {
+    return absl::DataLossError(absl::StrCat("footer is ", bytes.size(), " bytes, expected ",
+                                            kFooterSize));
+  }
+  const uint8_t* p = bytes.data();
+  if (std::memcmp(p, kFooterMagic, 8) != 0) {
+    return absl::DataLossError("footer: bad magic (not a ckpt shard file, or truncated)");
+  }
+  if (Get64(p + 56) != XXH3_64bits(p, 56)) return absl::DataLossError("footer: checksum mismatch");
+  uint32_t version = Get32(p + 8);
+  if (version != kFormatVersion) {
+    return absl::DataLossError(absl::StrCat("footer: format version ", version,
+                                            " is not supported (this reader knows ",
+                                            kFormatVersion, ")"));
+  }
+  if (Get32(p + 12) != 0 || Get64(p + 48) != 0) {
+    return absl::DataLossError("footer: reserved bytes are not zero");
+  }
+  Footer f;
+  f.manifest_offset = Get64(p + 16);
+  f.manifest_size = Get64(p + 24);
+  f.manifest_xxh3 = Get64(p + 32);
+  f.file_size = Get64(p + 40);
+  return f;
+}
+
+absl::StatusOr<uint64_t> TensorByteSize(const proto::Item& item) {
+  uint64_t width = DTypeSize(item.dtype());
+  if (width == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", item.name(), "\" has dtype ",
+                                                   DTypeName(item.dtype())));
+  }
+  uint64_t n = width;
+  for (int64_t len : item.box_length()) {
+    if (len < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", item.name(), "\" has a negative box length"));
+    }
+    if (len != 0 && n > UINT64_MAX / static_cast<uint64_t>(len)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", item.name(), "\" is too large (size overflows)"));
+    }
+    n *= static_cast<uint64_t>(len);
+  }
+  return n;
+}
+
+ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index, uint32_t chunk_index) {
+  ChunkHeader h;
+  h.codec = c.codec();
+  h.filter = c.filter();
+  h.element_width = c.element_width();
+  h.item_index = item_index;
+  h.chunk_index = chunk_index;
+  h.raw_size = c.raw_size();
+  h.stored_size = c.stored_size();
+  h.raw_offset = c.raw_offset();
+  h.raw_xxh3 = c.raw_xxh3();
+  h.stored_xxh3 = c.stored_xxh3();
+  return h;
+}
+
+bool operator==(const ChunkHeader& a, const ChunkHeader& b) {
+  return a.codec == b.codec && a.filter == b.filter && a.element_width == b.element_width &&
+         a.item_index == b.item_index && a.chunk_index == b.chunk_index &&
+         a.raw_size == b.raw_size && a.stored_size == b.stored_size &&
+         a.raw_offset == b.raw_offset && a.raw_xxh3 == b.raw_xxh3 &&
+         a.stored_xxh3 == b.stored_xxh3;
+}
+
+absl::Status ValidateManifest(const proto::ShardManifest& m, uint64_t manifest_offset) {
+  auto bad = [](auto&&... parts) { return absl::DataLossError(absl::StrCat(parts...)); };
+  if (m.format_version() != kFormatVersion) {
+    return bad("manifest: format version ", m.format_version(), " is not supported");
+  }
+  if (!m.job().empty()) RETURN_IF_ERROR(ValidateJobId(m.job()));
+  if (m.world_size() == 0 || m.rank() >= m.world_size()) {
+    return bad("manifest: rank ", m.rank(), " is outside world size ", m.world_size());
+  }
+  if (m.alignment() != kAlignment) return bad("manifest: alignment ", m.alignment());
+  if (m.chunk_size() == 0 || m.chunk_size() > kMaxChunkSize || m.chunk_size() % 8 != 0) {
+    return bad("manifest: chunk size ", m.chunk_size(), " is outside (0, ", kMaxChunkSize,
+               "] or not a multiple of 8");
+  }
+  if (m.data_size() != manifest_offset) {
+    return bad("manifest: data size ", m.data_size(), " does not match manifest offset ",
+               manifest_offset);
+  }
+  std::set<std::string> names;
+  uint64_t file_pos = 0;
+  for (int i = 0; i < m.items_size(); ++i) {
+    const proto::Item& item = m.items(i);
+    absl::Status name_ok = ValidateItemName(item.name());
+    if (!name_ok.ok()) return bad("manifest: item ", i, ": ", name_ok.message());
+    if (!names.insert(item.name()).second) {
+      return bad("manifest: item name \"", item.name(), "\" appears twice");
+    }
+    uint32_t width = 1;
+    if (item.kind() == proto::ITEM_KIND_TENSOR) {
+      width = static_cast<uint32_t>(DTypeSize(item.dtype()));
+      if (width == 0) return bad("manifest: tensor \"", item.name(), "\" has an unknown dtype");
+      int rank = item.global_shape_size();
+      if (item.box_offset_size() != rank || item.box_length_size() != rank) {
+        return bad("manifest: tensor \"", item.name(), "\" has ", rank, " dims but a box of ",
+                   item.box_offset_size(), "/", item.box_length_size());
+      }
+      for (int d = 0; d < rank; ++d) {
+        int64_t dim = item.global_shape(d), off = item.box_offset(d), len = item.box_length(d);
+        if (dim < 0 || off < 0 || len < 0 || off > dim || len > dim - off) {
+          return bad("manifest: tensor \"", item.name(), "\" dim ", d, ": box [", off, ", +",
+                     len, ") is outside shape ", dim);
+        }
+      }
+      absl::StatusOr<uint64_t> size = TensorByteSize(item);
+      if (!size.ok()) return bad("manifest: ", size.status().message());
+      if (*size != item.raw_size()) {
+        return bad("manifest: tensor \"", item.name(), "\" raw size ", item.raw_size(),
+                   " does not match its box (", *size, " bytes)");
+      }
+    } else if (item.kind() == proto::ITEM_KIND_BYTES) {
+      if (item.dtype() != proto::DTYPE_UNSPECIFIED || item.global_shape_size() != 0 ||
+          item.box_offset_size() != 0 || item.box_length_size() != 0) {
+        return bad("manifest: byte item \"", item.name(), "\" has a dtype or shape");
+      }
+    } else {
+      return bad("manifest: item \"", item.name(), "\" has unknown kind ", item.kind());
+    }
+    uint64_t raw_pos = 0;
+    for (int c = 0; c < item.chunks_size(); ++c) {
+      const proto::ChunkInfo& chunk = item.chunks(c);
+      auto where = [&] { return absl::StrCat("manifest: item \"", item.name(), "\" chunk ", c); };
+      if (chunk.raw_offset() != raw_pos) {
+        return bad(where(), ": raw offset ", chunk.raw_offset(), ", expected ", raw_pos);
+      }
+      if (chunk.raw_size() == 0 || chunk.raw_size() > m.chunk_size()) {
+        return bad(where(), ": raw size ", chunk.raw_size(), " outside (0, ", m.chunk_size(),
+                   "]");
+      }
+      if (c + 1 < item.chunks_size() && chunk.raw_size() != m.chunk_size()) {
+        return bad(where(), ": only the last chunk may be smaller than the chunk size");
+      }
+      if (!KnownCodec(chunk.codec()) || !KnownFilter(chunk.filter())) {
+        return bad(where(), ": unknown codec ", chunk.codec(), " or filter ", chunk.filter());
+      }
+      if (chunk.element_width() != width) {
+        return bad(where(), ": element width ", chunk.element_width(), ", expected ", width);
+      }
+      if (chunk.codec() == proto::CODEC_NONE && chunk.stored_size() != chunk.raw_size()) {
+        return bad(where(), ": uncompressed but stored size ", chunk.stored_size(),
+                   " != raw size ", chunk.raw_size());
+      }
+      // zstd never needs more than its bound; anything larger is a lie.
+      uint64_t bound = chunk.raw_size() + chunk.raw_size() / 128 + 1024;
+      if (chunk.stored_size() == 0 || chunk.stored_size() > bound) {
+        return bad(where(), ": stored size ", chunk.stored_size(), " is implausible for raw size ",
+                   chunk.raw_size());
+      }
+      if (chunk.file_offset() != file_pos) {
+        return bad(where(), ": file offset ", chunk.file_offset(), ", expected ", file_pos);
+      }
+      file_pos += ChunkFootprint(chunk.stored_size());
+      raw_pos += chunk.raw_size();
+    }
+    if (raw_pos != item.raw_size()) {
+      return bad("manifest: item \"", item.name(), "\" chunks cover ", raw_pos, " of ",
+                 item.raw_size(), " bytes");
+    }
+  }
+  if (file_pos != m.data_size()) {
+    return bad("manifest: chunks end at ", file_pos, " but data size is ", m.data_size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::snapshot

@@ -1,0 +1,84 @@
+// ShardWriter writes one shard file: the chunks of every registered item, encoded in parallel
+// (filter, zstd, checksums) and written in order through io::FileSystem (io_uring, O_DIRECT),
+// then the manifest and footer. Commit() is write-temp, fsync, rename, fsync-directory: until it
+// returns OK nothing is visible under the final name, and if it fails the old file of that name
+// (if any) is untouched and the temporary file is removed when possible.
+//
+// Thread-safety: one thread drives a writer. Registered data must stay valid and unchanged
+// until Commit() returns.
+#ifndef CKPT_SNAPSHOT_SHARD_WRITER_H_
+#define CKPT_SNAPSHOT_SHARD_WRITER_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "io/file_system.h"
+#include "io/thread_pool.h"
+#include "proto/manifest.pb.h"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/format.h"
+
+namespace ckpt::snapshot {
+
+// Who the shard belongs to; recorded in the manifest.
+struct ShardInfo {
+  std::string job;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+};
+
+// A tensor shard to save: the box of a global tensor this rank holds, row-major.
+struct TensorRef {
+  std::string name;
+  proto::DType dtype = proto::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> box_offset;
+  std::vector<int64_t> box_length;
+  absl::Span<const uint8_t> data;
+};
+
+struct ShardWriterOptions {
+  uint32_t chunk_size = kDefaultChunkSize;
+  CodecOptions codec;
+  // Encoding threads when no pool is given.
+  int encode_threads = 2;
+  io::ThreadPool* pool = nullptr;
+  bool direct_io = true;
+};
+
+class ShardWriter {
+ public:
+  // `path` is the final name (by convention ending in ".shard").
+  ShardWriter(io::FileSystem* fs, std::string path, ShardInfo info, ShardWriterOptions options);
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  absl::Status AddTensor(const TensorRef& tensor);
+  absl::Status AddBytes(absl::string_view name, absl::Span<const uint8_t> data);
+
+  // Writes and commits the shard; returns its manifest. Call at most once.
+  absl::StatusOr<proto::ShardManifest> Commit();
+
+ private:
+  absl::Status AddItem(proto::Item item, absl::Span<const uint8_t> data);
+  absl::Status WriteAll(io::WritableFile* file);
+  absl::Status Fail(absl::Status status);
+
+  io::FileSystem* const fs_;
+  const std::string path_;
+  const std::string temp_path_;
+  const ShardWriterOptions options_;
+  proto::ShardManifest manifest_;
+  std::vector<absl::Span<const uint8_t>> data_;  // per item
+  bool committed_ = false;
+};
+
+}  // namespace ckpt::snapshot
+
+#endif  // CKPT_SNAPSHOT_SHARD_WRITER_H_

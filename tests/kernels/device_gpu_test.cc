@@ -1,0 +1,18 @@
+// Runs on a machine with a GPU (label `gpu`); skips visibly elsewhere.
+#include "kernels/device.h"
+
+#include "gtest/gtest.h"
+#include "tests/kernels/device_test_util.h"
+
+namespace ckpt::kernels {
+namespace {
+
+TEST(GpuDeviceTest, CudaShuffleMatchesCpuReference) {
+  if (!CudaCompiledIn()) GTEST_SKIP() << "built without CUDA";
+  auto cuda = NewCudaDevice(0);
+  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status();
+  ExpectShuffleMatchesReference(cuda->get(), testing::TestSeed());
+}
+
+}  // namespace
+}  // namespace ckpt::kernels

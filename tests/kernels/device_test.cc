@@ -1,0 +1,15 @@
+#include "kernels/device.h"
+
+#include "gtest/gtest.h"
+#include "tests/kernels/device_test_util.h"
+
+namespace ckpt::kernels {
+namespace {
+
+TEST(DeviceTest, CpuShuffleMatchesReference) {
+  auto cpu = NewCpuDevice();
+  ExpectShuffleMatchesReference(cpu.get(), testing::TestSeed());
+}
+
+}  // namespace
+}  // namespace ckpt::kernels

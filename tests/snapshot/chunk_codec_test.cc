@@ -1,0 +1,149 @@
+#include "snapshot/chunk_codec.h"
+
+#include <zstd.h>
+
+#include <cstring>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "snapshot/filter.h"
+#include "tests/test_util.h"
+
+namespace ckpt::snapshot {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Span<const uint8_t> Stored(const io::AlignedBuffer& b, const ChunkHeader& h) {
+  return {b.data() + kChunkHeaderSize, h.stored_size};
+}
+
+TEST(FilterTest, ShuffleGroupsBytesByPositionAndKeepsTheTail) {
+  const uint8_t in[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // 2 x 4-byte elements + 3 tail
+  uint8_t out[11], back[11];
+  ByteShuffle(in, out, 11, 4);
+  const uint8_t expected[] = {1, 5, 2, 6, 3, 7, 4, 8, 9, 10, 11};
+  EXPECT_EQ(std::memcmp(out, expected, 11), 0);
+  ByteUnshuffle(out, back, 11, 4);
+  EXPECT_EQ(std::memcmp(back, in, 11), 0);
+  for (size_t width : {1u, 2u, 3u, 8u, 16u}) {
+    ByteShuffle(in, out, 11, width);
+    ByteUnshuffle(out, back, 11, width);
+    EXPECT_EQ(std::memcmp(back, in, 11), 0) << "width " << width;
+  }
+}
+
+TEST(ChunkCodecTest, CompressibleDataIsCompressedAndShuffled) {
+  std::vector<uint8_t> raw(1 << 20);
+  for (size_t i = 0; i < raw.size() / 4; ++i) {
+    float f = static_cast<float>(i % 1000) * 0.001f;
+    std::memcpy(&raw[i * 4], &f, 4);
+  }
+  ChunkHeader h;
+  auto encoded = EncodeChunk(raw, 4, CodecOptions{}, nullptr, &h);
+  ASSERT_TRUE(encoded.ok());
+  EXPECT_EQ(h.codec, proto::CODEC_ZSTD);
+  EXPECT_EQ(h.filter, proto::FILTER_BYTE_SHUFFLE);
+  EXPECT_LT(h.stored_size, raw.size() / 4);
+  EXPECT_EQ(encoded->size() % kAlignment, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(encoded->data()) % kAlignment, 0u);
+  auto parsed = DecodeChunkHeader({encoded->data(), kChunkHeaderSize});
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(*parsed == h);
+  std::vector<uint8_t> back(raw.size());
+  ASSERT_TRUE(DecodeChunk(h, Stored(*encoded, h), absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, raw);
+}
+
+TEST(ChunkCodecTest, IncompressibleDataIsStoredRaw) {
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<uint8_t> raw = testing::RandomBytes(rng, 1 << 20);
+  ChunkHeader h;
+  auto encoded = EncodeChunk(raw, 2, CodecOptions{}, nullptr, &h);
+  ASSERT_TRUE(encoded.ok());
+  EXPECT_EQ(h.codec, proto::CODEC_NONE);
+  EXPECT_EQ(h.filter, proto::FILTER_NONE);
+  EXPECT_EQ(h.stored_size, raw.size());
+  EXPECT_EQ(h.raw_xxh3, h.stored_xxh3);
+  std::vector<uint8_t> back(raw.size());
+  ASSERT_TRUE(DecodeChunk(h, Stored(*encoded, h), absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, raw);
+}
+
+TEST(ChunkCodecTest, ZstdBombIsAnErrorNotAnAllocation) {
+  // 64 MiB of zeros compress to a few KiB; a header claiming 4 KiB must not inflate them.
+  std::vector<uint8_t> zeros(64 << 20);
+  std::vector<uint8_t> frame(ZSTD_compressBound(zeros.size()));
+  size_t n = ZSTD_compress(frame.data(), frame.size(), zeros.data(), zeros.size(), 1);
+  ASSERT_FALSE(ZSTD_isError(n));
+  frame.resize(n);
+  ChunkHeader h;
+  h.codec = proto::CODEC_ZSTD;
+  h.filter = proto::FILTER_NONE;
+  h.raw_size = 4096;
+  h.stored_size = static_cast<uint32_t>(n);
+  h.stored_xxh3 = Checksum(frame);
+  std::vector<uint8_t> out(4096);
+  absl::Status s = DecodeChunk(h, frame, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("declares"));
+
+  // The same with a frame that hides its content size (streamed): bounded by raw_size.
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+  std::vector<uint8_t> hidden(ZSTD_compressBound(zeros.size()));
+  n = ZSTD_compress2(cctx, hidden.data(), hidden.size(), zeros.data(), zeros.size());
+  ZSTD_freeCCtx(cctx);
+  ASSERT_FALSE(ZSTD_isError(n));
+  hidden.resize(n);
+  h.stored_size = static_cast<uint32_t>(n);
+  h.stored_xxh3 = Checksum(hidden);
+  EXPECT_EQ(DecodeChunk(h, hidden, absl::MakeSpan(out)).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(ChunkCodecTest, ChecksumMismatchesAreDataLoss) {
+  std::vector<uint8_t> raw(10000, 7);
+  ChunkHeader h;
+  auto encoded = EncodeChunk(raw, 1, CodecOptions{}, nullptr, &h);
+  ASSERT_TRUE(encoded.ok());
+  std::vector<uint8_t> back(raw.size());
+  ChunkHeader wrong_raw = h;
+  wrong_raw.raw_xxh3 ^= 1;
+  EXPECT_THAT(DecodeChunk(wrong_raw, Stored(*encoded, h), absl::MakeSpan(back)).message(),
+              HasSubstr("raw bytes checksum"));
+  encoded->data()[kChunkHeaderSize] ^= 0x40;
+  EXPECT_THAT(DecodeChunk(h, Stored(*encoded, h), absl::MakeSpan(back)).message(),
+              HasSubstr("stored bytes checksum"));
+}
+
+TEST(ChunkCodecTest, HeaderRejectsEveryFlippedByte) {
+  ChunkHeader h;
+  h.codec = proto::CODEC_ZSTD;
+  h.raw_size = 4096;
+  h.stored_size = 100;
+  uint8_t bytes[kChunkHeaderSize];
+  EncodeChunkHeader(h, bytes);
+  ASSERT_TRUE(DecodeChunkHeader({bytes, kChunkHeaderSize}).ok());
+  for (size_t i = 0; i < kChunkHeaderSize; ++i) {
+    bytes[i] ^= 0x01;
+    EXPECT_FALSE(DecodeChunkHeader({bytes, kChunkHeaderSize}).ok()) << "byte " << i;
+    bytes[i] ^= 0x01;
+  }
+}
+
+TEST(ChunkCodecTest, UsesPoolBuffersWhenLargeEnough) {
+  io::BufferPool pool(MaxEncodedSize(8192), 4);
+  std::vector<uint8_t> raw(8192, 1);
+  ChunkHeader h;
+  auto first = EncodeChunk(raw, 1, CodecOptions{}, &pool, &h);
+  ASSERT_TRUE(first.ok());
+  const uint8_t* address = first->data();
+  *first = io::AlignedBuffer();  // back to the pool
+  auto second = EncodeChunk(raw, 1, CodecOptions{}, &pool, &h);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->data(), address);
+}
+
+}  // namespace
+}  // namespace ckpt::snapshot
