@@ -6,8 +6,8 @@
 
 namespace ckpt::io {
 
-// Shared between a pool and the buffers it handed out, so a buffer that outlives its pool frees
-// itself instead of touching a destroyed pool.
+// Shared between a pool and the buffers it handed out, so a buffer that
+// outlives its pool frees itself instead of touching a destroyed pool.
 struct AlignedBuffer::PoolLink {
   absl::Mutex mu;
   bool alive ABSL_GUARDED_BY(mu) = true;
@@ -47,7 +47,9 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   return *this;
 }
 
-void AlignedBuffer::set_size(size_t size) { size_ = size <= capacity_ ? size : capacity_; }
+void AlignedBuffer::set_size(size_t size) {
+  size_ = size <= capacity_ ? size : capacity_;
+}
 
 void AlignedBuffer::Release() {
   if (data_ == nullptr) return;
@@ -64,7 +66,8 @@ void AlignedBuffer::Release() {
 }
 
 BufferPool::BufferPool(size_t buffer_capacity, size_t max_cached)
-    : capacity_(AlignUp(buffer_capacity)), link_(std::make_shared<AlignedBuffer::PoolLink>()) {
+    : capacity_(AlignUp(buffer_capacity)),
+      link_(std::make_shared<AlignedBuffer::PoolLink>()) {
   link_->max_cached = max_cached;
 }
 

@@ -1,9 +1,11 @@
-// AlignedBuffer: an owned, move-only byte buffer whose address and capacity are multiples of
-// kDirectIoAlignment, as O_DIRECT requires. BufferPool recycles buffers of one capacity so the
-// hot path does not fault in fresh pages for every chunk.
+// AlignedBuffer: an owned, move-only byte buffer whose address and capacity are
+// multiples of kDirectIoAlignment, as O_DIRECT requires. BufferPool recycles
+// buffers of one capacity so the hot path does not fault in fresh pages for
+// every chunk.
 //
-// Thread-safety: an AlignedBuffer is owned by one thread at a time. BufferPool is thread-safe, and
-// buffers may outlive their pool (they are then freed instead of returned).
+// Thread-safety: an AlignedBuffer is owned by one thread at a time. BufferPool
+// is thread-safe, and buffers may outlive their pool (they are then freed
+// instead of returned).
 #ifndef CKPT_IO_ALIGNED_BUFFER_H_
 #define CKPT_IO_ALIGNED_BUFFER_H_
 
@@ -20,10 +22,12 @@ namespace ckpt::io {
 
 inline constexpr size_t kDirectIoAlignment = 4096;
 
-inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment = kDirectIoAlignment) {
+inline constexpr uint64_t AlignUp(uint64_t n,
+                                  uint64_t alignment = kDirectIoAlignment) {
   return (n + alignment - 1) / alignment * alignment;
 }
-inline constexpr bool IsAligned(uint64_t n, uint64_t alignment = kDirectIoAlignment) {
+inline constexpr bool IsAligned(uint64_t n,
+                                uint64_t alignment = kDirectIoAlignment) {
   return n % alignment == 0;
 }
 
@@ -32,7 +36,8 @@ class BufferPool;
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  // Allocates AlignUp(capacity) bytes; size() starts equal to `capacity`. Contents are undefined.
+  // Allocates AlignUp(capacity) bytes; size() starts equal to `capacity`.
+  // Contents are undefined.
   explicit AlignedBuffer(size_t capacity);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
@@ -63,13 +68,15 @@ class AlignedBuffer {
 
 class BufferPool {
  public:
-  // Buffers of `buffer_capacity` bytes; at most `max_cached` idle buffers are kept.
+  // Buffers of `buffer_capacity` bytes; at most `max_cached` idle buffers are
+  // kept.
   BufferPool(size_t buffer_capacity, size_t max_cached);
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // A recycled buffer when one is idle, else a fresh allocation. size() == capacity.
+  // A recycled buffer when one is idle, else a fresh allocation. size() ==
+  // capacity.
   AlignedBuffer Acquire();
   size_t buffer_capacity() const { return capacity_; }
 

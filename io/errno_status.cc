@@ -55,8 +55,9 @@ absl::StatusCode CodeForErrno(int err) {
 
 absl::Status ErrnoToStatus(int err, absl::string_view context) {
   if (err == 0) return absl::OkStatus();
-  absl::Status status(CodeForErrno(err),
-                      absl::StrCat(context, ": ", std::strerror(err), " (errno ", err, ")"));
+  absl::Status status(
+      CodeForErrno(err),
+      absl::StrCat(context, ": ", std::strerror(err), " (errno ", err, ")"));
   status.SetPayload(kErrnoPayload, absl::Cord(absl::StrCat(err)));
   return status;
 }

@@ -17,21 +17,32 @@ class FaultInjectionFs::File final : public WritableFile {
   absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
     bool short_write = false;
     int err = 0;
-    RETURN_IF_ERROR(fs_->OnWrite(inode_, path(), offset, &buffer, &short_write, &err));
+    RETURN_IF_ERROR(
+        fs_->OnWrite(inode_, path(), offset, &buffer, &short_write, &err));
     if (short_write) {
       // Part of the data reached the file before the device gave up.
-      size_t prefix = buffer.size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
+      size_t prefix =
+          buffer.size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
       if (prefix > 0) {
         buffer.set_size(prefix);
         (void)base_->Write(offset, std::move(buffer));
         (void)base_->Flush();
       }
-      return ErrnoToStatus(err, absl::StrCat("write ", path(), " at offset ", offset,
-                                             " (injected short write)"));
+      return ErrnoToStatus(err,
+                           absl::StrCat("write ", path(), " at offset ", offset,
+                                        " (injected short write)"));
     }
     return base_->Write(offset, std::move(buffer));
   }
   absl::Status Flush() override { return base_->Flush(); }
+  absl::Status Allocate(uint64_t size) override {
+    RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("fallocate ", path())));
+    return base_->Allocate(size);
+  }
+  absl::Status Truncate(uint64_t size) override {
+    RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("ftruncate ", path())));
+    return base_->Truncate(size);
+  }
   absl::Status Sync() override { return SyncImpl(false); }
   absl::Status DataSync() override { return SyncImpl(true); }
   absl::Status Close() override { return base_->Close(); }
@@ -134,13 +145,15 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFs::NewWritableFile(
     TrackDir(DirName(path));
     auto it = current_.find(path);
     if (it != current_.end()) {
-      inode = it->second;  // O_TRUNC keeps the inode; its durable data changes only on fsync
+      inode = it->second;  // O_TRUNC keeps the inode; its durable data changes
+                           // only on fsync
     } else {
       inode = next_inode_++;
       inodes_[inode];
     }
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> base, base_->NewWritableFile(path, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> base,
+                   base_->NewWritableFile(path, options));
   absl::MutexLock l(&mu_);
   current_[path] = inode;
   return std::unique_ptr<WritableFile>(new File(this, std::move(base), inode));
@@ -151,30 +164,42 @@ absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectionFs::NewReadableFile(
   return base_->NewReadableFile(path, options);
 }
 
-absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path, uint64_t offset,
-                                       AlignedBuffer* buffer, bool* short_write, int* err) {
+absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path,
+                                       uint64_t offset, AlignedBuffer* buffer,
+                                       bool* short_write, int* err) {
   absl::MutexLock l(&mu_);
-  RETURN_IF_ERROR(BeginMutation(absl::StrCat("write ", path, " at offset ", offset)));
+  RETURN_IF_ERROR(
+      BeginMutation(absl::StrCat("write ", path, " at offset ", offset)));
   ++writes_;
   if (fail_write_.at == writes_) {
-    return ErrnoToStatus(fail_write_.err,
-                         absl::StrCat("write ", path, " at offset ", offset, " (injected)"));
+    return ErrnoToStatus(
+        fail_write_.err,
+        absl::StrCat("write ", path, " at offset ", offset, " (injected)"));
   }
   Inode& node = inodes_[inode];
   if (short_write_.at == writes_) {
     *short_write = true;
     *err = short_write_.err;
-    size_t prefix = buffer->size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
-    node.unsynced.emplace_back(offset,
-                               std::string(reinterpret_cast<const char*>(buffer->data()), prefix));
+    size_t prefix =
+        buffer->size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
+    node.unsynced.emplace_back(
+        offset,
+        std::string(reinterpret_cast<const char*>(buffer->data()), prefix));
     return absl::OkStatus();
   }
   node.unsynced.emplace_back(
-      offset, std::string(reinterpret_cast<const char*>(buffer->data()), buffer->size()));
+      offset, std::string(reinterpret_cast<const char*>(buffer->data()),
+                          buffer->size()));
   return absl::OkStatus();
 }
 
-absl::Status FaultInjectionFs::BeforeSync(const std::string& path, bool* inject) {
+absl::Status FaultInjectionFs::OnMetadata(absl::string_view what) {
+  absl::MutexLock l(&mu_);
+  return BeginMutation(what);
+}
+
+absl::Status FaultInjectionFs::BeforeSync(const std::string& path,
+                                          bool* inject) {
   absl::MutexLock l(&mu_);
   RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync ", path)));
   ++syncs_;
@@ -182,15 +207,17 @@ absl::Status FaultInjectionFs::BeforeSync(const std::string& path, bool* inject)
   return absl::OkStatus();
 }
 
-absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path, bool sync_ok_in_base) {
+absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path,
+                                      bool sync_ok_in_base) {
   absl::MutexLock l(&mu_);
   Inode& node = inodes_[inode];
   if (!sync_ok_in_base) {
-    // Linux marks the failed pages clean: the data never reaches the disk, and a later fsync
-    // reports success without writing it.
+    // Linux marks the failed pages clean: the data never reaches the disk, and
+    // a later fsync reports success without writing it.
     node.poisoned = true;
     node.unsynced.clear();
-    return ErrnoToStatus(fail_sync_.err, absl::StrCat("fsync ", path, " (injected)"));
+    return ErrnoToStatus(fail_sync_.err,
+                         absl::StrCat("fsync ", path, " (injected)"));
   }
   if (node.poisoned) return absl::OkStatus();
   std::string current_path = PathOf(inode);
@@ -202,7 +229,8 @@ absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path, bool s
   return absl::OkStatus();
 }
 
-absl::Status FaultInjectionFs::Rename(const std::string& from, const std::string& to) {
+absl::Status FaultInjectionFs::Rename(const std::string& from,
+                                      const std::string& to) {
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(BeginMutation(absl::StrCat("rename ", from, " to ", to)));
@@ -226,8 +254,9 @@ absl::Status FaultInjectionFs::SyncDir(const std::string& dir) {
     RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync directory ", dir)));
     ++dir_syncs_;
     if (fail_sync_dir_.at == dir_syncs_) {
-      return ErrnoToStatus(fail_sync_dir_.err,
-                           absl::StrCat("fsync directory ", dir, " (injected)"));
+      return ErrnoToStatus(
+          fail_sync_dir_.err,
+          absl::StrCat("fsync directory ", dir, " (injected)"));
     }
   }
   RETURN_IF_ERROR(base_->SyncDir(dir));
@@ -256,7 +285,8 @@ absl::Status FaultInjectionFs::Unlink(const std::string& path) {
 absl::Status FaultInjectionFs::CreateDirs(const std::string& path) {
   return base_->CreateDirs(path);
 }
-absl::StatusOr<std::vector<std::string>> FaultInjectionFs::ListDir(const std::string& dir) {
+absl::StatusOr<std::vector<std::string>> FaultInjectionFs::ListDir(
+    const std::string& dir) {
   return base_->ListDir(dir);
 }
 absl::StatusOr<uint64_t> FaultInjectionFs::FileSize(const std::string& path) {
@@ -272,15 +302,18 @@ absl::StatusOr<uint64_t> FaultInjectionFs::FreeSpace(const std::string& path) {
 std::string FaultInjectionFs::TornContents(const Inode& node) {
   std::string contents = node.durable;
   if (!torn_ || node.unsynced.empty()) return contents;
-  size_t keep = std::uniform_int_distribution<size_t>(0, node.unsynced.size())(rng_);
+  size_t keep =
+      std::uniform_int_distribution<size_t>(0, node.unsynced.size())(rng_);
   for (size_t i = 0; i < keep; ++i) {
     const auto& [offset, data] = node.unsynced[i];
     absl::string_view piece = data;
     if (i + 1 == keep) {
       size_t sectors = piece.size() / 512;
-      piece = piece.substr(0, std::uniform_int_distribution<size_t>(0, sectors)(rng_) * 512);
+      piece = piece.substr(
+          0, std::uniform_int_distribution<size_t>(0, sectors)(rng_) * 512);
     }
-    if (contents.size() < offset + piece.size()) contents.resize(offset + piece.size(), '\0');
+    if (contents.size() < offset + piece.size())
+      contents.resize(offset + piece.size(), '\0');
     std::memcpy(contents.data() + offset, piece.data(), piece.size());
   }
   return contents;
@@ -301,7 +334,8 @@ absl::Status FaultInjectionFs::SimulatePowerLoss() {
     }
     for (const auto& [name, inode] : entries) {
       std::string path = JoinPath(dir, name);
-      absl::Status s = WriteStringToFile(base_, path, TornContents(inodes_[inode]));
+      absl::Status s =
+          WriteStringToFile(base_, path, TornContents(inodes_[inode]));
       if (!s.ok() && result.ok()) result = s;
       current_[path] = inode;
     }

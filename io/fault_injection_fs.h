@@ -1,13 +1,16 @@
-// FaultInjectionFs wraps a real FileSystem and, for tests, makes it fail the way disks and
-// kernels fail: ENOSPC or EIO at the n-th write, a short write that persisted a prefix, EIO on
-// the n-th fsync (after which the file's unsynced data is lost, as on Linux, even if a later
-// fsync succeeds), and a simulated power loss that reverts every directory it touched to its
-// durable state: files keep only their data as of their last successful fsync, and creations,
-// renames and unlinks since the directory's last fsync are undone. Torn writes (a prefix of the
-// unsynced writes reaching the disk) can be enabled for the power loss.
+// FaultInjectionFs wraps a real FileSystem and, for tests, makes it fail the
+// way disks and kernels fail: ENOSPC or EIO at the n-th write, a short write
+// that persisted a prefix, EIO on the n-th fsync (after which the file's
+// unsynced data is lost, as on Linux, even if a later fsync succeeds), and a
+// simulated power loss that reverts every directory it touched to its durable
+// state: files keep only their data as of their last successful fsync, and
+// creations, renames and unlinks since the directory's last fsync are undone.
+// Torn writes (a prefix of the unsynced writes reaching the disk) can be
+// enabled for the power loss.
 //
-// The durable state is modelled with whole-file copies, so this is for small test files only,
-// like rocksdb's FaultInjectionTestFS. Open files must be closed before SimulatePowerLoss().
+// The durable state is modelled with whole-file copies, so this is for small
+// test files only, like rocksdb's FaultInjectionTestFS. Open files must be
+// closed before SimulatePowerLoss().
 //
 // Thread-safety: thread-safe.
 #ifndef CKPT_IO_FAULT_INJECTION_FS_H_
@@ -33,20 +36,24 @@ class FaultInjectionFs final : public FileSystem {
   explicit FaultInjectionFs(FileSystem* base);
   ~FaultInjectionFs() override;
 
-  // Faults are keyed by the 1-based count of that kind of call since construction or the last
-  // SimulatePowerLoss(). Each fires once.
-  void FailWriteAt(int n, int err);        // the n-th Write fails; nothing of it is written
-  void ShortWriteAt(int n, int err);       // the n-th Write persists a prefix, then fails
-  void FailSyncAt(int n, int err);         // the n-th Sync/DataSync fails
-  void FailSyncDirAt(int n, int err);      // the n-th SyncDir fails
-  // After `n` mutating calls (create, write, sync, rename, directory sync, unlink) the power is
-  // "out": every later call fails with EIO until SimulatePowerLoss().
+  // Faults are keyed by the 1-based count of that kind of call since
+  // construction or the last SimulatePowerLoss(). Each fires once.
+  void FailWriteAt(int n,
+                   int err);  // the n-th Write fails; nothing of it is written
+  void ShortWriteAt(int n,
+                    int err);  // the n-th Write persists a prefix, then fails
+  void FailSyncAt(int n, int err);     // the n-th Sync/DataSync fails
+  void FailSyncDirAt(int n, int err);  // the n-th SyncDir fails
+  // After `n` mutating calls (create, write, allocate, truncate, sync, rename,
+  // directory sync, unlink) the power is "out": every later call fails with EIO
+  // until SimulatePowerLoss().
   void PowerLossAfter(int n);
-  // On SimulatePowerLoss, let a random prefix of each file's unsynced writes reach the disk,
-  // the last of them torn at a 512-byte boundary.
+  // On SimulatePowerLoss, let a random prefix of each file's unsynced writes
+  // reach the disk, the last of them torn at a 512-byte boundary.
   void EnableTornWrites(uint64_t seed);
 
-  // Reverts every touched directory to its durable state and clears the fault schedule.
+  // Reverts every touched directory to its durable state and clears the fault
+  // schedule.
   absl::Status SimulatePowerLoss();
 
   int writes() const;
@@ -62,7 +69,8 @@ class FaultInjectionFs final : public FileSystem {
   absl::Status SyncDir(const std::string& dir) override;
   absl::Status Unlink(const std::string& path) override;
   absl::Status CreateDirs(const std::string& path) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) override;
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
   absl::StatusOr<bool> Exists(const std::string& path) override;
   absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override;
@@ -73,8 +81,10 @@ class FaultInjectionFs final : public FileSystem {
 
   struct Inode {
     std::string durable;  // contents as of the last successful fsync
-    bool poisoned = false;  // an fsync failed: later fsyncs "succeed" but persist nothing
-    std::vector<std::pair<uint64_t, std::string>> unsynced;  // writes since the last fsync
+    bool poisoned =
+        false;  // an fsync failed: later fsyncs "succeed" but persist nothing
+    std::vector<std::pair<uint64_t, std::string>>
+        unsynced;  // writes since the last fsync
   };
   enum class Op { kCreate, kWrite, kSync, kRename, kSyncDir, kUnlink };
   struct Fault {
@@ -82,22 +92,27 @@ class FaultInjectionFs final : public FileSystem {
     int err = 0;
   };
 
-  // Counts a mutating call; returns the error to fail it with (power out), or OK.
-  absl::Status BeginMutation(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a mutating call; returns the error to fail it with (power out), or
+  // OK.
+  absl::Status BeginMutation(absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrackDir(const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PathOf(int inode) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string TornContents(const Inode& inode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string TornContents(const Inode& inode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Called by File.
   absl::Status OnWrite(int inode, const std::string& path, uint64_t offset,
                        AlignedBuffer* buffer, bool* short_write, int* err);
   absl::Status OnSync(int inode, const std::string& path, bool sync_ok_in_base);
   absl::Status BeforeSync(const std::string& path, bool* inject);
+  absl::Status OnMetadata(absl::string_view what);
 
   FileSystem* const base_;
   mutable absl::Mutex mu_;
   std::map<std::string, int> current_ ABSL_GUARDED_BY(mu_);  // path -> inode
-  std::map<std::string, std::map<std::string, int>> durable_dirs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<std::string, int>> durable_dirs_
+      ABSL_GUARDED_BY(mu_);
   std::map<int, Inode> inodes_ ABSL_GUARDED_BY(mu_);
   int next_inode_ ABSL_GUARDED_BY(mu_) = 1;
 

@@ -1,25 +1,26 @@
-// io::FileSystem is the only route from ckpt to the file system, so tests can put a
-// fault-injecting file system (FaultInjectionFs) in its place, the way leveldb's Env and rocksdb's
-// FileSystem do.
+// io::FileSystem is the only route from ckpt to the file system, so tests can
+// put a fault-injecting file system (FaultInjectionFs) in its place, the way
+// leveldb's Env and rocksdb's FileSystem do.
 //
-// Files are written and read at explicit offsets. Writes and queued reads may complete
-// asynchronously (the io_uring implementation keeps several in flight); Flush()/WaitReads()
-// wait for them and return the first error. Every call returns absl::Status with a message that
-// names the file and offset.
+// Files are written and read at explicit offsets. Writes and queued reads may
+// complete asynchronously (the io_uring implementation keeps several in
+// flight); Flush()/WaitReads() wait for them and return the first error. Every
+// call returns absl::Status with a message that names the file and offset.
 //
-// Thread-safety: a FileSystem is thread-safe. A WritableFile or ReadableFile is used by one
-// thread at a time.
+// Thread-safety: a FileSystem is thread-safe. A WritableFile or ReadableFile is
+// used by one thread at a time.
 #ifndef CKPT_IO_FILE_SYSTEM_H_
 #define CKPT_IO_FILE_SYSTEM_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "io/aligned_buffer.h"
 #include "io/uring_fault.h"
@@ -28,7 +29,8 @@ namespace ckpt::io {
 
 struct FileOptions {
   // O_DIRECT: offsets, lengths and buffer addresses must then be multiples of
-  // kDirectIoAlignment. A file system that refuses O_DIRECT (tmpfs) silently gets buffered I/O.
+  // kDirectIoAlignment. A file system that refuses O_DIRECT (tmpfs) silently
+  // gets buffered I/O.
   bool direct = false;
 };
 
@@ -36,17 +38,26 @@ class WritableFile {
  public:
   virtual ~WritableFile() = default;
 
-  // Queues a write of `buffer.span()` at `offset`. The file owns the buffer until the write
-  // completes. An error may be returned here or by a later Flush(); a file that failed once
-  // fails every later call with the first error.
+  // Queues a write of `buffer.span()` at `offset`. The file owns the buffer
+  // until the write completes. An error may be returned here or by a later
+  // Flush(); a file that failed once fails every later call with the first
+  // error.
   virtual absl::Status Write(uint64_t offset, AlignedBuffer buffer) = 0;
   // Waits for every queued write.
   virtual absl::Status Flush() = 0;
-  // Flush, then fsync(2) / fdatasync(2). A failed sync is final: the data may be gone, so the
-  // caller must not retry it and must treat the file as lost.
+  // Reserves blocks for [0, size) and sets the file size to at least `size`, so
+  // the writes that follow do not extend the file (ext4 serializes extending
+  // O_DIRECT writes). A file system without fallocate makes this a no-op.
+  virtual absl::Status Allocate(uint64_t size) = 0;
+  // Sets the file size (after Flush), e.g. to drop what Allocate reserved but
+  // was not used.
+  virtual absl::Status Truncate(uint64_t size) = 0;
+  // Flush, then fsync(2) / fdatasync(2). A failed sync is final: the data may
+  // be gone, so the caller must not retry it and must treat the file as lost.
   virtual absl::Status Sync() = 0;
   virtual absl::Status DataSync() = 0;
-  // Flushes and closes. Called by the destructor if needed (errors then only logged).
+  // Flushes and closes. Called by the destructor if needed (errors then only
+  // logged).
   virtual absl::Status Close() = 0;
   virtual const std::string& path() const = 0;
 };
@@ -55,11 +66,22 @@ class ReadableFile {
  public:
   virtual ~ReadableFile() = default;
 
-  // Reads exactly dst.size() bytes at `offset`; reading past the end is an OutOfRange error.
+  // Reads exactly dst.size() bytes at `offset`; reading past the end is an
+  // OutOfRange error.
   virtual absl::Status Read(uint64_t offset, absl::Span<uint8_t> dst) = 0;
-  // Queues a read; `dst` must stay valid until WaitReads() returns.
+  using ReadCallback = std::function<void(absl::Status)>;
+  // Queues a read of exactly dst.size() bytes. `done` runs on the calling
+  // thread, inside this or a later ReadAsync/WaitAny/WaitReads call, when the
+  // read completed or failed; `dst` must stay valid until then.
+  virtual absl::Status ReadAsync(uint64_t offset, absl::Span<uint8_t> dst,
+                                 ReadCallback done) = 0;
+  // Waits until at least one queued read completed and ran its callback;
+  // returns at once when nothing is queued.
+  virtual absl::Status WaitAny() = 0;
+  // Queues a read whose error, if any, WaitReads() returns.
   virtual absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) = 0;
-  // Waits for every queued read and returns the first error.
+  // Waits for every queued read and returns the first error of the ReadQueued()
+  // reads.
   virtual absl::Status WaitReads() = 0;
   virtual absl::StatusOr<uint64_t> Size() = 0;
   virtual const std::string& path() const = 0;
@@ -75,15 +97,20 @@ class FileSystem {
   virtual absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(
       const std::string& path, const FileOptions& options) = 0;
 
-  // rename(2): atomic replacement of `to`. Durable only after SyncDir of both parents.
-  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
-  // fsync of a directory, which makes creations, renames and unlinks in it durable.
+  // rename(2): atomic replacement of `to`. Durable only after SyncDir of both
+  // parents.
+  virtual absl::Status Rename(const std::string& from,
+                              const std::string& to) = 0;
+  // fsync of a directory, which makes creations, renames and unlinks in it
+  // durable.
   virtual absl::Status SyncDir(const std::string& dir) = 0;
   virtual absl::Status Unlink(const std::string& path) = 0;
-  // Creates the directory and its missing parents (mode 0755). Existing is not an error.
+  // Creates the directory and its missing parents (mode 0755). Existing is not
+  // an error.
   virtual absl::Status CreateDirs(const std::string& path) = 0;
   // Names of the entries of `dir`, without "." and "..", sorted.
-  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) = 0;
   virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
   // Bytes available to an unprivileged user on the file system holding `path`.
@@ -92,8 +119,8 @@ class FileSystem {
 
 // Options of the real file system.
 struct PosixFsOptions {
-  // Use io_uring for writes and queued reads. When the kernel refuses io_uring, the file system
-  // logs one warning and uses pwrite/pread instead.
+  // Use io_uring for writes and queued reads. When the kernel refuses io_uring,
+  // the file system logs one warning and uses pwrite/pread instead.
   bool use_io_uring = true;
   // Requests in flight per file.
   unsigned queue_depth = 16;
@@ -103,12 +130,14 @@ struct PosixFsOptions {
   UringFaultHook uring_fault_hook;
 };
 
-std::unique_ptr<FileSystem> NewPosixFileSystem(const PosixFsOptions& options = {});
+std::unique_ptr<FileSystem> NewPosixFileSystem(
+    const PosixFsOptions& options = {});
 
 // A process-wide posix file system with default options.
 FileSystem* DefaultFileSystem();
 
-// True when io_uring can be set up in this process (kernel support and no seccomp filter).
+// True when io_uring can be set up in this process (kernel support and no
+// seccomp filter).
 bool IoUringAvailable();
 
 // "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".
@@ -118,8 +147,10 @@ std::string BaseName(absl::string_view path);
 std::string JoinPath(absl::string_view dir, absl::string_view name);
 
 // Reads a whole file through `fs` (tools and tests; not for large data).
-absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path);
-// Writes `contents` to `path` with buffered I/O, without sync (tests and tools).
+absl::StatusOr<std::string> ReadFileToString(FileSystem* fs,
+                                             const std::string& path);
+// Writes `contents` to `path` with buffered I/O, without sync (tests and
+// tools).
 absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
                                absl::string_view contents);
 

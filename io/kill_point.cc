@@ -31,7 +31,8 @@ bool ArmFromEnvironment() {
   absl::string_view s(spec);
   int count = 1;
   size_t colon = s.rfind(':');
-  if (colon != absl::string_view::npos && absl::SimpleAtoi(s.substr(colon + 1), &count)) {
+  if (colon != absl::string_view::npos &&
+      absl::SimpleAtoi(s.substr(colon + 1), &count)) {
     s = s.substr(0, colon);
   }
   KillState& state = State();
@@ -52,7 +53,8 @@ void ReachKillPoint(absl::string_view name) {
   {
     absl::MutexLock l(&state.mu);
     callback = state.callback;
-    if (!state.target.empty() && state.target == name && --state.remaining == 0) {
+    if (!state.target.empty() && state.target == name &&
+        --state.remaining == 0) {
       ::kill(::getpid(), SIGKILL);
       ::pause();
     }
@@ -65,7 +67,8 @@ void SetKillPointCallback(std::function<void(absl::string_view)> callback) {
   KillState& state = State();
   absl::MutexLock l(&state.mu);
   state.callback = std::move(callback);
-  internal::g_kill_points_armed.store(state.callback != nullptr || !state.target.empty());
+  internal::g_kill_points_armed.store(state.callback != nullptr ||
+                                      !state.target.empty());
 }
 
 }  // namespace ckpt::io

@@ -1,5 +1,5 @@
-// Logging for the whole project goes through spdlog; these macros keep call sites short and
-// let the library choose the sink (stderr by default).
+// Logging for the whole project goes through spdlog; these macros keep call
+// sites short and let the library choose the sink (stderr by default).
 #ifndef CKPT_IO_LOGGING_H_
 #define CKPT_IO_LOGGING_H_
 

@@ -1,5 +1,5 @@
-// The real file system: POSIX calls for metadata, io_uring (or pwrite/pread when the kernel
-// refuses io_uring) for data.
+// The real file system: POSIX calls for metadata, io_uring (or pwrite/pread
+// when the kernel refuses io_uring) for data.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -28,8 +28,10 @@ absl::Status PosixError(absl::string_view op, absl::string_view path) {
   return ErrnoToStatus(errno, absl::StrCat(op, " ", path));
 }
 
-// Opens with O_DIRECT when asked, falling back to buffered I/O where the file system refuses it.
-int OpenMaybeDirect(const std::string& path, int flags, bool direct, bool* is_direct) {
+// Opens with O_DIRECT when asked, falling back to buffered I/O where the file
+// system refuses it.
+int OpenMaybeDirect(const std::string& path, int flags, bool direct,
+                    bool* is_direct) {
   int fd = -1;
   *is_direct = false;
   if (direct) {
@@ -48,17 +50,18 @@ int OpenMaybeDirect(const std::string& path, int flags, bool direct, bool* is_di
   return fd;
 }
 
-absl::Status PwriteFully(int fd, const std::string& path, const uint8_t* buf, size_t n,
-                         uint64_t offset) {
+absl::Status PwriteFully(int fd, const std::string& path, const uint8_t* buf,
+                         size_t n, uint64_t offset) {
   while (n > 0) {
     ssize_t w = ::pwrite(fd, buf, n, static_cast<off_t>(offset));
     if (w < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoToStatus(errno, absl::StrCat("write ", path, " at offset ", offset));
+      return ErrnoToStatus(errno,
+                           absl::StrCat("write ", path, " at offset ", offset));
     }
     if (w == 0) {
-      return absl::InternalError(absl::StrCat("write ", path, " at offset ", offset,
-                                              ": no progress"));
+      return absl::InternalError(
+          absl::StrCat("write ", path, " at offset ", offset, ": no progress"));
     }
     buf += w;
     n -= static_cast<size_t>(w);
@@ -73,11 +76,13 @@ absl::Status PreadFully(int fd, const std::string& path, uint8_t* buf, size_t n,
     ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoToStatus(errno, absl::StrCat("read ", path, " at offset ", offset));
+      return ErrnoToStatus(errno,
+                           absl::StrCat("read ", path, " at offset ", offset));
     }
     if (r == 0) {
-      return absl::OutOfRangeError(absl::StrCat("read ", path, " at offset ", offset,
-                                                ": end of file with ", n, " bytes left"));
+      return absl::OutOfRangeError(absl::StrCat("read ", path, " at offset ",
+                                                offset, ": end of file with ",
+                                                n, " bytes left"));
     }
     buf += r;
     n -= static_cast<size_t>(r);
@@ -100,8 +105,12 @@ std::unique_ptr<UringEngine> MaybeEngine(const PosixFsOptions& options) {
 
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, int fd, bool direct, const PosixFsOptions& options)
-      : path_(std::move(path)), fd_(fd), direct_(direct), options_(options),
+  PosixWritableFile(std::string path, int fd, bool direct,
+                    const PosixFsOptions& options)
+      : path_(std::move(path)),
+        fd_(fd),
+        direct_(direct),
+        options_(options),
         engine_(MaybeEngine(options)) {}
 
   ~PosixWritableFile() override {
@@ -111,11 +120,13 @@ class PosixWritableFile final : public WritableFile {
 
   absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
     RETURN_IF_ERROR(error_);
-    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("write to closed ", path_));
+    if (fd_ < 0)
+      return absl::FailedPreconditionError(
+          absl::StrCat("write to closed ", path_));
     if (direct_ && (!IsAligned(offset) || !IsAligned(buffer.size()))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("O_DIRECT write to ", path_, " at offset ", offset, " of ",
-                       buffer.size(), " bytes is not aligned to ", kDirectIoAlignment));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "O_DIRECT write to ", path_, " at offset ", offset, " of ",
+          buffer.size(), " bytes is not aligned to ", kDirectIoAlignment));
     }
     if (engine_ == nullptr) {
       error_ = PwriteFully(fd_, path_, buffer.data(), buffer.size(), offset);
@@ -147,6 +158,29 @@ class PosixWritableFile final : public WritableFile {
     return error_;
   }
 
+  absl::Status Allocate(uint64_t size) override {
+    RETURN_IF_ERROR(error_);
+    if (size == 0) return absl::OkStatus();
+    int rc;
+    do {
+      rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(size));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+      error_ = ErrnoToStatus(
+          errno, absl::StrCat("fallocate ", path_, " to ", size, " bytes"));
+    }
+    return error_;
+  }
+
+  absl::Status Truncate(uint64_t size) override {
+    RETURN_IF_ERROR(Flush());
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      error_ = ErrnoToStatus(
+          errno, absl::StrCat("ftruncate ", path_, " to ", size, " bytes"));
+    }
+    return error_;
+  }
+
   absl::Status Sync() override { return SyncImpl(false); }
   absl::Status DataSync() override { return SyncImpl(true); }
 
@@ -165,10 +199,13 @@ class PosixWritableFile final : public WritableFile {
  private:
   absl::Status SyncImpl(bool data_only) {
     RETURN_IF_ERROR(Flush());
-    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("sync of closed ", path_));
+    if (fd_ < 0)
+      return absl::FailedPreconditionError(
+          absl::StrCat("sync of closed ", path_));
     int rc = data_only ? ::fdatasync(fd_) : ::fsync(fd_);
     if (rc != 0) {
-      // Never retried: after a failed fsync the kernel may have dropped the dirty pages.
+      // Never retried: after a failed fsync the kernel may have dropped the
+      // dirty pages.
       error_ = PosixError(data_only ? "fdatasync" : "fsync", path_);
     }
     return error_;
@@ -184,8 +221,12 @@ class PosixWritableFile final : public WritableFile {
 
 class PosixReadableFile final : public ReadableFile {
  public:
-  PosixReadableFile(std::string path, int fd, bool direct, const PosixFsOptions& options)
-      : path_(std::move(path)), fd_(fd), direct_(direct), options_(options),
+  PosixReadableFile(std::string path, int fd, bool direct,
+                    const PosixFsOptions& options)
+      : path_(std::move(path)),
+        fd_(fd),
+        direct_(direct),
+        options_(options),
         engine_(MaybeEngine(options)) {}
   ~PosixReadableFile() override {
     engine_.reset();  // drains
@@ -197,27 +238,54 @@ class PosixReadableFile final : public ReadableFile {
     return PreadFully(fd_, path_, dst.data(), dst.size(), offset);
   }
 
-  absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) override {
+  absl::Status ReadAsync(uint64_t offset, absl::Span<uint8_t> dst,
+                         ReadCallback done) override {
     RETURN_IF_ERROR(CheckAlignment(offset, dst));
-    if (engine_ == nullptr) {
-      absl::Status s = PreadFully(fd_, path_, dst.data(), dst.size(), offset);
-      if (!s.ok() && error_.ok()) error_ = s;
+    if (engine_ == nullptr || dst.empty()) {
+      done(PreadFully(fd_, path_, dst.data(), dst.size(), offset));
       return absl::OkStatus();
     }
-    for (size_t pos = 0; pos < dst.size(); pos += options_.max_request_bytes) {
-      size_t len = std::min(options_.max_request_bytes, dst.size() - pos);
-      absl::Status s = engine_->SubmitRead(fd_, &path_, dst.data() + pos, len, offset + pos,
-                                           [this](absl::Status status) {
-                                             if (!status.ok() && error_.ok()) {
-                                               error_ = std::move(status);
-                                             }
-                                           });
+    // One callback for the whole read, after every request of it completed.
+    struct Joint {
+      size_t remaining;
+      absl::Status first_error;
+      ReadCallback done;
+    };
+    const size_t step = options_.max_request_bytes;
+    auto joint = std::make_shared<Joint>(
+        Joint{(dst.size() + step - 1) / step, {}, std::move(done)});
+    for (size_t pos = 0; pos < dst.size(); pos += step) {
+      size_t len = std::min(step, dst.size() - pos);
+      absl::Status s =
+          engine_->SubmitRead(fd_, &path_, dst.data() + pos, len, offset + pos,
+                              [joint](absl::Status status) {
+                                if (!status.ok() && joint->first_error.ok()) {
+                                  joint->first_error = std::move(status);
+                                }
+                                if (--joint->remaining == 0) {
+                                  joint->done(joint->first_error);
+                                }
+                              });
       if (!s.ok()) {
-        if (error_.ok()) error_ = s;
-        break;
+        // Requests not submitted never complete: account for them here.
+        size_t unsent = (dst.size() - pos + step - 1) / step;
+        if (joint->first_error.ok()) joint->first_error = s;
+        joint->remaining -= unsent;
+        if (joint->remaining == 0) joint->done(joint->first_error);
+        return absl::OkStatus();
       }
     }
     return absl::OkStatus();
+  }
+
+  absl::Status WaitAny() override {
+    return engine_ == nullptr ? absl::OkStatus() : engine_->WaitAny();
+  }
+
+  absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) override {
+    return ReadAsync(offset, dst, [this](absl::Status status) {
+      if (!status.ok() && error_.ok()) error_ = std::move(status);
+    });
   }
 
   absl::Status WaitReads() override {
@@ -225,8 +293,7 @@ class PosixReadableFile final : public ReadableFile {
       absl::Status s = engine_->Drain();
       if (!s.ok() && error_.ok()) error_ = s;
     }
-    absl::Status result = std::exchange(error_, absl::OkStatus());
-    return result;
+    return std::exchange(error_, absl::OkStatus());
   }
 
   absl::StatusOr<uint64_t> Size() override {
@@ -241,9 +308,9 @@ class PosixReadableFile final : public ReadableFile {
   absl::Status CheckAlignment(uint64_t offset, absl::Span<uint8_t> dst) const {
     if (direct_ && (!IsAligned(offset) || !IsAligned(dst.size()) ||
                     !IsAligned(reinterpret_cast<uintptr_t>(dst.data())))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("O_DIRECT read of ", path_, " at offset ", offset, " of ", dst.size(),
-                       " bytes is not aligned to ", kDirectIoAlignment));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "O_DIRECT read of ", path_, " at offset ", offset, " of ", dst.size(),
+          " bytes is not aligned to ", kDirectIoAlignment));
     }
     return absl::OkStatus();
   }
@@ -263,7 +330,8 @@ class PosixFileSystem final : public FileSystem {
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path, const FileOptions& options) override {
     bool direct = false;
-    int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC, options.direct, &direct);
+    int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC, options.direct,
+                             &direct);
     if (fd < 0) return PosixError("create", path);
     return std::make_unique<PosixWritableFile>(path, fd, direct, options_);
   }
@@ -301,22 +369,25 @@ class PosixFileSystem final : public FileSystem {
   }
 
   absl::Status CreateDirs(const std::string& path) override {
-    if (path.empty()) return absl::InvalidArgumentError("create directory: empty path");
+    if (path.empty())
+      return absl::InvalidArgumentError("create directory: empty path");
     struct stat st;
     if (::stat(path.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-      return absl::AlreadyExistsError(absl::StrCat("create directory ", path,
-                                                   ": exists and is not a directory"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "create directory ", path, ": exists and is not a directory"));
     }
     std::string parent = DirName(path);
-    if (parent != path && parent != "." && parent != "/") RETURN_IF_ERROR(CreateDirs(parent));
+    if (parent != path && parent != "." && parent != "/")
+      RETURN_IF_ERROR(CreateDirs(parent));
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
       return PosixError("mkdir", path);
     }
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return PosixError("list directory", dir);
     std::vector<std::string> names;
@@ -327,7 +398,8 @@ class PosixFileSystem final : public FileSystem {
     }
     int err = errno;
     ::closedir(d);
-    if (err != 0) return ErrnoToStatus(err, absl::StrCat("read directory ", dir));
+    if (err != 0)
+      return ErrnoToStatus(err, absl::StrCat("read directory ", dir));
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -367,8 +439,9 @@ bool IoUringAvailable() {
       available = true;
       io_uring_queue_exit(&ring);
     } else {
-      CKPT_LOG_WARN("io_uring is not available ({}); falling back to pwrite/pread",
-                    ErrnoToStatus(-rc, "io_uring_queue_init").ToString());
+      CKPT_LOG_WARN(
+          "io_uring is not available ({}); falling back to pwrite/pread",
+          ErrnoToStatus(-rc, "io_uring_queue_init").ToString());
     }
   });
   return available;
@@ -394,7 +467,8 @@ std::string DirName(absl::string_view path) {
 std::string BaseName(absl::string_view path) {
   while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
   size_t slash = path.rfind('/');
-  return std::string(slash == absl::string_view::npos ? path : path.substr(slash + 1));
+  return std::string(slash == absl::string_view::npos ? path
+                                                      : path.substr(slash + 1));
 }
 
 std::string JoinPath(absl::string_view dir, absl::string_view name) {
@@ -403,18 +477,22 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   return absl::StrCat(dir, "/", name);
 }
 
-absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->NewReadableFile(path, {}));
+absl::StatusOr<std::string> ReadFileToString(FileSystem* fs,
+                                             const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file,
+                   fs->NewReadableFile(path, {}));
   ASSIGN_OR_RETURN(uint64_t size, file->Size());
   std::string out(size, '\0');
-  RETURN_IF_ERROR(
-      file->Read(0, absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size())));
+  RETURN_IF_ERROR(file->Read(
+      0,
+      absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size())));
   return out;
 }
 
 absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
                                absl::string_view contents) {
-  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs->NewWritableFile(path, {}));
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                   fs->NewWritableFile(path, {}));
   if (!contents.empty()) {
     AlignedBuffer buffer(contents.size());
     std::copy(contents.begin(), contents.end(), buffer.data());

@@ -1,7 +1,9 @@
-// ThreadPool runs closures on a fixed set of threads. Used by the codec pipeline to encode and
-// decode chunks in parallel. Destruction waits for every queued closure.
+// ThreadPool runs closures on a fixed set of threads. Used by the codec
+// pipeline to encode and decode chunks in parallel. Destruction waits for every
+// queued closure.
 //
-// Thread-safety: Schedule() may be called from any thread, including from a closure.
+// Thread-safety: Schedule() may be called from any thread, including from a
+// closure.
 #ifndef CKPT_IO_THREAD_POOL_H_
 #define CKPT_IO_THREAD_POOL_H_
 

@@ -23,13 +23,15 @@ struct UringEngine::Request {
   Callback done;
 };
 
-UringEngine::UringEngine(const UringEngineOptions& options) : options_(options) {}
+UringEngine::UringEngine(const UringEngineOptions& options)
+    : options_(options) {}
 
 absl::StatusOr<std::unique_ptr<UringEngine>> UringEngine::Create(
     const UringEngineOptions& options) {
   if (options.queue_depth == 0 || options.queue_depth > 4096) {
     return absl::InvalidArgumentError(
-        absl::StrCat("io_uring queue depth must be in [1, 4096], got ", options.queue_depth));
+        absl::StrCat("io_uring queue depth must be in [1, 4096], got ",
+                     options.queue_depth));
   }
   std::unique_ptr<UringEngine> engine(new UringEngine(options));
   int rc = io_uring_queue_init(options.queue_depth, &engine->ring_, 0);
@@ -45,16 +47,18 @@ UringEngine::~UringEngine() {
   io_uring_queue_exit(&ring_);
 }
 
-absl::Status UringEngine::SubmitWrite(int fd, const std::string* path, const uint8_t* buf,
-                                      size_t length, uint64_t offset, Callback done) {
+absl::Status UringEngine::SubmitWrite(int fd, const std::string* path,
+                                      const uint8_t* buf, size_t length,
+                                      uint64_t offset, Callback done) {
   auto r = std::make_unique<Request>();
   *r = Request{true, fd, path, const_cast<uint8_t*>(buf), length, offset};
   r->done = std::move(done);
   return Submit(std::move(r));
 }
 
-absl::Status UringEngine::SubmitRead(int fd, const std::string* path, uint8_t* buf,
-                                     size_t length, uint64_t offset, Callback done) {
+absl::Status UringEngine::SubmitRead(int fd, const std::string* path,
+                                     uint8_t* buf, size_t length,
+                                     uint64_t offset, Callback done) {
   auto r = std::make_unique<Request>();
   *r = Request{false, fd, path, buf, length, offset};
   r->done = std::move(done);
@@ -68,19 +72,21 @@ absl::Status UringEngine::Submit(std::unique_ptr<Request> request) {
   return Push(request.release());
 }
 
-// Prepares and submits the remaining part of `r`. The caller guarantees a free slot.
+// Prepares and submits the remaining part of `r`. The caller guarantees a free
+// slot.
 absl::Status UringEngine::Push(Request* r) {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   if (sqe == nullptr) {
-    absl::Status status = absl::InternalError("io_uring: no free submission entry");
+    absl::Status status =
+        absl::InternalError("io_uring: no free submission entry");
     Complete(r, status);
     return status;
   }
   size_t remaining = r->length - r->done_bytes;
   UringFault fault;
   if (options_.fault_hook) {
-    fault = options_.fault_hook(UringRequestInfo{r->is_write, r->offset + r->done_bytes,
-                                                 remaining});
+    fault = options_.fault_hook(
+        UringRequestInfo{r->is_write, r->offset + r->done_bytes, remaining});
   }
   r->injected_error = false;
   if (fault.kind == UringFault::kErrno) {
@@ -96,21 +102,22 @@ absl::Status UringEngine::Push(Request* r) {
     }
     r->submitted = len;
     if (r->is_write) {
-      io_uring_prep_write(sqe, r->fd, r->buf + r->done_bytes, len, r->offset + r->done_bytes);
+      io_uring_prep_write(sqe, r->fd, r->buf + r->done_bytes, len,
+                          r->offset + r->done_bytes);
     } else {
-      io_uring_prep_read(sqe, r->fd, r->buf + r->done_bytes, len, r->offset + r->done_bytes);
+      io_uring_prep_read(sqe, r->fd, r->buf + r->done_bytes, len,
+                         r->offset + r->done_bytes);
     }
   }
   io_uring_sqe_set_data(sqe, r);
   ++in_flight_;
+  // A failed submit (EAGAIN/EBUSY under memory pressure) leaves the entry in
+  // the submission queue; ReapOne() submits it again before waiting, so every
+  // request completes exactly once.
   int rc;
   do {
     rc = io_uring_submit(&ring_);
   } while (rc == -EINTR);
-  if (rc < 0) {
-    // The entry may or may not have been consumed; reaping resolves it either way.
-    return ErrnoToStatus(-rc, absl::StrCat("io_uring_submit for ", *r->path));
-  }
   return absl::OkStatus();
 }
 
@@ -124,7 +131,9 @@ absl::Status UringEngine::ReapOne() {
   io_uring_cqe* cqe = nullptr;
   int rc;
   do {
-    rc = io_uring_wait_cqe(&ring_, &cqe);
+    rc =
+        io_uring_sq_ready(&ring_) > 0 ? io_uring_submit_and_wait(&ring_, 1) : 0;
+    if (rc >= 0) rc = io_uring_wait_cqe(&ring_, &cqe);
   } while (rc == -EINTR || rc == -EAGAIN);
   if (rc < 0) return ErrnoToStatus(-rc, "io_uring_wait_cqe");
   auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
@@ -138,15 +147,18 @@ absl::Status UringEngine::ReapOne() {
     return absl::OkStatus();
   }
   if (res < 0) {
-    Complete(r, ErrnoToStatus(-res, absl::StrCat(r->is_write ? "write " : "read ", *r->path,
-                                                 " at offset ", r->offset + r->done_bytes)));
+    Complete(r,
+             ErrnoToStatus(
+                 -res, absl::StrCat(r->is_write ? "write " : "read ", *r->path,
+                                    " at offset ", r->offset + r->done_bytes)));
     return absl::OkStatus();
   }
   if (res == 0 && r->submitted > 0) {
     Complete(r, absl::OutOfRangeError(absl::StrCat(
                     r->is_write ? "write " : "read ", *r->path, " at offset ",
-                    r->offset + r->done_bytes, ": ", r->is_write ? "no progress" : "end of file",
-                    " with ", r->length - r->done_bytes, " bytes left")));
+                    r->offset + r->done_bytes, ": ",
+                    r->is_write ? "no progress" : "end of file", " with ",
+                    r->length - r->done_bytes, " bytes left")));
     return absl::OkStatus();
   }
   r->done_bytes += static_cast<size_t>(res);
@@ -160,7 +172,16 @@ absl::Status UringEngine::ReapOne() {
 
 void UringEngine::Complete(Request* r, absl::Status status) {
   std::unique_ptr<Request> owned(r);
+  ++completed_;
   if (owned->done) owned->done(std::move(status));
+}
+
+absl::Status UringEngine::WaitAny() {
+  const uint64_t before = completed_;
+  while (completed_ == before && (in_flight_ > 0 || !retry_.empty())) {
+    RETURN_IF_ERROR(ReapOne());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status UringEngine::Drain() {

@@ -1,5 +1,6 @@
-// Fault hooks for the io_uring engine: tests use them to turn a submission into a short one or
-// to make it complete with an errno, without touching the kernel.
+// Fault hooks for the io_uring engine: tests use them to turn a submission into
+// a short one or to make it complete with an errno, without touching the
+// kernel.
 #ifndef CKPT_IO_URING_FAULT_H_
 #define CKPT_IO_URING_FAULT_H_
 
@@ -13,8 +14,10 @@ namespace ckpt::io {
 struct UringFault {
   enum Kind { kNone, kShort, kErrno };
   Kind kind = kNone;
-  size_t short_length = 0;  // kShort: submit only this many bytes (the engine sends the rest later)
-  int err = 0;              // kErrno: the request completes with -err without reaching the disk
+  size_t short_length = 0;  // kShort: submit only this many bytes (the engine
+                            // sends the rest later)
+  int err =
+      0;  // kErrno: the request completes with -err without reaching the disk
 };
 
 struct UringRequestInfo {

@@ -19,14 +19,18 @@ class CpuDevice final : public Device {
     std::memcpy(dst, src, n);
     return absl::OkStatus();
   }
-  absl::Status ByteShuffle(const void* src, void* dst, size_t n, size_t width) override {
-    snapshot::ByteShuffle(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n, width);
+  absl::Status ByteShuffle(const void* src, void* dst, size_t n,
+                           size_t width) override {
+    snapshot::ByteShuffle(static_cast<const uint8_t*>(src),
+                          static_cast<uint8_t*>(dst), n, width);
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::StatusOr<void*> Allocate(size_t n) override {
     void* p = std::malloc(n == 0 ? 1 : n);
-    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("malloc of ", n, " bytes"));
+    if (p == nullptr)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("malloc of ", n, " bytes"));
     return p;
   }
   void Free(void* p) override { std::free(p); }

@@ -1,5 +1,6 @@
-// The CUDA device: copies on its own stream, and a byte-shuffle kernel that matches the CPU
-// reference byte for byte. cudaError_t is converted to absl::Status only in CudaStatus().
+// The CUDA device: copies on its own stream, and a byte-shuffle kernel that
+// matches the CPU reference byte for byte. cudaError_t is converted to
+// absl::Status only in CudaStatus().
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
@@ -10,16 +11,19 @@ namespace {
 
 absl::Status CudaStatus(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("CUDA ", what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ",
+                                          cudaGetErrorName(err), ": ",
+                                          cudaGetErrorString(err)));
 }
 
-// dst[b * elements + i] = src[i * width + b]; the tail (n % width bytes) is copied unchanged.
-__global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
+// dst[b * elements + i] = src[i * width + b]; the tail (n % width bytes) is
+// copied unchanged.
+__global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n,
+                                  size_t width) {
   const size_t elements = n / width;
   const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
-  for (size_t k = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
-       k += stride) {
+  for (size_t k = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       k < n; k += stride) {
     if (k < elements * width) {
       size_t i = k / width, b = k % width;
       dst[b * elements + i] = src[k];
@@ -31,24 +35,29 @@ __global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n, si
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, cudaStream_t stream) : ordinal_(ordinal), stream_(stream) {}
+  CudaDevice(int ordinal, cudaStream_t stream)
+      : ordinal_(ordinal), stream_(stream) {}
   ~CudaDevice() override { cudaStreamDestroy(stream_); }
 
   std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
 
   absl::Status CopyToHost(const void* src, void* dst, size_t n) override {
-    return CudaStatus(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
-                      "cudaMemcpyAsync to host");
+    return CudaStatus(
+        cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync to host");
   }
   absl::Status CopyFromHost(const void* src, void* dst, size_t n) override {
-    return CudaStatus(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
-                      "cudaMemcpyAsync from host");
+    return CudaStatus(
+        cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync from host");
   }
-  absl::Status ByteShuffle(const void* src, void* dst, size_t n, size_t width) override {
+  absl::Status ByteShuffle(const void* src, void* dst, size_t n,
+                           size_t width) override {
     if (n == 0) return absl::OkStatus();
     if (width <= 1) {
-      return CudaStatus(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
-                        "cudaMemcpyAsync device to device");
+      return CudaStatus(
+          cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync device to device");
     }
     const int threads = 256;
     const size_t blocks = std::min<size_t>((n + threads - 1) / threads, 65535);
@@ -81,12 +90,14 @@ absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal) {
   absl::Status s = CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (!s.ok()) return s;
   if (ordinal < 0 || ordinal >= count) {
-    return absl::NotFoundError(absl::StrCat("no CUDA device ", ordinal, " (", count, " found)"));
+    return absl::NotFoundError(
+        absl::StrCat("no CUDA device ", ordinal, " (", count, " found)"));
   }
   s = CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice");
   if (!s.ok()) return s;
   cudaStream_t stream;
-  s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                 "cudaStreamCreate");
   if (!s.ok()) return s;
   return std::unique_ptr<Device>(new CudaDevice(ordinal, stream));
 }

@@ -15,7 +15,8 @@ namespace {
 
 // The one place where zstd's error space becomes a Status.
 absl::Status ZstdError(size_t code, absl::string_view what) {
-  return absl::DataLossError(absl::StrCat(what, ": zstd: ", ZSTD_getErrorName(code)));
+  return absl::DataLossError(
+      absl::StrCat(what, ": zstd: ", ZSTD_getErrorName(code)));
 }
 
 struct CCtxDeleter {
@@ -52,16 +53,20 @@ size_t MaxEncodedSize(size_t raw_size) {
 }
 
 absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
-                                              uint32_t element_width, const CodecOptions& options,
-                                              io::BufferPool* pool, ChunkHeader* header) {
+                                              uint32_t element_width,
+                                              const CodecOptions& options,
+                                              io::BufferPool* pool,
+                                              ChunkHeader* header) {
   if (element_width == 0 || element_width > 255) {
-    return absl::InvalidArgumentError(absl::StrCat("element width ", element_width));
+    return absl::InvalidArgumentError(
+        absl::StrCat("element width ", element_width));
   }
   const size_t raw_size = raw.size();
   const size_t max_size = MaxEncodedSize(raw_size);
-  io::AlignedBuffer out = (pool != nullptr && pool->buffer_capacity() >= max_size)
-                              ? pool->Acquire()
-                              : io::AlignedBuffer(max_size);
+  io::AlignedBuffer out =
+      (pool != nullptr && pool->buffer_capacity() >= max_size)
+          ? pool->Acquire()
+          : io::AlignedBuffer(max_size);
   uint8_t* stored = out.data() + kChunkHeaderSize;
 
   header->element_width = element_width;
@@ -77,8 +82,8 @@ absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
     const double keep = 1.0 - options.min_saving;
     bool worth_trying = true;
     if (options.probe_bytes > 0 && raw_size > 2 * options.probe_bytes) {
-      // The sample is filtered on its own: a prefix of the filtered chunk would hold only the
-      // low bytes of its elements and misjudge it.
+      // The sample is filtered on its own: a prefix of the filtered chunk would
+      // hold only the low bytes of its elements and misjudge it.
       size_t sample = options.probe_bytes / element_width * element_width;
       const uint8_t* probe_input = raw.data();
       if (shuffled) {
@@ -87,10 +92,11 @@ absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
         probe_input = filtered;
       }
       size_t probe_cap = ZSTD_compressBound(sample);
-      size_t probe = ZSTD_compressCCtx(cctx, Scratch(probe_cap, 1), probe_cap, probe_input,
-                                       sample, options.zstd_level);
+      size_t probe = ZSTD_compressCCtx(cctx, Scratch(probe_cap, 1), probe_cap,
+                                       probe_input, sample, options.zstd_level);
       if (ZSTD_isError(probe)) return ZstdError(probe, "compress probe");
-      worth_trying = static_cast<double>(probe) < keep * static_cast<double>(sample);
+      worth_trying =
+          static_cast<double>(probe) < keep * static_cast<double>(sample);
     }
     const uint8_t* input = raw.data();
     if (worth_trying && shuffled) {
@@ -99,12 +105,13 @@ absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
       input = filtered;
     }
     if (worth_trying) {
-      size_t n = ZSTD_compressCCtx(cctx, stored, ZSTD_compressBound(raw_size), input, raw_size,
-                                   options.zstd_level);
+      size_t n = ZSTD_compressCCtx(cctx, stored, ZSTD_compressBound(raw_size),
+                                   input, raw_size, options.zstd_level);
       if (ZSTD_isError(n)) return ZstdError(n, "compress");
       if (static_cast<double>(n) < keep * static_cast<double>(raw_size)) {
         header->codec = proto::CODEC_ZSTD;
-        header->filter = shuffled ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
+        header->filter =
+            shuffled ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
         stored_size = n;
       }
     }
@@ -118,27 +125,32 @@ absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
   header->stored_size = static_cast<uint32_t>(stored_size);
   EncodeChunkHeader(*header, out.data());
   size_t footprint = ChunkFootprint(stored_size);
-  std::memset(stored + stored_size, 0, footprint - kChunkHeaderSize - stored_size);
+  std::memset(stored + stored_size, 0,
+              footprint - kChunkHeaderSize - stored_size);
   out.set_size(footprint);
   return out;
 }
 
-absl::Status DecodeChunk(const ChunkHeader& header, absl::Span<const uint8_t> stored,
+absl::Status DecodeChunk(const ChunkHeader& header,
+                         absl::Span<const uint8_t> stored,
                          absl::Span<uint8_t> raw_out) {
-  if (stored.size() != header.stored_size || raw_out.size() != header.raw_size) {
-    return absl::InvalidArgumentError(absl::StrCat("decode: buffers of ", stored.size(), "/",
-                                                   raw_out.size(), " bytes for a chunk of ",
-                                                   header.stored_size, "/", header.raw_size));
+  if (stored.size() != header.stored_size ||
+      raw_out.size() != header.raw_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode: buffers of ", stored.size(), "/", raw_out.size(),
+        " bytes for a chunk of ", header.stored_size, "/", header.raw_size));
   }
   if (Checksum(stored) != header.stored_xxh3) {
     return absl::DataLossError("stored bytes checksum mismatch");
   }
   const size_t raw_size = header.raw_size;
   if (raw_size == 0) {
-    // Writers never produce empty chunks; an empty one is only valid if it says so exactly.
+    // Writers never produce empty chunks; an empty one is only valid if it says
+    // so exactly.
     if (header.codec != proto::CODEC_NONE || stored.size() != 0 ||
         header.raw_xxh3 != Checksum({})) {
-      return absl::DataLossError("empty chunk with a codec, stored bytes or a wrong checksum");
+      return absl::DataLossError(
+          "empty chunk with a codec, stored bytes or a wrong checksum");
     }
     return absl::OkStatus();
   }
@@ -149,10 +161,12 @@ absl::Status DecodeChunk(const ChunkHeader& header, absl::Span<const uint8_t> st
   switch (header.codec) {
     case proto::CODEC_NONE:
       if (stored.size() != raw_size) {
-        return absl::DataLossError("uncompressed chunk whose stored and raw sizes differ");
+        return absl::DataLossError(
+            "uncompressed chunk whose stored and raw sizes differ");
       }
       if (shuffled) {
-        ByteUnshuffle(stored.data(), raw_out.data(), raw_size, header.element_width);
+        ByteUnshuffle(stored.data(), raw_out.data(), raw_size,
+                      header.element_width);
       } else {
         std::memcpy(raw_out.data(), stored.data(), raw_size);
         // Identical bytes: the stored checksum already covered them.
@@ -160,20 +174,23 @@ absl::Status DecodeChunk(const ChunkHeader& header, absl::Span<const uint8_t> st
       }
       break;
     case proto::CODEC_ZSTD: {
-      unsigned long long declared = ZSTD_getFrameContentSize(stored.data(), stored.size());
-      if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN ||
-          declared != raw_size) {
-        return absl::DataLossError(absl::StrCat("zstd frame declares ", declared,
-                                                " bytes, the chunk ", raw_size));
+      unsigned long long declared =
+          ZSTD_getFrameContentSize(stored.data(), stored.size());
+      if (declared == ZSTD_CONTENTSIZE_ERROR ||
+          declared == ZSTD_CONTENTSIZE_UNKNOWN || declared != raw_size) {
+        return absl::DataLossError(absl::StrCat(
+            "zstd frame declares ", declared, " bytes, the chunk ", raw_size));
       }
       uint8_t* dst = shuffled ? Scratch(raw_size, 0) : raw_out.data();
-      size_t n = ZSTD_decompressDCtx(ThreadDCtx(), dst, raw_size, stored.data(), stored.size());
+      size_t n = ZSTD_decompressDCtx(ThreadDCtx(), dst, raw_size, stored.data(),
+                                     stored.size());
       if (ZSTD_isError(n)) return ZstdError(n, "decompress");
       if (n != raw_size) {
-        return absl::DataLossError(absl::StrCat("decompressed ", n, " bytes, expected ",
-                                                raw_size));
+        return absl::DataLossError(
+            absl::StrCat("decompressed ", n, " bytes, expected ", raw_size));
       }
-      if (shuffled) ByteUnshuffle(dst, raw_out.data(), raw_size, header.element_width);
+      if (shuffled)
+        ByteUnshuffle(dst, raw_out.data(), raw_size, header.element_width);
       break;
     }
     default:

@@ -1,8 +1,8 @@
-// The chunk codec: raw bytes -> (byte-shuffle filter) -> (zstd) -> stored bytes, each step
-// checksummed with XXH3-64, and back. Encoding produces a write-ready, O_DIRECT-aligned buffer:
-// the 64-byte chunk header, the stored bytes and zero padding. Decoding bounds every
-// decompression by the declared raw size, so a lying header or a zstd bomb is an error, never
-// an allocation.
+// The chunk codec: raw bytes -> (byte-shuffle filter) -> (zstd) -> stored
+// bytes, each step checksummed with XXH3-64, and back. Encoding produces a
+// write-ready, O_DIRECT-aligned buffer: the 64-byte chunk header, the stored
+// bytes and zero padding. Decoding bounds every decompression by the declared
+// raw size, so a lying header or a zstd bomb is an error, never an allocation.
 //
 // Thread-safety: both functions are thread-safe (zstd contexts are per thread).
 #ifndef CKPT_SNAPSHOT_CHUNK_CODEC_H_
@@ -27,24 +27,30 @@ struct CodecOptions {
   bool shuffle = true;
   // A chunk is stored raw unless compression saves at least this fraction.
   double min_saving = 0.03;
-  // Chunks larger than twice this are probed first: if a sample of this many bytes does not
-  // compress, the chunk is stored raw without compressing the rest.
+  // Chunks larger than twice this are probed first: if a sample of this many
+  // bytes does not compress, the chunk is stored raw without compressing the
+  // rest.
   size_t probe_bytes = 64 << 10;
 };
 
 // The largest buffer EncodeChunk needs for a raw chunk of `raw_size` bytes.
 size_t MaxEncodedSize(size_t raw_size);
 
-// Encodes one chunk. Uses a buffer from `pool` when it is large enough (pool may be null).
-// `header`'s item_index, chunk_index and raw_offset are inputs (they are written into the chunk
-// header); the other fields are filled with what was written.
+// Encodes one chunk. Uses a buffer from `pool` when it is large enough (pool
+// may be null). `header`'s item_index, chunk_index and raw_offset are inputs
+// (they are written into the chunk header); the other fields are filled with
+// what was written.
 absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
-                                              uint32_t element_width, const CodecOptions& options,
-                                              io::BufferPool* pool, ChunkHeader* header);
+                                              uint32_t element_width,
+                                              const CodecOptions& options,
+                                              io::BufferPool* pool,
+                                              ChunkHeader* header);
 
-// Decodes `stored` (header.stored_size bytes) into `raw_out` (header.raw_size bytes) and checks
-// both checksums. Errors say which check failed; the caller adds file and chunk.
-absl::Status DecodeChunk(const ChunkHeader& header, absl::Span<const uint8_t> stored,
+// Decodes `stored` (header.stored_size bytes) into `raw_out` (header.raw_size
+// bytes) and checks both checksums. Errors say which check failed; the caller
+// adds file and chunk.
+absl::Status DecodeChunk(const ChunkHeader& header,
+                         absl::Span<const uint8_t> stored,
                          absl::Span<uint8_t> raw_out);
 
 // XXH3-64 of `bytes`.

@@ -3,10 +3,10 @@
 #define CKPT_SNAPSHOT_DTYPE_H_
 
 #include <cstddef>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/manifest.pb.h"
 
 namespace ckpt::snapshot {

@@ -30,12 +30,19 @@ void ByteShuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
   }
   size_t elements = n / width;
   switch (width) {
-    case 2: Shuffle<2>(src, dst, elements); break;
-    case 4: Shuffle<4>(src, dst, elements); break;
-    case 8: Shuffle<8>(src, dst, elements); break;
+    case 2:
+      Shuffle<2>(src, dst, elements);
+      break;
+    case 4:
+      Shuffle<4>(src, dst, elements);
+      break;
+    case 8:
+      Shuffle<8>(src, dst, elements);
+      break;
     default:
       for (size_t i = 0; i < elements; ++i) {
-        for (size_t b = 0; b < width; ++b) dst[b * elements + i] = src[i * width + b];
+        for (size_t b = 0; b < width; ++b)
+          dst[b * elements + i] = src[i * width + b];
       }
   }
   size_t done = elements * width;
@@ -50,12 +57,19 @@ void ByteUnshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
   }
   size_t elements = n / width;
   switch (width) {
-    case 2: Unshuffle<2>(src, dst, elements); break;
-    case 4: Unshuffle<4>(src, dst, elements); break;
-    case 8: Unshuffle<8>(src, dst, elements); break;
+    case 2:
+      Unshuffle<2>(src, dst, elements);
+      break;
+    case 4:
+      Unshuffle<4>(src, dst, elements);
+      break;
+    case 8:
+      Unshuffle<8>(src, dst, elements);
+      break;
     default:
       for (size_t i = 0; i < elements; ++i) {
-        for (size_t b = 0; b < width; ++b) dst[i * width + b] = src[b * elements + i];
+        for (size_t b = 0; b < width; ++b)
+          dst[i * width + b] = src[b * elements + i];
       }
   }
   size_t done = elements * width;

@@ -17,7 +17,8 @@ namespace {
 constexpr uint16_t kChunkHeaderVersion = 1;
 
 // The format is little-endian; so is every machine ckpt runs on.
-static_assert(std::endian::native == std::endian::little, "ckpt assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "ckpt assumes a little-endian host");
 template <typename T>
 void Put(uint8_t* p, T v) {
   std::memcpy(p, &v, sizeof(v));
@@ -42,16 +43,19 @@ bool AllZero(const uint8_t* p, size_t n) {
   return true;
 }
 
-bool KnownCodec(proto::Codec c) { return c == proto::CODEC_NONE || c == proto::CODEC_ZSTD; }
+bool KnownCodec(proto::Codec c) {
+  return c == proto::CODEC_NONE || c == proto::CODEC_ZSTD;
+}
 bool KnownFilter(proto::Filter f) {
   return f == proto::FILTER_NONE || f == proto::FILTER_BYTE_SHUFFLE;
 }
 
 }  // namespace
 
-// Layout (little-endian): magic[4] version u16 codec u8 filter u8 | width u8 reserved[3]
-// item u32 chunk u32 | raw_size u32 stored_size u32 reserved u32 | raw_offset u64 raw_xxh3 u64
-// stored_xxh3 u64 | header_xxh3 u64 (of bytes 0..55).
+// Layout (little-endian): magic[4] version u16 codec u8 filter u8 | width u8
+// reserved[3] item u32 chunk u32 | raw_size u32 stored_size u32 reserved u32 |
+// raw_offset u64 raw_xxh3 u64 stored_xxh3 u64 | header_xxh3 u64 (of bytes
+// 0..55).
 void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
   std::memset(out, 0, kChunkHeaderSize);
   std::memcpy(out, kChunkMagic, 4);
@@ -71,15 +75,18 @@ void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
 
 absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
   if (bytes.size() < kChunkHeaderSize) {
-    return absl::DataLossError(absl::StrCat("chunk header truncated to ", bytes.size(), " bytes"));
+    return absl::DataLossError(
+        absl::StrCat("chunk header truncated to ", bytes.size(), " bytes"));
   }
   const uint8_t* p = bytes.data();
-  if (std::memcmp(p, kChunkMagic, 4) != 0) return absl::DataLossError("chunk header: bad magic");
+  if (std::memcmp(p, kChunkMagic, 4) != 0)
+    return absl::DataLossError("chunk header: bad magic");
   if (Get64(p + 56) != XXH3_64bits(p, 56)) {
     return absl::DataLossError("chunk header: checksum mismatch");
   }
   if (Get16(p + 4) != kChunkHeaderVersion) {
-    return absl::DataLossError(absl::StrCat("chunk header: unsupported version ", Get16(p + 4)));
+    return absl::DataLossError(
+        absl::StrCat("chunk header: unsupported version ", Get16(p + 4)));
   }
   if (!AllZero(p + 9, 3) || !AllZero(p + 28, 4)) {
     return absl::DataLossError("chunk header: reserved bytes are not zero");
@@ -98,8 +105,9 @@ absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
   return h;
 }
 
-// Layout (little-endian): magic[8] version u32 flags u32 manifest_offset u64 manifest_size u64
-// manifest_xxh3 u64 file_size u64 reserved u64 footer_xxh3 u64 (of bytes 0..55).
+// Layout (little-endian): magic[8] version u32 flags u32 manifest_offset u64
+// manifest_size u64 manifest_xxh3 u64 file_size u64 reserved u64 footer_xxh3
+// u64 (of bytes 0..55).
 void EncodeFooter(const Footer& f, uint8_t out[kFooterSize]) {
   std::memset(out, 0, kFooterSize);
   std::memcpy(out, kFooterMagic, 8);
@@ -113,19 +121,21 @@ void EncodeFooter(const Footer& f, uint8_t out[kFooterSize]) {
 
 absl::StatusOr<Footer> DecodeFooter(absl::Span<const uint8_t> bytes) {
   if (bytes.size() != kFooterSize) {
-    return absl::DataLossError(absl::StrCat("footer is ", bytes.size(), " bytes, expected ",
-                                            kFooterSize));
+    return absl::DataLossError(absl::StrCat("footer is ", bytes.size(),
+                                            " bytes, expected ", kFooterSize));
   }
   const uint8_t* p = bytes.data();
   if (std::memcmp(p, kFooterMagic, 8) != 0) {
-    return absl::DataLossError("footer: bad magic (not a ckpt shard file, or truncated)");
+    return absl::DataLossError(
+        "footer: bad magic (not a ckpt shard file, or truncated)");
   }
-  if (Get64(p + 56) != XXH3_64bits(p, 56)) return absl::DataLossError("footer: checksum mismatch");
+  if (Get64(p + 56) != XXH3_64bits(p, 56))
+    return absl::DataLossError("footer: checksum mismatch");
   uint32_t version = Get32(p + 8);
   if (version != kFormatVersion) {
-    return absl::DataLossError(absl::StrCat("footer: format version ", version,
-                                            " is not supported (this reader knows ",
-                                            kFormatVersion, ")"));
+    return absl::DataLossError(absl::StrCat(
+        "footer: format version ", version,
+        " is not supported (this reader knows ", kFormatVersion, ")"));
   }
   if (Get32(p + 12) != 0 || Get64(p + 48) != 0) {
     return absl::DataLossError("footer: reserved bytes are not zero");
@@ -141,25 +151,26 @@ absl::StatusOr<Footer> DecodeFooter(absl::Span<const uint8_t> bytes) {
 absl::StatusOr<uint64_t> TensorByteSize(const proto::Item& item) {
   uint64_t width = DTypeSize(item.dtype());
   if (width == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor \"", item.name(), "\" has dtype ",
-                                                   DTypeName(item.dtype())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", item.name(), "\" has dtype ", DTypeName(item.dtype())));
   }
   uint64_t n = width;
   for (int64_t len : item.box_length()) {
     if (len < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", item.name(), "\" has a negative box length"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", item.name(), "\" has a negative box length"));
     }
     if (len != 0 && n > UINT64_MAX / static_cast<uint64_t>(len)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", item.name(), "\" is too large (size overflows)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", item.name(), "\" is too large (size overflows)"));
     }
     n *= static_cast<uint64_t>(len);
   }
   return n;
 }
 
-ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index, uint32_t chunk_index) {
+ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index,
+                      uint32_t chunk_index) {
   ChunkHeader h;
   h.codec = c.codec();
   h.filter = c.filter();
@@ -175,113 +186,138 @@ ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index, uint32_t c
 }
 
 bool operator==(const ChunkHeader& a, const ChunkHeader& b) {
-  return a.codec == b.codec && a.filter == b.filter && a.element_width == b.element_width &&
-         a.item_index == b.item_index && a.chunk_index == b.chunk_index &&
-         a.raw_size == b.raw_size && a.stored_size == b.stored_size &&
-         a.raw_offset == b.raw_offset && a.raw_xxh3 == b.raw_xxh3 &&
-         a.stored_xxh3 == b.stored_xxh3;
+  return a.codec == b.codec && a.filter == b.filter &&
+         a.element_width == b.element_width && a.item_index == b.item_index &&
+         a.chunk_index == b.chunk_index && a.raw_size == b.raw_size &&
+         a.stored_size == b.stored_size && a.raw_offset == b.raw_offset &&
+         a.raw_xxh3 == b.raw_xxh3 && a.stored_xxh3 == b.stored_xxh3;
 }
 
-absl::Status ValidateManifest(const proto::ShardManifest& m, uint64_t manifest_offset) {
-  auto bad = [](auto&&... parts) { return absl::DataLossError(absl::StrCat(parts...)); };
+absl::Status ValidateManifest(const proto::ShardManifest& m,
+                              uint64_t manifest_offset) {
+  auto bad = [](auto&&... parts) {
+    return absl::DataLossError(absl::StrCat(parts...));
+  };
   if (m.format_version() != kFormatVersion) {
-    return bad("manifest: format version ", m.format_version(), " is not supported");
+    return bad("manifest: format version ", m.format_version(),
+               " is not supported");
   }
   if (!m.job().empty()) RETURN_IF_ERROR(ValidateJobId(m.job()));
   if (m.world_size() == 0 || m.rank() >= m.world_size()) {
-    return bad("manifest: rank ", m.rank(), " is outside world size ", m.world_size());
+    return bad("manifest: rank ", m.rank(), " is outside world size ",
+               m.world_size());
   }
-  if (m.alignment() != kAlignment) return bad("manifest: alignment ", m.alignment());
-  if (m.chunk_size() == 0 || m.chunk_size() > kMaxChunkSize || m.chunk_size() % 8 != 0) {
-    return bad("manifest: chunk size ", m.chunk_size(), " is outside (0, ", kMaxChunkSize,
-               "] or not a multiple of 8");
+  if (m.alignment() != kAlignment)
+    return bad("manifest: alignment ", m.alignment());
+  if (m.chunk_size() == 0 || m.chunk_size() > kMaxChunkSize ||
+      m.chunk_size() % 8 != 0) {
+    return bad("manifest: chunk size ", m.chunk_size(), " is outside (0, ",
+               kMaxChunkSize, "] or not a multiple of 8");
   }
   if (m.data_size() != manifest_offset) {
-    return bad("manifest: data size ", m.data_size(), " does not match manifest offset ",
-               manifest_offset);
+    return bad("manifest: data size ", m.data_size(),
+               " does not match manifest offset ", manifest_offset);
   }
   std::set<std::string> names;
   uint64_t file_pos = 0;
   for (int i = 0; i < m.items_size(); ++i) {
     const proto::Item& item = m.items(i);
     absl::Status name_ok = ValidateItemName(item.name());
-    if (!name_ok.ok()) return bad("manifest: item ", i, ": ", name_ok.message());
+    if (!name_ok.ok())
+      return bad("manifest: item ", i, ": ", name_ok.message());
     if (!names.insert(item.name()).second) {
       return bad("manifest: item name \"", item.name(), "\" appears twice");
     }
     uint32_t width = 1;
     if (item.kind() == proto::ITEM_KIND_TENSOR) {
       width = static_cast<uint32_t>(DTypeSize(item.dtype()));
-      if (width == 0) return bad("manifest: tensor \"", item.name(), "\" has an unknown dtype");
+      if (width == 0)
+        return bad("manifest: tensor \"", item.name(),
+                   "\" has an unknown dtype");
       int rank = item.global_shape_size();
       if (item.box_offset_size() != rank || item.box_length_size() != rank) {
-        return bad("manifest: tensor \"", item.name(), "\" has ", rank, " dims but a box of ",
-                   item.box_offset_size(), "/", item.box_length_size());
+        return bad("manifest: tensor \"", item.name(), "\" has ", rank,
+                   " dims but a box of ", item.box_offset_size(), "/",
+                   item.box_length_size());
       }
       for (int d = 0; d < rank; ++d) {
-        int64_t dim = item.global_shape(d), off = item.box_offset(d), len = item.box_length(d);
+        int64_t dim = item.global_shape(d), off = item.box_offset(d),
+                len = item.box_length(d);
         if (dim < 0 || off < 0 || len < 0 || off > dim || len > dim - off) {
-          return bad("manifest: tensor \"", item.name(), "\" dim ", d, ": box [", off, ", +",
-                     len, ") is outside shape ", dim);
+          return bad("manifest: tensor \"", item.name(), "\" dim ", d,
+                     ": box [", off, ", +", len, ") is outside shape ", dim);
         }
       }
       absl::StatusOr<uint64_t> size = TensorByteSize(item);
       if (!size.ok()) return bad("manifest: ", size.status().message());
       if (*size != item.raw_size()) {
-        return bad("manifest: tensor \"", item.name(), "\" raw size ", item.raw_size(),
-                   " does not match its box (", *size, " bytes)");
+        return bad("manifest: tensor \"", item.name(), "\" raw size ",
+                   item.raw_size(), " does not match its box (", *size,
+                   " bytes)");
       }
     } else if (item.kind() == proto::ITEM_KIND_BYTES) {
-      if (item.dtype() != proto::DTYPE_UNSPECIFIED || item.global_shape_size() != 0 ||
-          item.box_offset_size() != 0 || item.box_length_size() != 0) {
-        return bad("manifest: byte item \"", item.name(), "\" has a dtype or shape");
+      if (item.dtype() != proto::DTYPE_UNSPECIFIED ||
+          item.global_shape_size() != 0 || item.box_offset_size() != 0 ||
+          item.box_length_size() != 0) {
+        return bad("manifest: byte item \"", item.name(),
+                   "\" has a dtype or shape");
       }
     } else {
-      return bad("manifest: item \"", item.name(), "\" has unknown kind ", item.kind());
+      return bad("manifest: item \"", item.name(), "\" has unknown kind ",
+                 item.kind());
     }
     uint64_t raw_pos = 0;
     for (int c = 0; c < item.chunks_size(); ++c) {
       const proto::ChunkInfo& chunk = item.chunks(c);
-      auto where = [&] { return absl::StrCat("manifest: item \"", item.name(), "\" chunk ", c); };
+      auto where = [&] {
+        return absl::StrCat("manifest: item \"", item.name(), "\" chunk ", c);
+      };
       if (chunk.raw_offset() != raw_pos) {
-        return bad(where(), ": raw offset ", chunk.raw_offset(), ", expected ", raw_pos);
+        return bad(where(), ": raw offset ", chunk.raw_offset(), ", expected ",
+                   raw_pos);
       }
       if (chunk.raw_size() == 0 || chunk.raw_size() > m.chunk_size()) {
-        return bad(where(), ": raw size ", chunk.raw_size(), " outside (0, ", m.chunk_size(),
-                   "]");
+        return bad(where(), ": raw size ", chunk.raw_size(), " outside (0, ",
+                   m.chunk_size(), "]");
       }
       if (c + 1 < item.chunks_size() && chunk.raw_size() != m.chunk_size()) {
-        return bad(where(), ": only the last chunk may be smaller than the chunk size");
+        return bad(where(),
+                   ": only the last chunk may be smaller than the chunk size");
       }
       if (!KnownCodec(chunk.codec()) || !KnownFilter(chunk.filter())) {
-        return bad(where(), ": unknown codec ", chunk.codec(), " or filter ", chunk.filter());
+        return bad(where(), ": unknown codec ", chunk.codec(), " or filter ",
+                   chunk.filter());
       }
       if (chunk.element_width() != width) {
-        return bad(where(), ": element width ", chunk.element_width(), ", expected ", width);
+        return bad(where(), ": element width ", chunk.element_width(),
+                   ", expected ", width);
       }
-      if (chunk.codec() == proto::CODEC_NONE && chunk.stored_size() != chunk.raw_size()) {
-        return bad(where(), ": uncompressed but stored size ", chunk.stored_size(),
-                   " != raw size ", chunk.raw_size());
+      if (chunk.codec() == proto::CODEC_NONE &&
+          chunk.stored_size() != chunk.raw_size()) {
+        return bad(where(), ": uncompressed but stored size ",
+                   chunk.stored_size(), " != raw size ", chunk.raw_size());
       }
       // zstd never needs more than its bound; anything larger is a lie.
       uint64_t bound = chunk.raw_size() + chunk.raw_size() / 128 + 1024;
       if (chunk.stored_size() == 0 || chunk.stored_size() > bound) {
-        return bad(where(), ": stored size ", chunk.stored_size(), " is implausible for raw size ",
-                   chunk.raw_size());
+        return bad(where(), ": stored size ", chunk.stored_size(),
+                   " is implausible for raw size ", chunk.raw_size());
       }
       if (chunk.file_offset() != file_pos) {
-        return bad(where(), ": file offset ", chunk.file_offset(), ", expected ", file_pos);
+        return bad(where(), ": file offset ", chunk.file_offset(),
+                   ", expected ", file_pos);
       }
       file_pos += ChunkFootprint(chunk.stored_size());
       raw_pos += chunk.raw_size();
     }
     if (raw_pos != item.raw_size()) {
-      return bad("manifest: item \"", item.name(), "\" chunks cover ", raw_pos, " of ",
-                 item.raw_size(), " bytes");
+      return bad("manifest: item \"", item.name(), "\" chunks cover ", raw_pos,
+                 " of ", item.raw_size(), " bytes");
     }
   }
   if (file_pos != m.data_size()) {
-    return bad("manifest: chunks end at ", file_pos, " but data size is ", m.data_size());
+    return bad("manifest: chunks end at ", file_pos, " but data size is ",
+               m.data_size());
   }
   return absl::OkStatus();
 }

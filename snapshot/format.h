@@ -1,6 +1,7 @@
-// The fixed-layout parts of a shard file (snapshot/FORMAT.md): the 64-byte chunk header that
-// starts every chunk and the 64-byte footer that ends the file, plus the structural checks a
-// reader applies to a manifest before trusting any size or offset in it.
+// The fixed-layout parts of a shard file (snapshot/FORMAT.md): the 64-byte
+// chunk header that starts every chunk and the 64-byte footer that ends the
+// file, plus the structural checks a reader applies to a manifest before
+// trusting any size or offset in it.
 #ifndef CKPT_SNAPSHOT_FORMAT_H_
 #define CKPT_SNAPSHOT_FORMAT_H_
 
@@ -22,13 +23,15 @@ inline constexpr uint32_t kDefaultChunkSize = 4u << 20;
 inline constexpr uint32_t kMaxChunkSize = 64u << 20;
 inline constexpr uint64_t kMaxManifestSize = 256u << 20;
 inline constexpr char kChunkMagic[4] = {'C', 'K', 'C', 'H'};
-inline constexpr char kFooterMagic[8] = {'C', 'K', 'P', 'T', 'S', 'H', 'R', 'D'};
+inline constexpr char kFooterMagic[8] = {'C', 'K', 'P', 'T',
+                                         'S', 'H', 'R', 'D'};
 // The file name suffix of a committed shard, and of one being written.
 inline constexpr char kShardSuffix[] = ".shard";
 inline constexpr char kTempSuffix[] = ".tmp";
 
-// What the header in front of every chunk's stored bytes says. It repeats the manifest's
-// ChunkInfo so a chunk can be checked (and shipped to a peer) on its own.
+// What the header in front of every chunk's stored bytes says. It repeats the
+// manifest's ChunkInfo so a chunk can be checked (and shipped to a peer) on its
+// own.
 struct ChunkHeader {
   proto::Codec codec = proto::CODEC_NONE;
   proto::Filter filter = proto::FILTER_NONE;
@@ -42,7 +45,8 @@ struct ChunkHeader {
   uint64_t stored_xxh3 = 0;
 };
 
-void EncodeChunkHeader(const ChunkHeader& header, uint8_t out[kChunkHeaderSize]);
+void EncodeChunkHeader(const ChunkHeader& header,
+                       uint8_t out[kChunkHeaderSize]);
 // Checks magic, version, reserved bytes and the header checksum.
 absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes);
 
@@ -56,22 +60,29 @@ struct Footer {
 void EncodeFooter(const Footer& footer, uint8_t out[kFooterSize]);
 absl::StatusOr<Footer> DecodeFooter(absl::Span<const uint8_t> bytes);
 
-// Bytes a chunk occupies in the file: header + stored bytes, padded with zeros to kAlignment.
+// Bytes a chunk occupies in the file: header + stored bytes, padded with zeros
+// to kAlignment.
 inline uint64_t ChunkFootprint(uint64_t stored_size) {
-  return (kChunkHeaderSize + stored_size + kAlignment - 1) / kAlignment * kAlignment;
+  return (kChunkHeaderSize + stored_size + kAlignment - 1) / kAlignment *
+         kAlignment;
 }
 
-// Checks that a manifest is self-consistent and fits a file of `file_size` bytes whose manifest
-// starts at `manifest_offset`: version, names (valid, unique), dtypes, shapes and boxes,
-// item sizes, chunk tiling of both the raw bytes and the file, codecs and stored-size bounds.
-// After it passes, every size and offset in the manifest is safe to allocate and read.
-absl::Status ValidateManifest(const proto::ShardManifest& manifest, uint64_t manifest_offset);
+// Checks that a manifest is self-consistent and fits a file of `file_size`
+// bytes whose manifest starts at `manifest_offset`: version, names (valid,
+// unique), dtypes, shapes and boxes, item sizes, chunk tiling of both the raw
+// bytes and the file, codecs and stored-size bounds. After it passes, every
+// size and offset in the manifest is safe to allocate and read.
+absl::Status ValidateManifest(const proto::ShardManifest& manifest,
+                              uint64_t manifest_offset);
 
-// The raw size a tensor item must have: product of box lengths times the element width.
+// The raw size a tensor item must have: product of box lengths times the
+// element width.
 absl::StatusOr<uint64_t> TensorByteSize(const proto::Item& item);
 
-// The header a manifest's chunk entry implies, to compare with the one in the file.
-ChunkHeader HeaderFor(const proto::ChunkInfo& chunk, uint32_t item_index, uint32_t chunk_index);
+// The header a manifest's chunk entry implies, to compare with the one in the
+// file.
+ChunkHeader HeaderFor(const proto::ChunkInfo& chunk, uint32_t item_index,
+                      uint32_t chunk_index);
 bool operator==(const ChunkHeader& a, const ChunkHeader& b);
 
 }  // namespace ckpt::snapshot

@@ -7,7 +7,8 @@
 namespace ckpt::snapshot {
 namespace {
 
-// Quoted and escaped so a NUL or control byte in a bad name shows up in the message.
+// Quoted and escaped so a NUL or control byte in a bad name shows up in the
+// message.
 std::string Quote(absl::string_view s) {
   constexpr size_t kShown = 80;
   std::string shown = absl::CHexEscape(s.substr(0, kShown));
@@ -16,7 +17,8 @@ std::string Quote(absl::string_view s) {
 
 absl::Status CheckComponents(absl::string_view what, absl::string_view name) {
   if (name.front() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quote(name), " is absolute"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Quote(name), " is absolute"));
   }
   for (absl::string_view part : absl::StrSplit(name, '/')) {
     if (part.empty()) {
@@ -24,8 +26,8 @@ absl::Status CheckComponents(absl::string_view what, absl::string_view name) {
           absl::StrCat(what, " ", Quote(name), " has an empty component"));
     }
     if (part == "." || part == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " ", Quote(name), " has a '", part, "' component"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", Quote(name), " has a '", part, "' component"));
     }
   }
   return absl::OkStatus();
@@ -36,15 +38,17 @@ absl::Status CheckComponents(absl::string_view what, absl::string_view name) {
 absl::Status ValidateJobId(absl::string_view job) {
   if (job.empty()) return absl::InvalidArgumentError("job id is empty");
   if (job.size() > kMaxJobIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat("job id ", Quote(job), " is ", job.size(),
-                                                   " bytes; the limit is ", kMaxJobIdLength));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id ", Quote(job), " is ", job.size(),
+                     " bytes; the limit is ", kMaxJobIdLength));
   }
   if (job == "." || job == "..") {
-    return absl::InvalidArgumentError(absl::StrCat("job id ", Quote(job), " is not allowed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id ", Quote(job), " is not allowed"));
   }
   for (char c : job) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job id ", Quote(job), " contains ", Quote(absl::string_view(&c, 1)),
@@ -57,15 +61,15 @@ absl::Status ValidateJobId(absl::string_view job) {
 absl::Status ValidateItemName(absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError("item name is empty");
   if (name.size() > kMaxItemNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat("item name ", Quote(name), " is ",
-                                                   name.size(), " bytes; the limit is ",
-                                                   kMaxItemNameLength));
+    return absl::InvalidArgumentError(
+        absl::StrCat("item name ", Quote(name), " is ", name.size(),
+                     " bytes; the limit is ", kMaxItemNameLength));
   }
   for (char c : name) {
     if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("item name ", Quote(name), " contains a control or non-ASCII byte ",
-                       Quote(absl::string_view(&c, 1))));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item name ", Quote(name), " contains a control or non-ASCII byte ",
+          Quote(absl::string_view(&c, 1))));
     }
   }
   return CheckComponents("item name", name);
@@ -74,11 +78,13 @@ absl::Status ValidateItemName(absl::string_view name) {
 absl::Status ValidateRelativePath(absl::string_view path) {
   if (path.empty()) return absl::InvalidArgumentError("path is empty");
   if (path.size() > kMaxPathLength) {
-    return absl::InvalidArgumentError(absl::StrCat("path ", Quote(path), " is ", path.size(),
-                                                   " bytes; the limit is ", kMaxPathLength));
+    return absl::InvalidArgumentError(
+        absl::StrCat("path ", Quote(path), " is ", path.size(),
+                     " bytes; the limit is ", kMaxPathLength));
   }
   if (path.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("path ", Quote(path), " contains NUL"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("path ", Quote(path), " contains NUL"));
   }
   return CheckComponents("path", path);
 }

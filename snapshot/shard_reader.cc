@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "io/aligned_buffer.h"
 #include "io/status_macros.h"
@@ -24,21 +23,25 @@ struct ShardReader::Piece {
   absl::Status status;
 };
 
-ShardReader::ShardReader(std::string path, std::unique_ptr<io::ReadableFile> file,
+ShardReader::ShardReader(std::string path,
+                         std::unique_ptr<io::ReadableFile> file,
                          const ShardReaderOptions& options)
     : path_(std::move(path)), file_(std::move(file)), options_(options) {}
 
 ShardReader::~ShardReader() = default;
 
-absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(io::FileSystem* fs,
-                                                               const std::string& path,
-                                                               const ShardReaderOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<io::ReadableFile> file,
-                   fs->NewReadableFile(path, io::FileOptions{.direct = options.direct_io}));
-  std::unique_ptr<ShardReader> reader(new ShardReader(path, std::move(file), options));
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(
+    io::FileSystem* fs, const std::string& path,
+    const ShardReaderOptions& options) {
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::ReadableFile> file,
+      fs->NewReadableFile(path, io::FileOptions{.direct = options.direct_io}));
+  std::unique_ptr<ShardReader> reader(
+      new ShardReader(path, std::move(file), options));
   absl::Status s = reader->LoadManifest();
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("shard ", path, ": ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("shard ", path, ": ", s.message()));
   }
   return reader;
 }
@@ -46,70 +49,81 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(io::FileSystem* f
 absl::Status ShardReader::LoadManifest() {
   ASSIGN_OR_RETURN(file_size_, file_->Size());
   if (file_size_ < kAlignment || file_size_ % kAlignment != 0) {
-    return absl::DataLossError(absl::StrCat("file size ", file_size_,
-                                            " is not a positive multiple of ", kAlignment,
-                                            " (truncated or not a shard)"));
+    return absl::DataLossError(absl::StrCat(
+        "file size ", file_size_, " is not a positive multiple of ", kAlignment,
+        " (truncated or not a shard)"));
   }
   io::AlignedBuffer last(kAlignment);
   RETURN_IF_ERROR(file_->Read(file_size_ - kAlignment, last.span()));
-  ASSIGN_OR_RETURN(Footer footer,
-                   DecodeFooter(last.span().subspan(kAlignment - kFooterSize, kFooterSize)));
+  ASSIGN_OR_RETURN(Footer footer, DecodeFooter(last.span().subspan(
+                                      kAlignment - kFooterSize, kFooterSize)));
   if (footer.file_size != file_size_) {
-    return absl::DataLossError(absl::StrCat("footer says the file has ", footer.file_size,
-                                            " bytes, it has ", file_size_));
+    return absl::DataLossError(absl::StrCat("footer says the file has ",
+                                            footer.file_size, " bytes, it has ",
+                                            file_size_));
   }
-  if (footer.manifest_size > kMaxManifestSize || footer.manifest_offset % kAlignment != 0 ||
+  if (footer.manifest_size > kMaxManifestSize ||
+      footer.manifest_offset % kAlignment != 0 ||
       footer.manifest_offset > file_size_ ||
-      file_size_ - footer.manifest_offset != io::AlignUp(footer.manifest_size + kFooterSize)) {
-    return absl::DataLossError(absl::StrCat("footer: manifest at offset ",
-                                            footer.manifest_offset, " of ", footer.manifest_size,
-                                            " bytes does not fit the file"));
+      file_size_ - footer.manifest_offset !=
+          io::AlignUp(footer.manifest_size + kFooterSize)) {
+    return absl::DataLossError(absl::StrCat(
+        "footer: manifest at offset ", footer.manifest_offset, " of ",
+        footer.manifest_size, " bytes does not fit the file"));
   }
   const size_t tail_size = file_size_ - footer.manifest_offset;
   io::AlignedBuffer tail(tail_size);
   RETURN_IF_ERROR(file_->Read(footer.manifest_offset, tail.span()));
   const uint8_t* manifest_bytes = tail.data();
-  if (Checksum({manifest_bytes, footer.manifest_size}) != footer.manifest_xxh3) {
-    return absl::DataLossError(absl::StrCat("manifest at offset ", footer.manifest_offset,
-                                            ": checksum mismatch"));
+  if (Checksum({manifest_bytes, footer.manifest_size}) !=
+      footer.manifest_xxh3) {
+    return absl::DataLossError(absl::StrCat(
+        "manifest at offset ", footer.manifest_offset, ": checksum mismatch"));
   }
   const uint8_t* pad = manifest_bytes + footer.manifest_size;
   const uint8_t* pad_end = tail.data() + tail_size - kFooterSize;
   auto nonzero = std::find_if(pad, pad_end, [](uint8_t b) { return b != 0; });
   if (nonzero != pad_end) {
-    return absl::DataLossError(absl::StrCat(
-        "non-zero padding byte at offset ", footer.manifest_offset + (nonzero - tail.data()),
-        " between manifest and footer"));
+    return absl::DataLossError(
+        absl::StrCat("non-zero padding byte at offset ",
+                     footer.manifest_offset + (nonzero - tail.data()),
+                     " between manifest and footer"));
   }
-  if (!manifest_.ParseFromArray(manifest_bytes, static_cast<int>(footer.manifest_size))) {
+  if (!manifest_.ParseFromArray(manifest_bytes,
+                                static_cast<int>(footer.manifest_size))) {
     return absl::DataLossError("manifest does not parse");
   }
   RETURN_IF_ERROR(ValidateManifest(manifest_, footer.manifest_offset));
-  const size_t window_chunks = options_.read_window_bytes / manifest_.chunk_size() + 1;
-  buffers_ = std::make_unique<io::BufferPool>(ChunkFootprint(manifest_.chunk_size() + 1024),
-                                              2 * window_chunks + 2);
+  const size_t window_chunks =
+      options_.read_window_bytes / manifest_.chunk_size() + 1;
+  buffers_ = std::make_unique<io::BufferPool>(
+      ChunkFootprint(manifest_.chunk_size() + 1024), 2 * window_chunks + 2);
   return absl::OkStatus();
 }
 
 io::ThreadPool* ShardReader::pool() {
   if (options_.pool != nullptr) return options_.pool;
-  if (own_pool_ == nullptr) own_pool_ = std::make_unique<io::ThreadPool>(options_.decode_threads);
+  if (own_pool_ == nullptr)
+    own_pool_ = std::make_unique<io::ThreadPool>(options_.decode_threads);
   return own_pool_.get();
 }
 
-absl::StatusOr<const proto::Item*> ShardReader::FindItem(absl::string_view name) const {
+absl::StatusOr<const proto::Item*> ShardReader::FindItem(
+    absl::string_view name) const {
   for (const proto::Item& item : manifest_.items()) {
     if (item.name() == name) return &item;
   }
-  return absl::NotFoundError(absl::StrCat("shard ", path_, " has no item \"", name, "\""));
+  return absl::NotFoundError(
+      absl::StrCat("shard ", path_, " has no item \"", name, "\""));
 }
 
-absl::Status ShardReader::ReadItem(absl::string_view name, absl::Span<uint8_t> out) {
+absl::Status ShardReader::ReadItem(absl::string_view name,
+                                   absl::Span<uint8_t> out) {
   ASSIGN_OR_RETURN(const proto::Item* item, FindItem(name));
   if (out.size() != item->raw_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard ", path_, " item \"", name, "\" has ",
-                                                   item->raw_size(), " bytes; the buffer ",
-                                                   out.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", path_, " item \"", name, "\" has ",
+                     item->raw_size(), " bytes; the buffer ", out.size()));
   }
   return ReadItemRange(name, 0, out);
 }
@@ -120,18 +134,20 @@ absl::Status ShardReader::ReadItemRange(absl::string_view name, uint64_t offset,
   uint32_t item_index = 0;
   while (&manifest_.items(static_cast<int>(item_index)) != item) ++item_index;
   if (offset > item->raw_size() || out.size() > item->raw_size() - offset) {
-    return absl::OutOfRangeError(absl::StrCat("shard ", path_, " item \"", name, "\": range [",
-                                              offset, ", +", out.size(), ") is outside its ",
-                                              item->raw_size(), " bytes"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "shard ", path_, " item \"", name, "\": range [", offset, ", +",
+        out.size(), ") is outside its ", item->raw_size(), " bytes"));
   }
   std::vector<Piece> pieces;
   const uint64_t end = offset + out.size();
   for (int c = 0; c < item->chunks_size(); ++c) {
     const proto::ChunkInfo& chunk = item->chunks(c);
     uint64_t lo = std::max<uint64_t>(offset, chunk.raw_offset());
-    uint64_t hi = std::min<uint64_t>(end, chunk.raw_offset() + chunk.raw_size());
+    uint64_t hi =
+        std::min<uint64_t>(end, chunk.raw_offset() + chunk.raw_size());
     if (lo >= hi) continue;
-    pieces.push_back(Piece{item, item_index, static_cast<uint32_t>(c), lo - chunk.raw_offset(),
+    pieces.push_back(Piece{item, item_index, static_cast<uint32_t>(c),
+                           lo - chunk.raw_offset(),
                            out.subspan(lo - offset, hi - lo)});
   }
   return ReadPieces(pieces, nullptr);
@@ -142,7 +158,8 @@ std::vector<absl::Status> ShardReader::VerifyAll() {
   for (int i = 0; i < manifest_.items_size(); ++i) {
     const proto::Item& item = manifest_.items(i);
     for (int c = 0; c < item.chunks_size(); ++c) {
-      pieces.push_back(Piece{&item, static_cast<uint32_t>(i), static_cast<uint32_t>(c), 0, {}});
+      pieces.push_back(Piece{
+          &item, static_cast<uint32_t>(i), static_cast<uint32_t>(c), 0, {}});
     }
   }
   std::vector<absl::Status> errors;
@@ -151,9 +168,11 @@ std::vector<absl::Status> ShardReader::VerifyAll() {
   return errors;
 }
 
-absl::Status ShardReader::DecodePiece(const Piece& piece, const uint8_t* bytes) {
+absl::Status ShardReader::DecodePiece(const Piece& piece,
+                                      const uint8_t* bytes) {
   const proto::ChunkInfo& chunk = piece.item->chunks(piece.chunk_index);
-  absl::StatusOr<ChunkHeader> header = DecodeChunkHeader({bytes, kChunkHeaderSize});
+  absl::StatusOr<ChunkHeader> header =
+      DecodeChunkHeader({bytes, kChunkHeaderSize});
   if (!header.ok()) return header.status();
   if (!(*header == HeaderFor(chunk, piece.item_index, piece.chunk_index))) {
     return absl::DataLossError("chunk header does not match the manifest");
@@ -164,99 +183,135 @@ absl::Status ShardReader::DecodePiece(const Piece& piece, const uint8_t* bytes) 
   const uint8_t* pad_end = bytes + footprint;
   auto nonzero = std::find_if(pad, pad_end, [](uint8_t b) { return b != 0; });
   if (nonzero != pad_end) {
-    return absl::DataLossError(absl::StrCat("non-zero padding byte at file offset ",
-                                            chunk.file_offset() + (nonzero - bytes)));
+    return absl::DataLossError(
+        absl::StrCat("non-zero padding byte at file offset ",
+                     chunk.file_offset() + (nonzero - bytes)));
   }
   const bool whole = piece.begin == 0 && piece.out.size() == chunk.raw_size();
-  if (whole) return DecodeChunk(*header, {stored, chunk.stored_size()}, piece.out);
+  if (whole)
+    return DecodeChunk(*header, {stored, chunk.stored_size()}, piece.out);
   // Partial chunk (range reads) or verification only: decode into scratch.
   thread_local std::vector<uint8_t> scratch;
   scratch.resize(chunk.raw_size());
-  RETURN_IF_ERROR(DecodeChunk(*header, {stored, chunk.stored_size()},
-                              absl::Span<uint8_t>(scratch.data(), scratch.size())));
+  RETURN_IF_ERROR(
+      DecodeChunk(*header, {stored, chunk.stored_size()},
+                  absl::Span<uint8_t>(scratch.data(), scratch.size())));
   if (!piece.out.empty()) {
-    std::memcpy(piece.out.data(), scratch.data() + piece.begin, piece.out.size());
+    std::memcpy(piece.out.data(), scratch.data() + piece.begin,
+                piece.out.size());
   }
   return absl::OkStatus();
 }
 
 absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
                                      std::vector<absl::Status>* errors) {
-  auto context = [&](const Piece& p, const absl::Status& s) {
-    const proto::ChunkInfo& chunk = p.item->chunks(p.chunk_index);
-    return absl::Status(s.code(), absl::StrCat("shard ", path_, " item \"", p.item->name(),
-                                               "\" chunk ", p.chunk_index, " at file offset ",
-                                               chunk.file_offset(), ": ", s.message()));
-  };
-  // Windows of consecutive pieces: window k+1 is read while window k is decoded.
-  struct Window {
-    size_t begin = 0, end = 0;
-    std::vector<io::AlignedBuffer> buffers;
-  };
-  auto make_window = [&](size_t begin) {
-    Window w;
-    w.begin = begin;
-    uint64_t bytes = 0;
-    size_t i = begin;
-    while (i < pieces.size() && (i == begin || bytes < options_.read_window_bytes)) {
-      bytes += ChunkFootprint(pieces[i].item->chunks(pieces[i].chunk_index).stored_size());
-      ++i;
-    }
-    w.end = i;
-    return w;
-  };
-  auto queue = [&](Window& w) -> absl::Status {
-    for (size_t i = w.begin; i < w.end; ++i) {
-      const proto::ChunkInfo& chunk = pieces[i].item->chunks(pieces[i].chunk_index);
-      const uint64_t footprint = ChunkFootprint(chunk.stored_size());
-      w.buffers.push_back(footprint <= buffers_->buffer_capacity() ? buffers_->Acquire()
-                                                                   : io::AlignedBuffer(footprint));
-      w.buffers.back().set_size(footprint);
-      RETURN_IF_ERROR(file_->ReadQueued(chunk.file_offset(), w.buffers.back().span()));
-    }
-    return absl::OkStatus();
-  };
   if (pieces.empty()) return absl::OkStatus();
-  Window current = make_window(0);
-  RETURN_IF_ERROR(queue(current));
-  RETURN_IF_ERROR(file_->WaitReads());
+  // Reads are issued in file order and kept flowing: each completed read is
+  // decoded on the pool while the next ones are in flight, with at most
+  // `max_ahead` chunks read but not decoded.
+  const size_t max_ahead =
+      std::max<size_t>(2, options_.read_window_bytes / manifest_.chunk_size());
+  struct Progress {
+    absl::Mutex mu;
+    size_t finished ABSL_GUARDED_BY(mu) = 0;  // pieces decoded or failed
+    bool failed ABSL_GUARDED_BY(mu) = false;
+    size_t target = 0;
+    bool Reached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return finished >= target;
+    }
+  } progress;
+  std::vector<io::AlignedBuffer> buffers(pieces.size());
+  size_t issued = 0, reads_completed = 0;
+  bool stop = false;  // an error when the caller wants only the first one
+
+  auto finish = [&progress](bool ok) {
+    absl::MutexLock l(&progress.mu);
+    ++progress.finished;
+    if (!ok) progress.failed = true;
+  };
+  auto on_read = [&](size_t i, absl::Status status) {
+    ++reads_completed;
+    if (!status.ok()) {
+      pieces[i].status = std::move(status);
+      buffers[i] = io::AlignedBuffer();
+      finish(false);
+      return;
+    }
+    pool()->Schedule([&, i] {
+      pieces[i].status = DecodePiece(pieces[i], buffers[i].data());
+      buffers[i] = io::AlignedBuffer();  // back to the pool for the next reads
+      finish(pieces[i].status.ok());
+    });
+  };
+
+  absl::Status io_error;
   while (true) {
-    Window next;
-    bool has_next = current.end < pieces.size();
-    if (has_next) {
-      next = make_window(current.end);
-      absl::Status queued = queue(next);
-      if (!queued.ok()) {
-        (void)file_->WaitReads();  // nothing may still write into `next`'s buffers
-        return queued;
+    size_t done;
+    {
+      absl::MutexLock l(&progress.mu);
+      done = progress.finished;
+      if (errors == nullptr && progress.failed) stop = true;
+    }
+    if (issued < pieces.size() && !stop && io_error.ok() &&
+        issued - done < max_ahead) {
+      const size_t i = issued++;
+      const proto::ChunkInfo& chunk =
+          pieces[i].item->chunks(pieces[i].chunk_index);
+      const uint64_t footprint = ChunkFootprint(chunk.stored_size());
+      buffers[i] = footprint <= buffers_->buffer_capacity()
+                       ? buffers_->Acquire()
+                       : io::AlignedBuffer(footprint);
+      buffers[i].set_size(footprint);
+      absl::Status s = file_->ReadAsync(
+          chunk.file_offset(), buffers[i].span(),
+          [&on_read, i](absl::Status st) { on_read(i, std::move(st)); });
+      if (!s.ok()) {
+        io_error = s;
+        --issued;
       }
+      continue;
     }
-    absl::BlockingCounter counter(static_cast<int>(current.end - current.begin));
-    for (size_t i = current.begin; i < current.end; ++i) {
-      pool()->Schedule([&, i] {
-        pieces[i].status = DecodePiece(pieces[i], current.buffers[i - current.begin].data());
-        counter.DecrementCount();
-      });
+    if (reads_completed < issued) {
+      absl::Status s = file_->WaitAny();
+      if (!s.ok() && io_error.ok()) io_error = s;
+      if (!s.ok()) break;  // the engine is broken; nothing more will complete
+      continue;
     }
-    counter.Wait();
-    for (size_t i = current.begin; i < current.end; ++i) {
-      if (pieces[i].status.ok()) continue;
-      absl::Status s = context(pieces[i], pieces[i].status);
-      if (errors == nullptr) {
-        if (has_next) (void)file_->WaitReads();  // buffers of `next` must outlive the reads
-        return s;
-      }
-      errors->push_back(std::move(s));
+    if (done < issued) {
+      absl::MutexLock l(&progress.mu);
+      progress.target = done + 1;
+      progress.mu.Await(absl::Condition(&progress, &Progress::Reached));
+      continue;
     }
-    if (!has_next) return absl::OkStatus();
-    RETURN_IF_ERROR(file_->WaitReads());
-    current = std::move(next);
+    break;
   }
+  // Decodes still queued reference `pieces` and `buffers`: wait for them.
+  {
+    absl::MutexLock l(&progress.mu);
+    progress.target = reads_completed;
+    progress.mu.Await(absl::Condition(&progress, &Progress::Reached));
+  }
+  if (!io_error.ok()) return io_error;
+  auto context = [&](const Piece& p, const absl::Status& st) {
+    const proto::ChunkInfo& chunk = p.item->chunks(p.chunk_index);
+    return absl::Status(
+        st.code(), absl::StrCat("shard ", path_, " item \"", p.item->name(),
+                                "\" chunk ", p.chunk_index, " at file offset ",
+                                chunk.file_offset(), ": ", st.message()));
+  };
+  for (size_t i = 0; i < issued; ++i) {
+    if (pieces[i].status.ok()) continue;
+    if (errors == nullptr) return context(pieces[i], pieces[i].status);
+    errors->push_back(context(pieces[i], pieces[i].status));
+  }
+  return absl::OkStatus();
 }
 
-std::vector<absl::Status> VerifyShard(io::FileSystem* fs, const std::string& path,
+std::vector<absl::Status> VerifyShard(io::FileSystem* fs,
+                                      const std::string& path,
                                       const ShardReaderOptions& options) {
-  absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(fs, path, options);
+  absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+      ShardReader::Open(fs, path, options);
   if (!reader.ok()) return {reader.status()};
   return (*reader)->VerifyAll();
 }

@@ -1,8 +1,10 @@
-// ShardReader opens a committed shard file and reads items back, verifying everything it
-// touches: the footer and manifest checksums and structure on Open(), and for every chunk read
-// its header (which must match the manifest), zero padding, stored and raw checksums. Reads are
-// queued through io::FileSystem (io_uring, O_DIRECT) a window at a time and decoded in parallel.
-// Every error names the file, and where it applies the item, chunk and file offset.
+// ShardReader opens a committed shard file and reads items back, verifying
+// everything it touches: the footer and manifest checksums and structure on
+// Open(), and for every chunk read its header (which must match the manifest),
+// zero padding, stored and raw checksums. Reads are queued through
+// io::FileSystem (io_uring, O_DIRECT) a window at a time and decoded in
+// parallel. Every error names the file, and where it applies the item, chunk
+// and file offset.
 //
 // Thread-safety: one thread at a time.
 #ifndef CKPT_SNAPSHOT_SHARD_READER_H_
@@ -11,11 +13,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "io/aligned_buffer.h"
 #include "io/file_system.h"
@@ -28,17 +30,18 @@ struct ShardReaderOptions {
   bool direct_io = true;
   int decode_threads = 2;
   io::ThreadPool* pool = nullptr;
-  // Bytes of chunks read ahead while the previous window is decoded. Keep it at most half of
-  // what the file system keeps in flight (queue depth x request size, 16 MiB by default), so
-  // queueing the next window never waits for the disk.
+  // Bytes of chunks read ahead while the previous window is decoded. Keep it at
+  // most half of what the file system keeps in flight (queue depth x request
+  // size, 16 MiB by default), so queueing the next window never waits for the
+  // disk.
   size_t read_window_bytes = 8 << 20;
 };
 
 class ShardReader {
  public:
-  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(io::FileSystem* fs,
-                                                           const std::string& path,
-                                                           const ShardReaderOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(
+      io::FileSystem* fs, const std::string& path,
+      const ShardReaderOptions& options = {});
   ~ShardReader();
 
   const proto::ShardManifest& manifest() const { return manifest_; }
@@ -48,9 +51,12 @@ class ShardReader {
   absl::StatusOr<const proto::Item*> FindItem(absl::string_view name) const;
   // Reads the whole item; out.size() must equal its raw size.
   absl::Status ReadItem(absl::string_view name, absl::Span<uint8_t> out);
-  // Reads bytes [offset, offset + out.size()) of an item, decoding only the chunks that overlap.
-  absl::Status ReadItemRange(absl::string_view name, uint64_t offset, absl::Span<uint8_t> out);
-  // Checks every chunk; returns one error per bad chunk (empty when the shard is intact).
+  // Reads bytes [offset, offset + out.size()) of an item, decoding only the
+  // chunks that overlap.
+  absl::Status ReadItemRange(absl::string_view name, uint64_t offset,
+                             absl::Span<uint8_t> out);
+  // Checks every chunk; returns one error per bad chunk (empty when the shard
+  // is intact).
   std::vector<absl::Status> VerifyAll();
 
  private:
@@ -58,8 +64,10 @@ class ShardReader {
   ShardReader(std::string path, std::unique_ptr<io::ReadableFile> file,
               const ShardReaderOptions& options);
   absl::Status LoadManifest();
-  // Reads and decodes `pieces`; stops at the first error unless `errors` collects them.
-  absl::Status ReadPieces(std::vector<Piece>& pieces, std::vector<absl::Status>* errors);
+  // Reads and decodes `pieces`; stops at the first error unless `errors`
+  // collects them.
+  absl::Status ReadPieces(std::vector<Piece>& pieces,
+                          std::vector<absl::Status>* errors);
   absl::Status DecodePiece(const Piece& piece, const uint8_t* chunk_bytes);
   io::ThreadPool* pool();
 
@@ -67,13 +75,16 @@ class ShardReader {
   std::unique_ptr<io::ReadableFile> file_;
   const ShardReaderOptions options_;
   std::unique_ptr<io::ThreadPool> own_pool_;
-  std::unique_ptr<io::BufferPool> buffers_;  // chunk-sized read buffers, reused across windows
+  std::unique_ptr<io::BufferPool>
+      buffers_;  // chunk-sized read buffers, reused across windows
   proto::ShardManifest manifest_;
   uint64_t file_size_ = 0;
 };
 
-// Verifies a shard file; what `ckpt verify` prints. Returns every problem found (empty = intact).
-std::vector<absl::Status> VerifyShard(io::FileSystem* fs, const std::string& path,
+// Verifies a shard file; what `ckpt verify` prints. Returns every problem found
+// (empty = intact).
+std::vector<absl::Status> VerifyShard(io::FileSystem* fs,
+                                      const std::string& path,
                                       const ShardReaderOptions& options = {});
 
 }  // namespace ckpt::snapshot

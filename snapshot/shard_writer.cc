@@ -17,13 +17,15 @@
 namespace ckpt::snapshot {
 namespace {
 
-// One chunk on its way through the pipeline: encoded on a pool thread, written in order.
+// One chunk on its way through the pipeline: encoded on a pool thread, written
+// in order.
 struct ChunkTask {
   ChunkHeader header;
   absl::Span<const uint8_t> raw;
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
-  absl::StatusOr<io::AlignedBuffer> result ABSL_GUARDED_BY(mu) = absl::UnknownError("pending");
+  absl::StatusOr<io::AlignedBuffer> result ABSL_GUARDED_BY(mu) =
+      absl::UnknownError("pending");
 };
 
 int64_t NowMicros() {
@@ -56,20 +58,23 @@ absl::Status ShardWriter::AddTensor(const TensorRef& t) {
   item.set_dtype(t.dtype);
   if (DTypeSize(t.dtype) == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", t.name, "\": dtype ", DTypeName(t.dtype), " is not storable"));
+        absl::StrCat("tensor \"", t.name, "\": dtype ", DTypeName(t.dtype),
+                     " is not storable"));
   }
   if (t.box_offset.size() != t.global_shape.size() ||
       t.box_length.size() != t.global_shape.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", t.name, "\": shape has ", t.global_shape.size(), " dims but the box has ",
-        t.box_offset.size(), " offsets and ", t.box_length.size(), " lengths"));
+        "tensor \"", t.name, "\": shape has ", t.global_shape.size(),
+        " dims but the box has ", t.box_offset.size(), " offsets and ",
+        t.box_length.size(), " lengths"));
   }
   for (size_t d = 0; d < t.global_shape.size(); ++d) {
-    int64_t dim = t.global_shape[d], off = t.box_offset[d], len = t.box_length[d];
+    int64_t dim = t.global_shape[d], off = t.box_offset[d],
+            len = t.box_length[d];
     if (dim < 0 || off < 0 || len < 0 || off > dim || len > dim - off) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\" dim ", d, ": box [",
-                                                     off, ", +", len, ") is outside [0, ", dim,
-                                                     ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.name, "\" dim ", d, ": box [", off, ", +",
+                       len, ") is outside [0, ", dim, ")"));
     }
     item.add_global_shape(dim);
     item.add_box_offset(off);
@@ -77,26 +82,30 @@ absl::Status ShardWriter::AddTensor(const TensorRef& t) {
   }
   ASSIGN_OR_RETURN(uint64_t size, TensorByteSize(item));
   if (size != t.data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\": box needs ", size,
-                                                   " bytes, data has ", t.data.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", t.name, "\": box needs ", size,
+                     " bytes, data has ", t.data.size()));
   }
   return AddItem(std::move(item), t.data);
 }
 
-absl::Status ShardWriter::AddBytes(absl::string_view name, absl::Span<const uint8_t> data) {
+absl::Status ShardWriter::AddBytes(absl::string_view name,
+                                   absl::Span<const uint8_t> data) {
   proto::Item item;
   item.set_name(std::string(name));
   item.set_kind(proto::ITEM_KIND_BYTES);
   return AddItem(std::move(item), data);
 }
 
-absl::Status ShardWriter::AddItem(proto::Item item, absl::Span<const uint8_t> data) {
-  if (committed_) return absl::FailedPreconditionError("shard writer already committed");
+absl::Status ShardWriter::AddItem(proto::Item item,
+                                  absl::Span<const uint8_t> data) {
+  if (committed_)
+    return absl::FailedPreconditionError("shard writer already committed");
   RETURN_IF_ERROR(ValidateItemName(item.name()));
   for (const proto::Item& existing : manifest_.items()) {
     if (existing.name() == item.name()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("item \"", item.name(), "\" is already in shard ", path_));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "item \"", item.name(), "\" is already in shard ", path_));
     }
   }
   item.set_raw_size(data.size());
@@ -106,30 +115,34 @@ absl::Status ShardWriter::AddItem(proto::Item item, absl::Span<const uint8_t> da
 }
 
 absl::Status ShardWriter::Fail(absl::Status status) {
-  // Best effort: a leftover temporary file is never mistaken for a shard and is removed by GC.
+  // Best effort: a leftover temporary file is never mistaken for a shard and is
+  // removed by GC.
   (void)fs_->Unlink(temp_path_);
-  return absl::Status(status.code(), absl::StrCat("writing shard ", path_, ": ", status.message()));
+  return absl::Status(status.code(), absl::StrCat("writing shard ", path_, ": ",
+                                                  status.message()));
 }
 
 absl::StatusOr<proto::ShardManifest> ShardWriter::Commit() {
-  if (committed_) return absl::FailedPreconditionError("shard writer already committed");
+  if (committed_)
+    return absl::FailedPreconditionError("shard writer already committed");
   committed_ = true;
   if (!manifest_.job().empty()) RETURN_IF_ERROR(ValidateJobId(manifest_.job()));
-  if (manifest_.world_size() == 0 || manifest_.rank() >= manifest_.world_size()) {
+  if (manifest_.world_size() == 0 ||
+      manifest_.rank() >= manifest_.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", manifest_.rank(),
                                                    " is outside world size ",
                                                    manifest_.world_size()));
   }
   if (options_.chunk_size == 0 || options_.chunk_size > kMaxChunkSize ||
       options_.chunk_size % 8 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk size ", options_.chunk_size,
-                                                   " must be a multiple of 8 in (0, ",
-                                                   kMaxChunkSize, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk size ", options_.chunk_size,
+                     " must be a multiple of 8 in (0, ", kMaxChunkSize, "]"));
   }
   manifest_.set_created_unix_micros(NowMicros());
 
-  absl::StatusOr<std::unique_ptr<io::WritableFile>> file =
-      fs_->NewWritableFile(temp_path_, io::FileOptions{.direct = options_.direct_io});
+  absl::StatusOr<std::unique_ptr<io::WritableFile>> file = fs_->NewWritableFile(
+      temp_path_, io::FileOptions{.direct = options_.direct_io});
   if (!file.ok()) return Fail(file.status());
   absl::Status s = WriteAll(file->get());
   if (s.ok()) {
@@ -145,8 +158,9 @@ absl::StatusOr<proto::ShardManifest> ShardWriter::Commit() {
   CKPT_KILL_POINT("shard.after_rename");
   s = fs_->SyncDir(io::DirName(path_));
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("writing shard ", path_,
-                                               ": renamed but not durable: ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("writing shard ", path_,
+                               ": renamed but not durable: ", s.message()));
   }
   CKPT_KILL_POINT("shard.after_dir_sync");
   return manifest_;
@@ -171,23 +185,32 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
                          : 1;
     absl::Span<const uint8_t> data = data_[i];
     uint32_t index = 0;
-    for (uint64_t off = 0; off < data.size(); off += options_.chunk_size, ++index) {
+    for (uint64_t off = 0; off < data.size();
+         off += options_.chunk_size, ++index) {
       auto task = std::make_unique<ChunkTask>();
       task->header.item_index = static_cast<uint32_t>(i);
       task->header.chunk_index = index;
       task->header.raw_offset = off;
       task->header.element_width = width;
-      task->raw = data.subspan(off, std::min<uint64_t>(options_.chunk_size, data.size() - off));
+      task->raw = data.subspan(
+          off, std::min<uint64_t>(options_.chunk_size, data.size() - off));
       tasks.push_back(std::move(task));
     }
   }
+
+  // The data region never exceeds every chunk stored raw; reserving it up front
+  // keeps the O_DIRECT writes from extending the file. The tail write extends
+  // it, then Truncate trims.
+  uint64_t bound = 0;
+  for (const auto& task : tasks) bound += ChunkFootprint(task->raw.size());
+  RETURN_IF_ERROR(file->Allocate(bound));
 
   const CodecOptions codec = options_.codec;
   auto schedule = [&](ChunkTask* task) {
     pool->Schedule([task, codec, &buffers] {
       ChunkHeader header = task->header;
-      absl::StatusOr<io::AlignedBuffer> encoded =
-          EncodeChunk(task->raw, header.element_width, codec, &buffers, &header);
+      absl::StatusOr<io::AlignedBuffer> encoded = EncodeChunk(
+          task->raw, header.element_width, codec, &buffers, &header);
       absl::MutexLock l(&task->mu);
       task->header = header;
       task->result = std::move(encoded);
@@ -196,12 +219,14 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   };
 
   size_t next_to_schedule = 0;
-  for (; next_to_schedule < std::min(window, tasks.size()); ++next_to_schedule) {
+  for (; next_to_schedule < std::min(window, tasks.size());
+       ++next_to_schedule) {
     schedule(tasks[next_to_schedule].get());
   }
   absl::Status status;
   uint64_t file_pos = 0;
-  // Waits only for scheduled tasks, so an error stops the pipeline after they drained.
+  // Waits only for scheduled tasks, so an error stops the pipeline after they
+  // drained.
   for (size_t t = 0; t < next_to_schedule; ++t) {
     ChunkTask* task = tasks[t].get();
     absl::StatusOr<io::AlignedBuffer> encoded = absl::UnknownError("pending");
@@ -212,9 +237,11 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
     }
     if (status.ok() && !encoded.ok()) status = encoded.status();
     if (!status.ok()) continue;
-    if (next_to_schedule < tasks.size()) schedule(tasks[next_to_schedule++].get());
+    if (next_to_schedule < tasks.size())
+      schedule(tasks[next_to_schedule++].get());
     const ChunkHeader& h = task->header;
-    proto::ChunkInfo* info = manifest_.mutable_items(h.item_index)->add_chunks();
+    proto::ChunkInfo* info =
+        manifest_.mutable_items(h.item_index)->add_chunks();
     info->set_file_offset(file_pos);
     info->set_raw_offset(h.raw_offset);
     info->set_raw_size(h.raw_size);
@@ -231,15 +258,17 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   }
   RETURN_IF_ERROR(status);
 
-  // The tail: manifest, zero padding, footer; together a multiple of the alignment.
+  // The tail: manifest, zero padding, footer; together a multiple of the
+  // alignment.
   manifest_.set_data_size(file_pos);
   std::string serialized;
   if (!manifest_.SerializeToString(&serialized)) {
     return absl::InternalError("manifest serialization failed");
   }
   if (serialized.size() > kMaxManifestSize) {
-    return absl::ResourceExhaustedError(absl::StrCat("manifest is ", serialized.size(),
-                                                     " bytes; the limit is ", kMaxManifestSize));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("manifest is ", serialized.size(), " bytes; the limit is ",
+                     kMaxManifestSize));
   }
   size_t tail_size = io::AlignUp(serialized.size() + kFooterSize);
   io::AlignedBuffer tail(tail_size);
@@ -253,7 +282,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   footer.file_size = file_pos + tail_size;
   EncodeFooter(footer, tail.data() + tail_size - kFooterSize);
   RETURN_IF_ERROR(file->Write(file_pos, std::move(tail)));
-  return file->Flush();
+  return file->Truncate(footer.file_size);
 }
 
 }  // namespace ckpt::snapshot

@@ -1,21 +1,22 @@
-// ShardWriter writes one shard file: the chunks of every registered item, encoded in parallel
-// (filter, zstd, checksums) and written in order through io::FileSystem (io_uring, O_DIRECT),
-// then the manifest and footer. Commit() is write-temp, fsync, rename, fsync-directory: until it
-// returns OK nothing is visible under the final name, and if it fails the old file of that name
-// (if any) is untouched and the temporary file is removed when possible.
+// ShardWriter writes one shard file: the chunks of every registered item,
+// encoded in parallel (filter, zstd, checksums) and written in order through
+// io::FileSystem (io_uring, O_DIRECT), then the manifest and footer. Commit()
+// is write-temp, fsync, rename, fsync-directory: until it returns OK nothing is
+// visible under the final name, and if it fails the old file of that name (if
+// any) is untouched and the temporary file is removed when possible.
 //
-// Thread-safety: one thread drives a writer. Registered data must stay valid and unchanged
-// until Commit() returns.
+// Thread-safety: one thread drives a writer. Registered data must stay valid
+// and unchanged until Commit() returns.
 #ifndef CKPT_SNAPSHOT_SHARD_WRITER_H_
 #define CKPT_SNAPSHOT_SHARD_WRITER_H_
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "io/file_system.h"
 #include "io/thread_pool.h"
@@ -33,7 +34,8 @@ struct ShardInfo {
   uint32_t world_size = 1;
 };
 
-// A tensor shard to save: the box of a global tensor this rank holds, row-major.
+// A tensor shard to save: the box of a global tensor this rank holds,
+// row-major.
 struct TensorRef {
   std::string name;
   proto::DType dtype = proto::DTYPE_UNSPECIFIED;
@@ -55,7 +57,8 @@ struct ShardWriterOptions {
 class ShardWriter {
  public:
   // `path` is the final name (by convention ending in ".shard").
-  ShardWriter(io::FileSystem* fs, std::string path, ShardInfo info, ShardWriterOptions options);
+  ShardWriter(io::FileSystem* fs, std::string path, ShardInfo info,
+              ShardWriterOptions options);
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 

@@ -14,7 +14,8 @@ namespace ckpt::testing {
 
 TempDir::TempDir() {
   const char* base = std::getenv("TEST_TMPDIR");
-  std::string templ = std::string(base != nullptr ? base : "/tmp") + "/ckpt-test-XXXXXX";
+  std::string templ =
+      std::string(base != nullptr ? base : "/tmp") + "/ckpt-test-XXXXXX";
   char* made = ::mkdtemp(templ.data());
   if (made == nullptr) {
     ADD_FAILURE() << "mkdtemp " << templ << " failed";
@@ -35,8 +36,8 @@ uint64_t TestSeed() {
   } else {
     seed = std::random_device{}();
   }
-  std::cout << "[ seed ] " << seed << " (replay with CKPT_TEST_SEED=" << seed << ")"
-            << std::endl;
+  std::cout << "[ seed ] " << seed << " (replay with CKPT_TEST_SEED=" << seed
+            << ")" << std::endl;
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   return seed;
 }

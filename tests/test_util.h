@@ -1,5 +1,6 @@
-// Helpers shared by the tests: temporary directories that clean up after themselves, and seeded
-// randomness whose seed is printed (and can be forced with CKPT_TEST_SEED to replay a failure).
+// Helpers shared by the tests: temporary directories that clean up after
+// themselves, and seeded randomness whose seed is printed (and can be forced
+// with CKPT_TEST_SEED to replay a failure).
 #ifndef CKPT_TESTS_TEST_UTIL_H_
 #define CKPT_TESTS_TEST_UTIL_H_
 
@@ -10,7 +11,8 @@
 
 namespace ckpt::testing {
 
-// A fresh directory under $TEST_TMPDIR or /tmp, removed with everything in it on destruction.
+// A fresh directory under $TEST_TMPDIR or /tmp, removed with everything in it
+// on destruction.
 class TempDir {
  public:
   TempDir();
@@ -24,7 +26,8 @@ class TempDir {
   std::string path_;
 };
 
-// The seed for this test: CKPT_TEST_SEED if set, else random. Printed to stdout either way.
+// The seed for this test: CKPT_TEST_SEED if set, else random. Printed to stdout
+// either way.
 uint64_t TestSeed();
 std::vector<uint8_t> RandomBytes(std::mt19937_64& rng, size_t n);
 // Bytes of the file, or a test failure.

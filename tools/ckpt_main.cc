@@ -1,5 +1,6 @@
-// ckpt: the operators' command. This foundation provides `inspect` and `verify` of shard files;
-// the catalog-backed commands (ls, gc, status, export, restore) arrive with the daemon.
+// ckpt: the operators' command. This foundation provides `inspect` and `verify`
+// of shard files; the catalog-backed commands (ls, gc, status, export, restore)
+// arrive with the daemon.
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -20,9 +21,12 @@ namespace proto = ckpt::proto;
 
 std::string CodecName(proto::Codec c) {
   switch (c) {
-    case proto::CODEC_NONE: return "none";
-    case proto::CODEC_ZSTD: return "zstd";
-    default: return absl::StrCat("unknown(", static_cast<int>(c), ")");
+    case proto::CODEC_NONE:
+      return "none";
+    case proto::CODEC_ZSTD:
+      return "zstd";
+    default:
+      return absl::StrCat("unknown(", static_cast<int>(c), ")");
   }
 }
 
@@ -36,9 +40,12 @@ nlohmann::json ItemJson(const proto::Item& item) {
   j["kind"] = item.kind() == proto::ITEM_KIND_TENSOR ? "tensor" : "bytes";
   if (item.kind() == proto::ITEM_KIND_TENSOR) {
     j["dtype"] = ckpt::snapshot::DTypeName(item.dtype());
-    j["global_shape"] = std::vector<int64_t>(item.global_shape().begin(), item.global_shape().end());
-    j["box_offset"] = std::vector<int64_t>(item.box_offset().begin(), item.box_offset().end());
-    j["box_length"] = std::vector<int64_t>(item.box_length().begin(), item.box_length().end());
+    j["global_shape"] = std::vector<int64_t>(item.global_shape().begin(),
+                                             item.global_shape().end());
+    j["box_offset"] = std::vector<int64_t>(item.box_offset().begin(),
+                                           item.box_offset().end());
+    j["box_length"] = std::vector<int64_t>(item.box_length().begin(),
+                                           item.box_length().end());
   }
   uint64_t stored = 0;
   std::map<std::string, int> codecs;
@@ -87,23 +94,29 @@ int Inspect(const std::string& path, bool json) {
     return 0;
   }
   std::printf("shard %s\n", path.c_str());
-  std::printf("  format v%u  job %s  step %lu  rank %u of %u  chunk size %u  file %lu bytes\n",
-              m.format_version(), m.job().empty() ? "-" : m.job().c_str(),
-              static_cast<unsigned long>(m.step()), m.rank(), m.world_size(), m.chunk_size(),
-              static_cast<unsigned long>((*reader)->file_size()));
-  std::printf("  %d items, %lu raw bytes, %lu stored (ratio %.3f)\n", m.items_size(),
-              static_cast<unsigned long>(raw), static_cast<unsigned long>(stored),
-              raw == 0 ? 1.0 : static_cast<double>(stored) / static_cast<double>(raw));
+  std::printf(
+      "  format v%u  job %s  step %lu  rank %u of %u  chunk size %u  file %lu "
+      "bytes\n",
+      m.format_version(), m.job().empty() ? "-" : m.job().c_str(),
+      static_cast<unsigned long>(m.step()), m.rank(), m.world_size(),
+      m.chunk_size(), static_cast<unsigned long>((*reader)->file_size()));
+  std::printf(
+      "  %d items, %lu raw bytes, %lu stored (ratio %.3f)\n", m.items_size(),
+      static_cast<unsigned long>(raw), static_cast<unsigned long>(stored),
+      raw == 0 ? 1.0 : static_cast<double>(stored) / static_cast<double>(raw));
   for (const nlohmann::json& ij : j["items"]) {
-    const proto::Item* item = *(*reader)->FindItem(ij["name"].get<std::string>());
-    std::string what = item->kind() == proto::ITEM_KIND_TENSOR
-                           ? absl::StrCat(ckpt::snapshot::DTypeName(item->dtype()), " ",
-                                          Dims(item->global_shape()), " box ",
-                                          Dims(item->box_offset()), "+",
-                                          Dims(item->box_length()))
-                           : "bytes";
-    std::printf("  %-40s %-44s raw %10lu stored %10lu chunks %d %s\n", item->name().c_str(),
-                what.c_str(), static_cast<unsigned long>(item->raw_size()),
+    const proto::Item* item =
+        *(*reader)->FindItem(ij["name"].get<std::string>());
+    std::string what =
+        item->kind() == proto::ITEM_KIND_TENSOR
+            ? absl::StrCat(ckpt::snapshot::DTypeName(item->dtype()), " ",
+                           Dims(item->global_shape()), " box ",
+                           Dims(item->box_offset()), "+",
+                           Dims(item->box_length()))
+            : "bytes";
+    std::printf("  %-40s %-44s raw %10lu stored %10lu chunks %d %s\n",
+                item->name().c_str(), what.c_str(),
+                static_cast<unsigned long>(item->raw_size()),
                 static_cast<unsigned long>(ij["stored_size"].get<uint64_t>()),
                 item->chunks_size(), ij["codecs"].dump().c_str());
   }
@@ -120,7 +133,8 @@ int Verify(const std::vector<std::string>& paths, bool json) {
     if (!reader.ok()) {
       errors.push_back(reader.status());
     } else {
-      for (const proto::Item& item : (*reader)->manifest().items()) chunks += item.chunks_size();
+      for (const proto::Item& item : (*reader)->manifest().items())
+        chunks += item.chunks_size();
       errors = (*reader)->VerifyAll();
     }
     if (!errors.empty()) ++bad_files;
@@ -129,10 +143,13 @@ int Verify(const std::vector<std::string>& paths, bool json) {
     j["ok"] = errors.empty();
     j["chunks"] = chunks;
     j["errors"] = nlohmann::json::array();
-    for (const absl::Status& e : errors) j["errors"].push_back(std::string(e.message()));
+    for (const absl::Status& e : errors)
+      j["errors"].push_back(std::string(e.message()));
     if (!json) {
-      for (const absl::Status& e : errors) std::printf("BAD %s\n", std::string(e.message()).c_str());
-      if (errors.empty()) std::printf("OK  %s: %d chunks verified\n", path.c_str(), chunks);
+      for (const absl::Status& e : errors)
+        std::printf("BAD %s\n", std::string(e.message()).c_str());
+      if (errors.empty())
+        std::printf("OK  %s: %d chunks verified\n", path.c_str(), chunks);
     }
     out.push_back(std::move(j));
   }
@@ -148,13 +165,15 @@ int main(int argc, char** argv) {
   bool json = false;
 
   std::string inspect_path;
-  CLI::App* inspect = app.add_subcommand("inspect", "show what a shard file holds");
+  CLI::App* inspect =
+      app.add_subcommand("inspect", "show what a shard file holds");
   inspect->add_option("path", inspect_path, "shard file")->required();
   inspect->add_flag("--json", json, "print one JSON object");
 
   std::vector<std::string> verify_paths;
   CLI::App* verify = app.add_subcommand(
-      "verify", "check every chunk of shard files; exit 1 and a line per bad chunk");
+      "verify",
+      "check every chunk of shard files; exit 1 and a line per bad chunk");
   verify->add_option("paths", verify_paths, "shard files")->required();
   verify->add_flag("--json", json, "print JSON");
 

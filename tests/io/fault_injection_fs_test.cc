@@ -1,5 +1,6 @@
-// The fault-injecting file system must model failures faithfully, or the crash tests built on it
-// prove nothing. These tests pin down its power-loss model and its injected errors.
+// The fault-injecting file system must model failures faithfully, or the crash
+// tests built on it prove nothing. These tests pin down its power-loss model
+// and its injected errors.
 #include "io/fault_injection_fs.h"
 
 #include <cerrno>
@@ -21,9 +22,10 @@ AlignedBuffer Text(absl::string_view s) {
 
 class FaultInjectionFsTest : public ::testing::Test {
  protected:
-  // Creates `name` with `contents`, optionally fsyncing the file and its directory.
-  absl::Status Make(const std::string& name, absl::string_view contents, bool sync_file,
-                    bool sync_dir) {
+  // Creates `name` with `contents`, optionally fsyncing the file and its
+  // directory.
+  absl::Status Make(const std::string& name, absl::string_view contents,
+                    bool sync_file, bool sync_dir) {
     auto file = fs_.NewWritableFile(dir_.File(name), {});
     if (!file.ok()) return file.status();
     absl::Status s = (*file)->Write(0, Text(contents));
@@ -34,7 +36,9 @@ class FaultInjectionFsTest : public ::testing::Test {
     return s;
   }
   bool Exists(const std::string& name) { return *fs_.Exists(dir_.File(name)); }
-  std::string Contents(const std::string& name) { return testing::ReadAll(dir_.File(name)); }
+  std::string Contents(const std::string& name) {
+    return testing::ReadAll(dir_.File(name));
+  }
 
   testing::TempDir dir_;
   FaultInjectionFs fs_{DefaultFileSystem()};
@@ -48,7 +52,8 @@ TEST_F(FaultInjectionFsTest, PowerLossKeepsOnlyWhatWasSynced) {
   EXPECT_EQ(Contents("durable"), "kept");
   EXPECT_TRUE(Exists("unsynced-data"));
   EXPECT_EQ(Contents("unsynced-data"), "") << "its data was never fsynced";
-  EXPECT_FALSE(Exists("unsynced-name")) << "its directory entry was never fsynced";
+  EXPECT_FALSE(Exists("unsynced-name"))
+      << "its directory entry was never fsynced";
 }
 
 TEST_F(FaultInjectionFsTest, PreexistingFilesAreDurable) {
@@ -86,7 +91,8 @@ TEST_F(FaultInjectionFsTest, FailedFsyncLosesTheDataEvenIfALaterFsyncSucceeds) {
   ASSERT_TRUE((*file)->Close().ok());
   ASSERT_TRUE(fs_.SyncDir(dir_.path()).ok());
   ASSERT_TRUE(fs_.SimulatePowerLoss().ok());
-  EXPECT_EQ(Contents("f"), "") << "the retried fsync must not have made the data durable";
+  EXPECT_EQ(Contents("f"), "")
+      << "the retried fsync must not have made the data durable";
 }
 
 TEST_F(FaultInjectionFsTest, WriteFaultsFireAtTheNthWrite) {
@@ -130,7 +136,8 @@ TEST_F(FaultInjectionFsTest, PowerOutFailsEverythingAfterTheNthMutation) {
 TEST_F(FaultInjectionFsTest, TornWritesPersistAPrefixOfUnsyncedWrites) {
   uint64_t seed = testing::TestSeed();
   std::string full;
-  for (int i = 0; i < 8; ++i) full += std::string(1024, static_cast<char>('a' + i));
+  for (int i = 0; i < 8; ++i)
+    full += std::string(1024, static_cast<char>('a' + i));
   bool saw_partial = false;
   for (int round = 0; round < 20; ++round) {
     FaultInjectionFs fs(DefaultFileSystem());
@@ -140,13 +147,15 @@ TEST_F(FaultInjectionFsTest, TornWritesPersistAPrefixOfUnsyncedWrites) {
     ASSERT_TRUE((*file)->Sync().ok());
     ASSERT_TRUE(fs.SyncDir(dir_.path()).ok());
     for (int i = 0; i < 8; ++i) {
-      ASSERT_TRUE((*file)->Write(i * 1024, Text(full.substr(i * 1024, 1024))).ok());
+      ASSERT_TRUE(
+          (*file)->Write(i * 1024, Text(full.substr(i * 1024, 1024))).ok());
     }
     ASSERT_TRUE((*file)->Close().ok());
     ASSERT_TRUE(fs.SimulatePowerLoss().ok());
     std::string after = Contents("t");
     ASSERT_LE(after.size(), full.size());
-    EXPECT_EQ(after, full.substr(0, after.size())) << "a torn file holds a prefix of the writes";
+    EXPECT_EQ(after, full.substr(0, after.size()))
+        << "a torn file holds a prefix of the writes";
     EXPECT_EQ(after.size() % 512, 0u);
     if (!after.empty() && after.size() < full.size()) saw_partial = true;
   }

@@ -13,18 +13,20 @@
 namespace ckpt::io {
 namespace {
 
-using ::testing::HasSubstr;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 AlignedBuffer Filled(size_t n, uint8_t seed) {
   AlignedBuffer b(n);
-  for (size_t i = 0; i < n; ++i) b.data()[i] = static_cast<uint8_t>(seed + i * 7);
+  for (size_t i = 0; i < n; ++i)
+    b.data()[i] = static_cast<uint8_t>(seed + i * 7);
   return b;
 }
 
 class PosixFsTest : public ::testing::TestWithParam<bool> {
  protected:
-  std::unique_ptr<FileSystem> fs_ = NewPosixFileSystem(PosixFsOptions{.use_io_uring = GetParam()});
+  std::unique_ptr<FileSystem> fs_ =
+      NewPosixFileSystem(PosixFsOptions{.use_io_uring = GetParam()});
   testing::TempDir dir_;
 };
 
@@ -33,7 +35,8 @@ TEST_P(PosixFsTest, DirectWritesAndQueuedReadsRoundTrip) {
   {
     auto file = fs_->NewWritableFile(path, {.direct = true});
     ASSERT_TRUE(file.ok()) << file.status();
-    // Several requests per write (3 MiB + 4 KiB with 1 MiB requests), out of order offsets.
+    // Several requests per write (3 MiB + 4 KiB with 1 MiB requests), out of
+    // order offsets.
     ASSERT_TRUE((*file)->Write(3 << 20, Filled(4096, 9)).ok());
     ASSERT_TRUE((*file)->Write(0, Filled(3 << 20, 1)).ok());
     ASSERT_TRUE((*file)->Sync().ok());
@@ -102,7 +105,9 @@ TEST_P(PosixFsTest, MetadataOperations) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, PosixFsTest, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "io_uring" : "pwrite"; });
+                         [](const auto& info) {
+                           return info.param ? "io_uring" : "pwrite";
+                         });
 
 TEST(PathTest, DirNameBaseNameJoin) {
   EXPECT_EQ(DirName("a/b/c"), "a/b");

@@ -1,5 +1,8 @@
-// The io_uring engine under injected faults: short completions and -EAGAIN must still produce
-// byte-exact files (writes) and buffers (reads); an injected errno surfaces with file and offset.
+// The io_uring engine under injected faults: short completions and -EAGAIN must
+// still produce byte-exact files (writes) and buffers (reads); an injected
+// errno surfaces with file and offset.
+#include "io/uring_engine.h"
+
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -8,7 +11,6 @@
 #include "gtest/gtest.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
-#include "io/uring_engine.h"
 #include "tests/test_util.h"
 
 namespace ckpt::io {
@@ -19,7 +21,8 @@ using ::testing::HasSubstr;
 class UringFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!IoUringAvailable()) GTEST_SKIP() << "io_uring is not available in this kernel/sandbox";
+    if (!IoUringAvailable())
+      GTEST_SKIP() << "io_uring is not available in this kernel/sandbox";
   }
 
   // A file system whose every io_uring submission goes through `hook`.
@@ -34,7 +37,8 @@ class UringFaultTest : public ::testing::Test {
   testing::TempDir dir_;
 };
 
-// Short completions (aligned, as O_DIRECT needs) and EAGAIN on a random mix of submissions.
+// Short completions (aligned, as O_DIRECT needs) and EAGAIN on a random mix of
+// submissions.
 UringFaultHook RandomShortAndEagain(uint64_t seed, int* shorts, int* eagains) {
   auto rng = std::make_shared<std::mt19937_64>(seed);
   return [rng, shorts, eagains](const UringRequestInfo& info) {
@@ -124,7 +128,8 @@ TEST_F(UringFaultTest, InjectedErrnoFailsTheFileWithPathAndOffset) {
   auto file = fs->NewWritableFile(path, {.direct = true});
   ASSERT_TRUE(file.ok());
   absl::Status s;
-  for (int i = 0; i < 8 && s.ok(); ++i) s = (*file)->Write(i * 65536ull, AlignedBuffer(65536));
+  for (int i = 0; i < 8 && s.ok(); ++i)
+    s = (*file)->Write(i * 65536ull, AlignedBuffer(65536));
   if (s.ok()) s = (*file)->Flush();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(StatusErrno(s), ENOSPC);

@@ -1,7 +1,6 @@
 // Runs on a machine with a GPU (label `gpu`); skips visibly elsewhere.
-#include "kernels/device.h"
-
 #include "gtest/gtest.h"
+#include "kernels/device.h"
 #include "tests/kernels/device_test_util.h"
 
 namespace ckpt::kernels {

@@ -1,4 +1,5 @@
-// Compares a device's byte-shuffle with the CPU reference on random inputs of awkward sizes.
+// Compares a device's byte-shuffle with the CPU reference on random inputs of
+// awkward sizes.
 #ifndef CKPT_TESTS_KERNELS_DEVICE_TEST_UTIL_H_
 #define CKPT_TESTS_KERNELS_DEVICE_TEST_UTIL_H_
 
@@ -16,7 +17,8 @@ inline void ExpectShuffleMatchesReference(Device* device, uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (size_t width : {1u, 2u, 4u, 8u}) {
     for (size_t n : {0ul, 1ul, 7ul, 4096ul, 1000003ul}) {
-      std::vector<uint8_t> src = testing::RandomBytes(rng, n), expected(n), actual(n);
+      std::vector<uint8_t> src = testing::RandomBytes(rng, n), expected(n),
+                           actual(n);
       snapshot::ByteShuffle(src.data(), expected.data(), n, width);
       auto in = device->Allocate(n);
       auto out = device->Allocate(n);
@@ -25,7 +27,8 @@ inline void ExpectShuffleMatchesReference(Device* device, uint64_t seed) {
       ASSERT_TRUE(device->ByteShuffle(*in, *out, n, width).ok());
       ASSERT_TRUE(device->CopyToHost(*out, actual.data(), n).ok());
       ASSERT_TRUE(device->Synchronize().ok());
-      EXPECT_EQ(actual, expected) << device->name() << " width " << width << " n " << n;
+      EXPECT_EQ(actual, expected)
+          << device->name() << " width " << width << " n " << n;
       device->Free(*in);
       device->Free(*out);
     }

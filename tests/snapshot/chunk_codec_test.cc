@@ -15,12 +15,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-absl::Span<const uint8_t> Stored(const io::AlignedBuffer& b, const ChunkHeader& h) {
+absl::Span<const uint8_t> Stored(const io::AlignedBuffer& b,
+                                 const ChunkHeader& h) {
   return {b.data() + kChunkHeaderSize, h.stored_size};
 }
 
 TEST(FilterTest, ShuffleGroupsBytesByPositionAndKeepsTheTail) {
-  const uint8_t in[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // 2 x 4-byte elements + 3 tail
+  const uint8_t in[] = {1, 2, 3, 4,  5, 6,
+                        7, 8, 9, 10, 11};  // 2 x 4-byte elements + 3 tail
   uint8_t out[11], back[11];
   ByteShuffle(in, out, 11, 4);
   const uint8_t expected[] = {1, 5, 2, 6, 3, 7, 4, 8, 9, 10, 11};
@@ -72,10 +74,12 @@ TEST(ChunkCodecTest, IncompressibleDataIsStoredRaw) {
 }
 
 TEST(ChunkCodecTest, ZstdBombIsAnErrorNotAnAllocation) {
-  // 64 MiB of zeros compress to a few KiB; a header claiming 4 KiB must not inflate them.
+  // 64 MiB of zeros compress to a few KiB; a header claiming 4 KiB must not
+  // inflate them.
   std::vector<uint8_t> zeros(64 << 20);
   std::vector<uint8_t> frame(ZSTD_compressBound(zeros.size()));
-  size_t n = ZSTD_compress(frame.data(), frame.size(), zeros.data(), zeros.size(), 1);
+  size_t n =
+      ZSTD_compress(frame.data(), frame.size(), zeros.data(), zeros.size(), 1);
   ASSERT_FALSE(ZSTD_isError(n));
   frame.resize(n);
   ChunkHeader h;
@@ -89,17 +93,20 @@ TEST(ChunkCodecTest, ZstdBombIsAnErrorNotAnAllocation) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("declares"));
 
-  // The same with a frame that hides its content size (streamed): bounded by raw_size.
+  // The same with a frame that hides its content size (streamed): bounded by
+  // raw_size.
   ZSTD_CCtx* cctx = ZSTD_createCCtx();
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
   std::vector<uint8_t> hidden(ZSTD_compressBound(zeros.size()));
-  n = ZSTD_compress2(cctx, hidden.data(), hidden.size(), zeros.data(), zeros.size());
+  n = ZSTD_compress2(cctx, hidden.data(), hidden.size(), zeros.data(),
+                     zeros.size());
   ZSTD_freeCCtx(cctx);
   ASSERT_FALSE(ZSTD_isError(n));
   hidden.resize(n);
   h.stored_size = static_cast<uint32_t>(n);
   h.stored_xxh3 = Checksum(hidden);
-  EXPECT_EQ(DecodeChunk(h, hidden, absl::MakeSpan(out)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeChunk(h, hidden, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(ChunkCodecTest, ChecksumMismatchesAreDataLoss) {
@@ -110,11 +117,13 @@ TEST(ChunkCodecTest, ChecksumMismatchesAreDataLoss) {
   std::vector<uint8_t> back(raw.size());
   ChunkHeader wrong_raw = h;
   wrong_raw.raw_xxh3 ^= 1;
-  EXPECT_THAT(DecodeChunk(wrong_raw, Stored(*encoded, h), absl::MakeSpan(back)).message(),
+  EXPECT_THAT(DecodeChunk(wrong_raw, Stored(*encoded, h), absl::MakeSpan(back))
+                  .message(),
               HasSubstr("raw bytes checksum"));
   encoded->data()[kChunkHeaderSize] ^= 0x40;
-  EXPECT_THAT(DecodeChunk(h, Stored(*encoded, h), absl::MakeSpan(back)).message(),
-              HasSubstr("stored bytes checksum"));
+  EXPECT_THAT(
+      DecodeChunk(h, Stored(*encoded, h), absl::MakeSpan(back)).message(),
+      HasSubstr("stored bytes checksum"));
 }
 
 TEST(ChunkCodecTest, HeaderRejectsEveryFlippedByte) {
@@ -127,7 +136,8 @@ TEST(ChunkCodecTest, HeaderRejectsEveryFlippedByte) {
   ASSERT_TRUE(DecodeChunkHeader({bytes, kChunkHeaderSize}).ok());
   for (size_t i = 0; i < kChunkHeaderSize; ++i) {
     bytes[i] ^= 0x01;
-    EXPECT_FALSE(DecodeChunkHeader({bytes, kChunkHeaderSize}).ok()) << "byte " << i;
+    EXPECT_FALSE(DecodeChunkHeader({bytes, kChunkHeaderSize}).ok())
+        << "byte " << i;
     bytes[i] ^= 0x01;
   }
 }

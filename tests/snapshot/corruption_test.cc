@@ -1,5 +1,6 @@
-// Every single-byte flip anywhere in a shard file (chunk headers, stored bytes, padding,
-// manifest, footer) is detected, and no read ever returns wrong bytes silently. Truncations too.
+// Every single-byte flip anywhere in a shard file (chunk headers, stored bytes,
+// padding, manifest, footer) is detected, and no read ever returns wrong bytes
+// silently. Truncations too.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,10 +24,12 @@ class CorruptionTest : public ::testing::Test {
     path_ = dir_.File("s.shard");
     ASSERT_TRUE(sample_->Write(io::DefaultFileSystem(), path_, 1).ok());
     original_ = testing::ReadAll(path_);
-    ASSERT_GT(original_.size(), 8u * 4096) << "several chunks, manifest and footer";
+    ASSERT_GT(original_.size(), 8u * 4096)
+        << "several chunks, manifest and footer";
   }
 
-  // True when the corruption is noticed; fails the test if any read returned wrong bytes.
+  // True when the corruption is noticed; fails the test if any read returned
+  // wrong bytes.
   bool Detected() {
     ShardReaderOptions options{.direct_io = false, .pool = &pool_};
     auto reader = ShardReader::Open(io::DefaultFileSystem(), path_, options);
@@ -65,7 +68,8 @@ TEST_F(CorruptionTest, EverySingleByteFlipIsDetected) {
   std::mt19937_64 rng(seed_);
   int undetected = 0;
   for (size_t pos = 0; pos < original_.size(); ++pos) {
-    char flipped = static_cast<char>(original_[pos] ^ static_cast<char>(1 + rng() % 255));
+    char flipped =
+        static_cast<char>(original_[pos] ^ static_cast<char>(1 + rng() % 255));
     PutByte(pos, flipped);
     if (!Detected()) {
       ++undetected;
@@ -80,8 +84,13 @@ TEST_F(CorruptionTest, EverySingleByteFlipIsDetected) {
 
 TEST_F(CorruptionTest, TruncationsAndExtensionsAreDetected) {
   std::mt19937_64 rng(seed_);
-  std::vector<size_t> lengths = {0, 1, 4095, 4096, original_.size() - 4096,
-                                 original_.size() - 64, original_.size() - 1};
+  std::vector<size_t> lengths = {0,
+                                 1,
+                                 4095,
+                                 4096,
+                                 original_.size() - 4096,
+                                 original_.size() - 64,
+                                 original_.size() - 1};
   for (int i = 0; i < 20; ++i) lengths.push_back(rng() % original_.size());
   for (size_t len : lengths) {
     testing::WriteAll(path_, original_.substr(0, len));

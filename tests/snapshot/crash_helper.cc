@@ -1,5 +1,5 @@
-// Writes the sample shard for `step` into `dir`: a real process for the SIGKILL crash tests,
-// which arm a kill point through CKPT_KILL_POINT.
+// Writes the sample shard for `step` into `dir`: a real process for the SIGKILL
+// crash tests, which arm a kill point through CKPT_KILL_POINT.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,8 +16,9 @@ int main(int argc, char** argv) {
   uint64_t step = std::strtoull(argv[2], nullptr, 10);
   uint64_t seed = std::strtoull(argv[3], nullptr, 10);
   ckpt::testing::SampleShard sample(seed + step);
-  absl::Status s = sample.Write(ckpt::io::DefaultFileSystem(),
-                                dir + "/step-" + std::to_string(step) + ".shard", step);
+  absl::Status s =
+      sample.Write(ckpt::io::DefaultFileSystem(),
+                   dir + "/step-" + std::to_string(step) + ".shard", step);
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;

@@ -1,7 +1,8 @@
-// The commit guarantee of a shard under every failure the fault-injecting file system can
-// produce at every step of a small snapshot's write, and under SIGKILL of a real process at
-// every kill point: the writer reports the error, a previously committed shard still reads back
-// byte-exact, and the new shard is either complete or invisible.
+// The commit guarantee of a shard under every failure the fault-injecting file
+// system can produce at every step of a small snapshot's write, and under
+// SIGKILL of a real process at every kill point: the writer reports the error,
+// a previously committed shard still reads back byte-exact, and the new shard
+// is either complete or invisible.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,9 +26,10 @@ class CrashTest : public ::testing::Test {
     new_ = std::make_unique<testing::SampleShard>(seed_ + 2);
   }
 
-  // After a failed or interrupted write of step 2: step 1 intact, step 2 complete or absent,
-  // and no temporary file masquerading as a shard.
-  void ExpectCommitGuarantee(io::FileSystem* fs, const std::string& dir, const std::string& what) {
+  // After a failed or interrupted write of step 2: step 1 intact, step 2
+  // complete or absent, and no temporary file masquerading as a shard.
+  void ExpectCommitGuarantee(io::FileSystem* fs, const std::string& dir,
+                             const std::string& what) {
     SCOPED_TRACE(what);
     absl::Status old_ok = old_->Check(fs, dir + "/step-1.shard");
     EXPECT_TRUE(old_ok.ok()) << "committed shard damaged: " << old_ok;
@@ -53,7 +55,13 @@ Counts CleanRunCounts(const testing::SampleShard& shard) {
   return {fs.writes(), fs.syncs(), fs.mutations()};
 }
 
-enum class Fault { kEnospcWrite, kEioWrite, kShortWrite, kEioSync, kEioDirSync };
+enum class Fault {
+  kEnospcWrite,
+  kEioWrite,
+  kShortWrite,
+  kEioSync,
+  kEioDirSync
+};
 
 TEST_F(CrashTest, EveryWriteAndSyncFaultKeepsTheCommitGuarantee) {
   const Counts counts = CleanRunCounts(*new_);
@@ -74,11 +82,21 @@ TEST_F(CrashTest, EveryWriteAndSyncFaultKeepsTheCommitGuarantee) {
       io::FaultInjectionFs fs(io::DefaultFileSystem());
       ASSERT_TRUE(old_->Write(&fs, dir.File("step-1.shard"), 1).ok());
       switch (c.fault) {
-        case Fault::kEnospcWrite: fs.FailWriteAt(fs.writes() + n, ENOSPC); break;
-        case Fault::kEioWrite: fs.FailWriteAt(fs.writes() + n, EIO); break;
-        case Fault::kShortWrite: fs.ShortWriteAt(fs.writes() + n, ENOSPC); break;
-        case Fault::kEioSync: fs.FailSyncAt(fs.syncs() + n, EIO); break;
-        case Fault::kEioDirSync: fs.FailSyncDirAt(1 + n, EIO); break;
+        case Fault::kEnospcWrite:
+          fs.FailWriteAt(fs.writes() + n, ENOSPC);
+          break;
+        case Fault::kEioWrite:
+          fs.FailWriteAt(fs.writes() + n, EIO);
+          break;
+        case Fault::kShortWrite:
+          fs.ShortWriteAt(fs.writes() + n, ENOSPC);
+          break;
+        case Fault::kEioSync:
+          fs.FailSyncAt(fs.syncs() + n, EIO);
+          break;
+        case Fault::kEioDirSync:
+          fs.FailSyncDirAt(1 + n, EIO);
+          break;
       }
       std::string what = std::string(c.name) + " " + std::to_string(n);
       absl::Status s = new_->Write(&fs, dir.File("step-2.shard"), 2);
@@ -86,7 +104,8 @@ TEST_F(CrashTest, EveryWriteAndSyncFaultKeepsTheCommitGuarantee) {
       EXPECT_NE(s.message().find("step-2.shard"), absl::string_view::npos) << s;
       if (c.fault != Fault::kEioDirSync) {
         EXPECT_FALSE(*fs.Exists(dir.File("step-2.shard"))) << what;
-        EXPECT_FALSE(*fs.Exists(dir.File("step-2.shard.tmp"))) << what << ": temp not removed";
+        EXPECT_FALSE(*fs.Exists(dir.File("step-2.shard.tmp")))
+            << what << ": temp not removed";
       }
       ExpectCommitGuarantee(&fs, dir.path(), what);
       // Power loss after the failure changes nothing about the guarantee.
@@ -109,30 +128,35 @@ TEST_F(CrashTest, PowerLossAtEveryStepOfTheCommit) {
       ASSERT_TRUE(old_->Write(&fs, dir.File("step-1.shard"), 1).ok());
       fs.PowerLossAfter(fs.mutations() + n);
       absl::Status s = new_->Write(&fs, dir.File("step-2.shard"), 2);
-      EXPECT_EQ(s.ok(), n == counts.mutations) << "power lost after " << n << ": " << s;
+      EXPECT_EQ(s.ok(), n == counts.mutations)
+          << "power lost after " << n << ": " << s;
       ASSERT_TRUE(fs.SimulatePowerLoss().ok());
-      std::string what = "power lost after mutation " + std::to_string(n) + (torn ? " (torn)" : "");
+      std::string what = "power lost after mutation " + std::to_string(n) +
+                         (torn ? " (torn)" : "");
       ExpectCommitGuarantee(&fs, dir.path(), what);
       if (n == counts.mutations) {
-        EXPECT_TRUE(*fs.Exists(dir.File("step-2.shard"))) << "a committed shard survives";
+        EXPECT_TRUE(*fs.Exists(dir.File("step-2.shard")))
+            << "a committed shard survives";
       }
     }
   }
 }
 
 TEST_F(CrashTest, SigkillAtEveryKillPoint) {
-  const char* points[] = {"shard.chunk_written:1", "shard.chunk_written:4", "shard.before_sync",
-                          "shard.after_sync", "shard.after_rename", "shard.after_dir_sync"};
+  const char* points[] = {"shard.chunk_written:1", "shard.chunk_written:4",
+                          "shard.before_sync",     "shard.after_sync",
+                          "shard.after_rename",    "shard.after_dir_sync"};
   for (const char* point : points) {
     testing::TempDir dir;
-    ASSERT_TRUE(old_->Write(io::DefaultFileSystem(), dir.File("step-1.shard"), 1).ok());
+    ASSERT_TRUE(
+        old_->Write(io::DefaultFileSystem(), dir.File("step-1.shard"), 1).ok());
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::setenv("CKPT_KILL_POINT", point, 1);
       std::string seed = std::to_string(seed_);
-      ::execl(CKPT_CRASH_HELPER, CKPT_CRASH_HELPER, dir.path().c_str(), "2", seed.c_str(),
-              static_cast<char*>(nullptr));
+      ::execl(CKPT_CRASH_HELPER, CKPT_CRASH_HELPER, dir.path().c_str(), "2",
+              seed.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     int status = 0;
@@ -142,7 +166,9 @@ TEST_F(CrashTest, SigkillAtEveryKillPoint) {
     ExpectCommitGuarantee(io::DefaultFileSystem(), dir.path(), point);
     bool renamed = std::string(point) == "shard.after_rename" ||
                    std::string(point) == "shard.after_dir_sync";
-    EXPECT_EQ(*io::DefaultFileSystem()->Exists(dir.File("step-2.shard")), renamed) << point;
+    EXPECT_EQ(*io::DefaultFileSystem()->Exists(dir.File("step-2.shard")),
+              renamed)
+        << point;
   }
 }
 

@@ -15,8 +15,10 @@ TEST(NamesTest, JobIds) {
   EXPECT_THAT(ValidateJobId("").message(), HasSubstr("empty"));
   EXPECT_THAT(ValidateJobId("..").message(), HasSubstr("not allowed"));
   EXPECT_THAT(ValidateJobId("a/b").message(), HasSubstr("contains"));
-  EXPECT_THAT(ValidateJobId(std::string("a\0b", 3)).message(), HasSubstr("\\x00"));
-  EXPECT_THAT(ValidateJobId(std::string(129, 'a')).message(), HasSubstr("limit is 128"));
+  EXPECT_THAT(ValidateJobId(std::string("a\0b", 3)).message(),
+              HasSubstr("\\x00"));
+  EXPECT_THAT(ValidateJobId(std::string(129, 'a')).message(),
+              HasSubstr("limit is 128"));
   EXPECT_TRUE(ValidateJobId(std::string(128, 'a')).ok());
 }
 
@@ -28,18 +30,24 @@ TEST(NamesTest, ItemNames) {
   EXPECT_THAT(ValidateItemName("a/../b").message(), HasSubstr("'..'"));
   EXPECT_THAT(ValidateItemName("a/./b").message(), HasSubstr("'.'"));
   EXPECT_THAT(ValidateItemName("a//b").message(), HasSubstr("empty component"));
-  EXPECT_THAT(ValidateItemName(std::string("a\0b", 3)).message(), HasSubstr("control"));
+  EXPECT_THAT(ValidateItemName(std::string("a\0b", 3)).message(),
+              HasSubstr("control"));
   EXPECT_THAT(ValidateItemName("tab\there").message(), HasSubstr("control"));
-  EXPECT_THAT(ValidateItemName(std::string(1025, 'x')).message(), HasSubstr("limit is 1024"));
+  EXPECT_THAT(ValidateItemName(std::string(1025, 'x')).message(),
+              HasSubstr("limit is 1024"));
   EXPECT_EQ(ValidateItemName("..").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(NamesTest, RelativePaths) {
   EXPECT_TRUE(ValidateRelativePath("job/step-1/rank-0.shard").ok());
-  EXPECT_THAT(ValidateRelativePath("/etc/passwd").message(), HasSubstr("absolute"));
-  EXPECT_THAT(ValidateRelativePath("job/../../etc").message(), HasSubstr("'..'"));
-  EXPECT_THAT(ValidateRelativePath(std::string("a\0b", 3)).message(), HasSubstr("NUL"));
-  EXPECT_THAT(ValidateRelativePath(std::string(5000, 'a')).message(), HasSubstr("limit"));
+  EXPECT_THAT(ValidateRelativePath("/etc/passwd").message(),
+              HasSubstr("absolute"));
+  EXPECT_THAT(ValidateRelativePath("job/../../etc").message(),
+              HasSubstr("'..'"));
+  EXPECT_THAT(ValidateRelativePath(std::string("a\0b", 3)).message(),
+              HasSubstr("NUL"));
+  EXPECT_THAT(ValidateRelativePath(std::string(5000, 'a')).message(),
+              HasSubstr("limit"));
 }
 
 }  // namespace

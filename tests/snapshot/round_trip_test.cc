@@ -1,5 +1,5 @@
-// Random tensors of every dtype through every codec/filter combination, bit-exact; range reads;
-// and the writer's refusals of bad input.
+// Random tensors of every dtype through every codec/filter combination,
+// bit-exact; range reads; and the writer's refusals of bad input.
 #include <cstring>
 #include <random>
 
@@ -26,12 +26,14 @@ struct Combo {
 std::string ComboName(const ::testing::TestParamInfo<Combo>& info) {
   const Combo& c = info.param;
   return std::string(c.codec == proto::CODEC_ZSTD ? "zstd" : "none") +
-         (c.shuffle ? "_shuffle" : "_noshuffle") + "_chunk" + std::to_string(c.chunk_size) +
-         (c.direct ? "_direct" : "_buffered");
+         (c.shuffle ? "_shuffle" : "_noshuffle") + "_chunk" +
+         std::to_string(c.chunk_size) + (c.direct ? "_direct" : "_buffered");
 }
 
-// Values that look like a real tensor of the dtype: compressible but not trivially so.
-std::vector<uint8_t> TensorData(proto::DType dtype, size_t elements, std::mt19937_64& rng) {
+// Values that look like a real tensor of the dtype: compressible but not
+// trivially so.
+std::vector<uint8_t> TensorData(proto::DType dtype, size_t elements,
+                                std::mt19937_64& rng) {
   size_t width = DTypeSize(dtype);
   std::vector<uint8_t> out(elements * width);
   std::normal_distribution<double> normal(0, 1);
@@ -39,9 +41,17 @@ std::vector<uint8_t> TensorData(proto::DType dtype, size_t elements, std::mt1993
     double v = normal(rng);
     uint8_t* p = &out[i * width];
     switch (dtype) {
-      case proto::DTYPE_FLOAT32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-      case proto::DTYPE_FLOAT64: std::memcpy(p, &v, 8); break;
-      case proto::DTYPE_BOOL: *p = rng() & 1; break;
+      case proto::DTYPE_FLOAT32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case proto::DTYPE_FLOAT64:
+        std::memcpy(p, &v, 8);
+        break;
+      case proto::DTYPE_BOOL:
+        *p = rng() & 1;
+        break;
       default: {
         uint64_t x = (rng() % 4 == 0) ? rng() : static_cast<uint64_t>(v * 100);
         std::memcpy(p, &x, width);
@@ -71,19 +81,31 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
   std::map<std::string, std::vector<uint8_t>> expected;
   for (proto::DType dtype : AllDTypes()) {
     // 2-D box of a larger global tensor; sizes straddle chunk boundaries.
-    int64_t rows = 1 + static_cast<int64_t>(rng() % 40), cols = 1 + static_cast<int64_t>(rng() % 300);
+    int64_t rows = 1 + static_cast<int64_t>(rng() % 40),
+            cols = 1 + static_cast<int64_t>(rng() % 300);
     std::string name = "t/" + DTypeName(dtype);
     expected[name] = TensorData(dtype, rows * cols, rng);
     ASSERT_TRUE(writer
-                    .AddTensor({name, dtype, {rows * 3, cols}, {rows, 0}, {rows, cols},
+                    .AddTensor({name,
+                                dtype,
+                                {rows * 3, cols},
+                                {rows, 0},
+                                {rows, cols},
                                 absl::MakeConstSpan(expected[name])})
                     .ok());
   }
   expected["empty"] = {};
-  ASSERT_TRUE(writer.AddTensor({"empty", proto::DTYPE_FLOAT32, {0, 5}, {0, 0}, {0, 5}, {}}).ok());
+  ASSERT_TRUE(
+      writer
+          .AddTensor(
+              {"empty", proto::DTYPE_FLOAT32, {0, 5}, {0, 0}, {0, 5}, {}})
+          .ok());
   expected["scalar"] = TensorData(proto::DTYPE_FLOAT64, 1, rng);
   ASSERT_TRUE(
-      writer.AddTensor({"scalar", proto::DTYPE_FLOAT64, {}, {}, {}, expected["scalar"]}).ok());
+      writer
+          .AddTensor(
+              {"scalar", proto::DTYPE_FLOAT64, {}, {}, {}, expected["scalar"]})
+          .ok());
   expected["blob"] = testing::RandomBytes(rng, 5000 + rng() % 50000);
   ASSERT_TRUE(writer.AddBytes("blob", expected["blob"]).ok());
   expected["no-bytes"] = {};
@@ -93,8 +115,9 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   EXPECT_FALSE(*io::DefaultFileSystem()->Exists(path + ".tmp"));
 
-  auto reader = ShardReader::Open(io::DefaultFileSystem(), path,
-                                  ShardReaderOptions{.direct_io = combo.direct});
+  auto reader =
+      ShardReader::Open(io::DefaultFileSystem(), path,
+                        ShardReaderOptions{.direct_io = combo.direct});
   ASSERT_TRUE(reader.ok()) << reader.status();
   const proto::ShardManifest& m = (*reader)->manifest();
   EXPECT_EQ(m.job(), "rt");
@@ -111,14 +134,17 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
       uint64_t off = rng() % bytes.size();
       uint64_t len = rng() % (bytes.size() - off + 1);
       std::vector<uint8_t> part(len);
-      ASSERT_TRUE((*reader)->ReadItemRange(name, off, absl::MakeSpan(part)).ok());
-      EXPECT_TRUE(std::equal(part.begin(), part.end(), bytes.begin() + off)) << name;
+      ASSERT_TRUE(
+          (*reader)->ReadItemRange(name, off, absl::MakeSpan(part)).ok());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), bytes.begin() + off))
+          << name;
     }
   }
   EXPECT_TRUE((*reader)->VerifyAll().empty());
   for (const proto::Item& item : m.items()) {
     for (const proto::ChunkInfo& c : item.chunks()) {
-      if (combo.codec == proto::CODEC_NONE) EXPECT_EQ(c.codec(), proto::CODEC_NONE);
+      if (combo.codec == proto::CODEC_NONE)
+        EXPECT_EQ(c.codec(), proto::CODEC_NONE);
       if (!combo.shuffle) EXPECT_NE(c.filter(), proto::FILTER_BYTE_SHUFFLE);
     }
   }
@@ -136,27 +162,43 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ShardWriterTest, RefusesBadInputWithClearErrors) {
   testing::TempDir dir;
-  ShardWriter writer(io::DefaultFileSystem(), dir.File("x.shard"), {"j", 1, 0, 1}, {});
+  ShardWriter writer(io::DefaultFileSystem(), dir.File("x.shard"),
+                     {"j", 1, 0, 1}, {});
   std::vector<uint8_t> data(16);
-  EXPECT_THAT(writer.AddTensor({"a/../b", proto::DTYPE_FLOAT32, {4}, {0}, {4}, data}).message(),
-              HasSubstr("'..'"));
-  EXPECT_THAT(writer.AddTensor({"t", proto::DTYPE_FLOAT32, {4}, {2}, {4}, data}).message(),
+  EXPECT_THAT(
+      writer.AddTensor({"a/../b", proto::DTYPE_FLOAT32, {4}, {0}, {4}, data})
+          .message(),
+      HasSubstr("'..'"));
+  EXPECT_THAT(writer.AddTensor({"t", proto::DTYPE_FLOAT32, {4}, {2}, {4}, data})
+                  .message(),
               HasSubstr("outside"));
-  EXPECT_THAT(writer.AddTensor({"t", proto::DTYPE_FLOAT32, {8}, {0}, {8}, data}).message(),
+  EXPECT_THAT(writer.AddTensor({"t", proto::DTYPE_FLOAT32, {8}, {0}, {8}, data})
+                  .message(),
               HasSubstr("needs 32 bytes, data has 16"));
-  EXPECT_THAT(writer.AddTensor({"t", proto::DTYPE_UNSPECIFIED, {4}, {0}, {4}, data}).message(),
-              HasSubstr("not storable"));
-  EXPECT_THAT(writer.AddTensor({"t", proto::DTYPE_FLOAT32, {4, 1}, {0}, {4}, data}).message(),
-              HasSubstr("2 dims"));
-  ASSERT_TRUE(writer.AddTensor({"t", proto::DTYPE_FLOAT32, {4}, {0}, {4}, data}).ok());
-  EXPECT_EQ(writer.AddBytes("t", data).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(
+      writer.AddTensor({"t", proto::DTYPE_UNSPECIFIED, {4}, {0}, {4}, data})
+          .message(),
+      HasSubstr("not storable"));
+  EXPECT_THAT(
+      writer.AddTensor({"t", proto::DTYPE_FLOAT32, {4, 1}, {0}, {4}, data})
+          .message(),
+      HasSubstr("2 dims"));
+  ASSERT_TRUE(
+      writer.AddTensor({"t", proto::DTYPE_FLOAT32, {4}, {0}, {4}, data}).ok());
+  EXPECT_EQ(writer.AddBytes("t", data).code(),
+            absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(writer.Commit().ok());
-  EXPECT_EQ(writer.Commit().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(writer.Commit().status().code(),
+            absl::StatusCode::kFailedPrecondition);
 
-  ShardWriter bad_rank(io::DefaultFileSystem(), dir.File("y.shard"), {"j", 1, 4, 4}, {});
-  EXPECT_THAT(bad_rank.Commit().status().message(), HasSubstr("outside world size"));
-  ShardWriter bad_job(io::DefaultFileSystem(), dir.File("z.shard"), {"../etc", 1, 0, 1}, {});
-  EXPECT_EQ(bad_job.Commit().status().code(), absl::StatusCode::kInvalidArgument);
+  ShardWriter bad_rank(io::DefaultFileSystem(), dir.File("y.shard"),
+                       {"j", 1, 4, 4}, {});
+  EXPECT_THAT(bad_rank.Commit().status().message(),
+              HasSubstr("outside world size"));
+  ShardWriter bad_job(io::DefaultFileSystem(), dir.File("z.shard"),
+                      {"../etc", 1, 0, 1}, {});
+  EXPECT_EQ(bad_job.Commit().status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(*io::DefaultFileSystem()->Exists(dir.File("y.shard")));
 }
 
@@ -173,11 +215,14 @@ TEST(ShardReaderTest, MissingItemsAndBadRangesNameTheShard) {
   absl::Status s = (*reader)->ReadItem("nope", absl::MakeSpan(out));
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr(path));
-  EXPECT_EQ((*reader)->ReadItemRange("b", 90, absl::MakeSpan(out).subspan(0, 20)).code(),
+  EXPECT_EQ((*reader)
+                ->ReadItemRange("b", 90, absl::MakeSpan(out).subspan(0, 20))
+                .code(),
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ((*reader)->ReadItem("b", absl::MakeSpan(out).subspan(0, 5)).code(),
             absl::StatusCode::kInvalidArgument);
-  auto missing = ShardReader::Open(io::DefaultFileSystem(), dir.File("none.shard"));
+  auto missing =
+      ShardReader::Open(io::DefaultFileSystem(), dir.File("none.shard"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 

@@ -1,5 +1,6 @@
-// A small, deterministic shard for the corruption and crash tests: a few tensors of different
-// dtypes (compressible and not, several chunks each with a small chunk size) and a byte item.
+// A small, deterministic shard for the corruption and crash tests: a few
+// tensors of different dtypes (compressible and not, several chunks each with a
+// small chunk size) and a byte item.
 #ifndef CKPT_TESTS_SNAPSHOT_SAMPLE_SHARD_H_
 #define CKPT_TESTS_SNAPSHOT_SAMPLE_SHARD_H_
 
@@ -31,14 +32,16 @@ struct SampleShard {
       }
       return v;
     };
-    items["w"] = floats(6000 * scale);  // 24 KB: several 8 KiB chunks, compressible
+    items["w"] =
+        floats(6000 * scale);  // 24 KB: several 8 KiB chunks, compressible
     std::vector<uint8_t> noise(10000 * scale);
     for (auto& b : noise) b = static_cast<uint8_t>(rng());
     items["noise"] = noise;  // incompressible: stored raw
     items["rng"] = std::vector<uint8_t>{1, 2, 3, 4, 5, 6, 7};
   }
 
-  absl::Status Write(io::FileSystem* fs, const std::string& path, uint64_t step) const {
+  absl::Status Write(io::FileSystem* fs, const std::string& path,
+                     uint64_t step) const {
     snapshot::ShardWriterOptions options;
     options.chunk_size = 8192;
     snapshot::ShardWriter writer(fs, path, {"job", step, 0, 1}, options);
@@ -49,8 +52,12 @@ struct SampleShard {
     if (s.ok()) {
       const auto& noise = items.at("noise");
       int64_t m = static_cast<int64_t>(noise.size() / 2);
-      s = writer.AddTensor(
-          {"noise", proto::DTYPE_UINT16, {m}, {0}, {m}, absl::MakeConstSpan(noise)});
+      s = writer.AddTensor({"noise",
+                            proto::DTYPE_UINT16,
+                            {m},
+                            {0},
+                            {m},
+                            absl::MakeConstSpan(noise)});
     }
     if (s.ok()) s = writer.AddBytes("rng", items.at("rng"));
     if (!s.ok()) return s;
@@ -65,7 +72,8 @@ struct SampleShard {
       std::vector<uint8_t> back(bytes.size());
       absl::Status s = (*reader)->ReadItem(name, absl::MakeSpan(back));
       if (!s.ok()) return s;
-      if (back != bytes) return absl::DataLossError("item " + name + " differs");
+      if (back != bytes)
+        return absl::DataLossError("item " + name + " differs");
     }
     std::vector<absl::Status> errors = (*reader)->VerifyAll();
     return errors.empty() ? absl::OkStatus() : errors[0];

@@ -1,4 +1,5 @@
-// The `ckpt` command as operators run it: a real process, its exit code and its output.
+// The `ckpt` command as operators run it: a real process, its exit code and its
+// output.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,19 +95,21 @@ TEST_F(CliTest, VerifyExitsOneWithALinePerBadChunk) {
 }
 
 TEST_F(CliTest, VerifyDetectsSampledSingleByteFlips) {
-  // Every byte is covered in-process by the corruption test; here a seeded sample of positions
-  // (and the whole footer) through the real command.
+  // Every byte is covered in-process by the corruption test; here a seeded
+  // sample of positions (and the whole footer) through the real command.
   const std::string original = testing::ReadAll(path_);
   std::mt19937_64 rng(seed_);
   std::vector<size_t> positions;
-  for (size_t i = original.size() - 64; i < original.size(); i += 7) positions.push_back(i);
+  for (size_t i = original.size() - 64; i < original.size(); i += 7)
+    positions.push_back(i);
   for (int i = 0; i < 40; ++i) positions.push_back(rng() % original.size());
   for (size_t pos : positions) {
     std::string damaged = original;
     damaged[pos] ^= static_cast<char>(1 + rng() % 255);
     testing::WriteAll(path_, damaged);
     Result r = RunCli("verify " + path_);
-    EXPECT_EQ(r.exit_code, 1) << "flip at " << pos << " not reported: " << r.out;
+    EXPECT_EQ(r.exit_code, 1)
+        << "flip at " << pos << " not reported: " << r.out;
     EXPECT_THAT(r.out, HasSubstr("BAD"));
   }
 }
