@@ -25,8 +25,9 @@ struct Result {
   std::string out;
 };
 
-Result RunCli(const std::string& args) {
-  std::string cmd = std::string(CKPT_CLI) + " " + args + " 2>&1";
+Result RunCli(const std::string& args, const std::string& env = "") {
+  std::string cmd =
+      env + (env.empty() ? "" : " ") + CKPT_CLI + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   Result r{-1, ""};
   if (p == nullptr) return r;
@@ -112,6 +113,13 @@ TEST_F(CliTest, VerifyDetectsSampledSingleByteFlips) {
         << "flip at " << pos << " not reported: " << r.out;
     EXPECT_THAT(r.out, HasSubstr("BAD"));
   }
+}
+
+TEST_F(CliTest, WithoutIoUringFallsBackWithAWarning) {
+  Result r = RunCli("verify " + path_, "CKPT_DISABLE_IO_URING=1");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("using pwrite/pread"));
+  EXPECT_THAT(r.out, HasSubstr("6 chunks verified"));
 }
 
 TEST_F(CliTest, BadInputGetsAClearErrorAndNonZeroExit) {
