@@ -1,0 +1,59 @@
+// Coordinator decides when a step is committed: a step of a job is committed at
+// a tier when every rank of its world has voted that its shard reached that
+// tier. A commit record is durable before Vote() returns and never reverts, and
+// the latest committed step of a tier never goes backward. Key layout
+// (DESIGN.md §5), shared by every backend:
+//   /ckpt/<job>/steps/<step:020>/votes/<rank:010>    VoteRecord
+//   /ckpt/<job>/steps/<step:020>/commit/<tier>       CommitRecord
+//   /ckpt/<job>/latest/<tier>                        the latest committed step
+// Backends: EmbeddedCoordinator (one node, in ckptd's RocksDB); etcd comes with
+// issue #4.
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef CKPT_DAEMON_COORDINATOR_H_
+#define CKPT_DAEMON_COORDINATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/optional.h"
+#include "proto/catalog.pb.h"
+
+namespace ckpt::daemon {
+
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+
+  // Records that `rank`'s shard of `step` reached `tiers` (added to what it
+  // voted before). Returns the tiers at which the step is committed after this
+  // vote.
+  virtual absl::StatusOr<std::vector<proto::Tier>> Vote(
+      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+      const std::vector<proto::Tier>& tiers) = 0;
+  virtual absl::StatusOr<absl::optional<proto::CommitRecord>> GetCommit(
+      const std::string& job, uint64_t step, proto::Tier tier) = 0;
+  virtual absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
+      const std::string& job, proto::Tier tier) = 0;
+  // Every commit record of the job, by step then tier.
+  virtual absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
+      const std::string& job) = 0;
+  // Drops the votes and commit records of a step (garbage collection). Refused
+  // for a step that is the latest committed one at any tier.
+  virtual absl::Status ForgetStep(const std::string& job, uint64_t step) = 0;
+};
+
+// Key helpers shared by the backends.
+std::string StepPrefix(const std::string& job, uint64_t step);
+std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank);
+std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier);
+std::string LatestKey(const std::string& job, proto::Tier tier);
+// "memory", "peer", "local_disk", "shared".
+std::string TierName(proto::Tier tier);
+absl::StatusOr<proto::Tier> ParseTier(absl::string_view name);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_COORDINATOR_H_

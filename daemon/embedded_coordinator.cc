@@ -1,0 +1,175 @@
+#include "daemon/embedded_coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "io/status_macros.h"
+#include "snapshot/names.h"
+
+namespace ckpt::daemon {
+namespace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool ValidTier(proto::Tier t) {
+  return t >= proto::TIER_MEMORY && t <= proto::TIER_SHARED;
+}
+
+template <typename Message>
+absl::StatusOr<Message> Parse(const std::string& key,
+                              const std::string& bytes) {
+  Message m;
+  if (!m.ParseFromString(bytes)) {
+    return absl::DataLossError(
+        absl::StrCat("coordination record ", key, " does not parse"));
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<proto::Tier>> EmbeddedCoordinator::Vote(
+    const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+    const std::vector<proto::Tier>& tiers) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  if (world_size == 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vote of job ", job, " step ", step, ": rank ", rank,
+                     " is outside world size ", world_size));
+  }
+  for (proto::Tier t : tiers) {
+    if (!ValidTier(t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vote of job ", job, " step ", step, " rank ", rank,
+                       ": invalid tier ", static_cast<int>(t)));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  // Every rank's current vote for the step, with this one merged in.
+  ASSIGN_OR_RETURN(auto existing,
+                   store_->Scan(StepPrefix(job, step) + "votes/"));
+  std::vector<proto::VoteRecord> votes;
+  proto::VoteRecord mine;
+  mine.set_rank(rank);
+  mine.set_world_size(world_size);
+  for (const auto& [key, bytes] : existing) {
+    ASSIGN_OR_RETURN(proto::VoteRecord vote,
+                     Parse<proto::VoteRecord>(key, bytes));
+    if (vote.world_size() != world_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "vote of job ", job, " step ", step, " rank ", rank,
+          " with world size ", world_size, ", but rank ", vote.rank(),
+          " voted with world size ", vote.world_size()));
+    }
+    if (vote.rank() == rank) {
+      mine = vote;
+    } else {
+      votes.push_back(std::move(vote));
+    }
+  }
+  std::set<int> merged(mine.tiers().begin(), mine.tiers().end());
+  for (proto::Tier t : tiers) merged.insert(t);
+  mine.clear_tiers();
+  for (int t : merged) mine.add_tiers(static_cast<proto::Tier>(t));
+  votes.push_back(mine);
+
+  KvStore::Batch batch;
+  batch.puts.emplace_back(VoteKey(job, step, rank), mine.SerializeAsString());
+  std::vector<proto::Tier> committed;
+  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_PEER,
+                           proto::TIER_LOCAL_DISK, proto::TIER_SHARED}) {
+    ASSIGN_OR_RETURN(auto commit, store_->Get(CommitKey(job, step, tier)));
+    if (commit.has_value()) {
+      committed.push_back(tier);
+      continue;
+    }
+    size_t reached =
+        std::count_if(votes.begin(), votes.end(), [tier](const auto& v) {
+          return std::find(v.tiers().begin(), v.tiers().end(), tier) !=
+                 v.tiers().end();
+        });
+    if (reached < world_size) continue;
+    proto::CommitRecord record;
+    record.set_job(job);
+    record.set_step(step);
+    record.set_tier(tier);
+    record.set_world_size(world_size);
+    record.set_committed_unix_micros(NowMicros());
+    batch.puts.emplace_back(CommitKey(job, step, tier),
+                            record.SerializeAsString());
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
+                     LatestCommitted(job, tier));
+    if (!latest.has_value() || *latest < step) {
+      batch.puts.emplace_back(LatestKey(job, tier), absl::StrCat(step));
+    }
+    committed.push_back(tier);
+  }
+  RETURN_IF_ERROR(store_->Write(batch));
+  return committed;
+}
+
+absl::StatusOr<absl::optional<proto::CommitRecord>>
+EmbeddedCoordinator::GetCommit(const std::string& job, uint64_t step,
+                               proto::Tier tier) {
+  std::string key = CommitKey(job, step, tier);
+  ASSIGN_OR_RETURN(auto bytes, store_->Get(key));
+  if (!bytes.has_value()) return absl::optional<proto::CommitRecord>();
+  ASSIGN_OR_RETURN(proto::CommitRecord record,
+                   Parse<proto::CommitRecord>(key, *bytes));
+  return absl::optional<proto::CommitRecord>(std::move(record));
+}
+
+absl::StatusOr<absl::optional<uint64_t>> EmbeddedCoordinator::LatestCommitted(
+    const std::string& job, proto::Tier tier) {
+  std::string key = LatestKey(job, tier);
+  ASSIGN_OR_RETURN(auto bytes, store_->Get(key));
+  if (!bytes.has_value()) return absl::optional<uint64_t>();
+  uint64_t step = 0;
+  if (!absl::SimpleAtoi(*bytes, &step)) {
+    return absl::DataLossError(
+        absl::StrCat("coordination record ", key, " is not a step"));
+  }
+  return absl::optional<uint64_t>(step);
+}
+
+absl::StatusOr<std::vector<proto::CommitRecord>>
+EmbeddedCoordinator::ListCommits(const std::string& job) {
+  ASSIGN_OR_RETURN(auto entries,
+                   store_->Scan(absl::StrCat("/ckpt/", job, "/steps/")));
+  std::vector<proto::CommitRecord> out;
+  for (const auto& [key, bytes] : entries) {
+    if (key.find("/commit/") == std::string::npos) continue;
+    ASSIGN_OR_RETURN(proto::CommitRecord record,
+                     Parse<proto::CommitRecord>(key, bytes));
+    out.push_back(std::move(record));
+  }
+  return out;
+}
+
+absl::Status EmbeddedCoordinator::ForgetStep(const std::string& job,
+                                             uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_PEER,
+                           proto::TIER_LOCAL_DISK, proto::TIER_SHARED}) {
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
+                     LatestCommitted(job, tier));
+    if (latest.has_value() && *latest == step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of job ", job, " is the latest committed at tier ",
+          TierName(tier), "; it is never dropped"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto entries, store_->Scan(StepPrefix(job, step)));
+  KvStore::Batch batch;
+  for (const auto& [key, bytes] : entries) batch.deletes.push_back(key);
+  return store_->Write(batch);
+}
+
+}  // namespace ckpt::daemon

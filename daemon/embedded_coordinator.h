@@ -1,0 +1,40 @@
+// EmbeddedCoordinator: the single-node coordination backend, stored in ckptd's
+// own RocksDB (KvStore). A vote, and the commit records and latest-step updates
+// it triggers, are written in one synced batch, so a crash never leaves a
+// commit without its votes or a latest pointer that names an uncommitted step.
+//
+// Thread-safety: thread-safe (one mutex serializes read-modify-write of votes).
+#ifndef CKPT_DAEMON_EMBEDDED_COORDINATOR_H_
+#define CKPT_DAEMON_EMBEDDED_COORDINATOR_H_
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/coordinator.h"
+#include "daemon/kv_store.h"
+
+namespace ckpt::daemon {
+
+class EmbeddedCoordinator final : public Coordinator {
+ public:
+  // `store` must outlive this object.
+  explicit EmbeddedCoordinator(KvStore* store) : store_(store) {}
+
+  absl::StatusOr<std::vector<proto::Tier>> Vote(
+      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+      const std::vector<proto::Tier>& tiers) override;
+  absl::StatusOr<absl::optional<proto::CommitRecord>> GetCommit(
+      const std::string& job, uint64_t step, proto::Tier tier) override;
+  absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
+      const std::string& job, proto::Tier tier) override;
+  absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
+      const std::string& job) override;
+  absl::Status ForgetStep(const std::string& job, uint64_t step) override;
+
+ private:
+  KvStore* const store_;
+  absl::Mutex mu_;  // serializes votes and GC
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_EMBEDDED_COORDINATOR_H_

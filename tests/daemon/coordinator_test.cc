@@ -1,0 +1,123 @@
+// The embedded coordinator's commit rule, its durability across a reopen and a
+// SIGKILL, and its refusals.
+#include <thread>
+
+#include "daemon/embedded_coordinator.h"
+#include "daemon/kv_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr proto::Tier kMem = proto::TIER_MEMORY;
+constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Reopen(); }
+  void Reopen() {
+    coordinator_.reset();
+    store_.reset();
+    auto store = KvStore::Open(dir_.File("db"));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    coordinator_ = std::make_unique<EmbeddedCoordinator>(store_.get());
+  }
+  std::vector<proto::Tier> Vote(uint64_t step, uint32_t rank, uint32_t world,
+                                std::vector<proto::Tier> tiers) {
+    auto r = coordinator_->Vote("job", step, rank, world, tiers);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : std::vector<proto::Tier>{};
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<EmbeddedCoordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, CommitsWhenEveryRankVotedThatTier) {
+  EXPECT_THAT(Vote(10, 0, 3, {kMem}), IsEmpty());
+  EXPECT_THAT(Vote(10, 2, 3, {kMem, kDisk}), IsEmpty());
+  EXPECT_FALSE(coordinator_->LatestCommitted("job", kMem)->has_value());
+  EXPECT_THAT(Vote(10, 1, 3, {kMem}), ElementsAre(kMem));
+  EXPECT_EQ(*coordinator_->LatestCommitted("job", kMem).value(), 10u);
+  EXPECT_FALSE(coordinator_->LatestCommitted("job", kDisk)->has_value());
+  // Later votes add tiers; earlier ones are kept.
+  EXPECT_THAT(Vote(10, 0, 3, {kDisk}), ElementsAre(kMem));
+  EXPECT_THAT(Vote(10, 1, 3, {kDisk}), ElementsAre(kMem, kDisk));
+  auto commit = coordinator_->GetCommit("job", 10, kDisk);
+  ASSERT_TRUE(commit.ok() && commit->has_value());
+  EXPECT_EQ((*commit)->world_size(), 3u);
+  EXPECT_GT((*commit)->committed_unix_micros(), 0);
+}
+
+TEST_F(CoordinatorTest, CommitsSurviveAReopenAndLatestNeverGoesBackward) {
+  Vote(5, 0, 1, {kMem});
+  Vote(3, 0, 1, {kMem});  // an older step committed late
+  EXPECT_EQ(*coordinator_->LatestCommitted("job", kMem).value(), 5u);
+  Reopen();
+  EXPECT_EQ(*coordinator_->LatestCommitted("job", kMem).value(), 5u);
+  auto commits = coordinator_->ListCommits("job");
+  ASSERT_TRUE(commits.ok());
+  ASSERT_EQ(commits->size(), 2u);
+  EXPECT_EQ((*commits)[0].step(), 3u);
+  EXPECT_EQ((*commits)[1].step(), 5u);
+  // Voting again for a committed step changes nothing.
+  EXPECT_THAT(Vote(5, 0, 1, {kMem}), ElementsAre(kMem));
+}
+
+TEST_F(CoordinatorTest, RefusesInconsistentAndInvalidVotes) {
+  Vote(1, 0, 2, {kMem});
+  auto mismatch = coordinator_->Vote("job", 1, 1, 3, {kMem});
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(mismatch.status().message(), HasSubstr("world size 2"));
+  EXPECT_THAT(coordinator_->Vote("job", 1, 2, 2, {kMem}).status().message(),
+              HasSubstr("outside world size"));
+  EXPECT_EQ(coordinator_->Vote("../x", 1, 0, 1, {kMem}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(coordinator_->Vote("job", 1, 0, 2, {proto::TIER_UNSPECIFIED})
+                  .status()
+                  .message(),
+              HasSubstr("invalid tier"));
+  EXPECT_FALSE(coordinator_->LatestCommitted("job", kMem)->has_value());
+}
+
+TEST_F(CoordinatorTest, ForgetStepNeverDropsTheLatest) {
+  Vote(1, 0, 1, {kMem, kDisk});
+  Vote(2, 0, 1, {kMem});
+  absl::Status s = coordinator_->ForgetStep("job", 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition)
+      << "latest at local_disk";
+  EXPECT_THAT(s.message(), HasSubstr("local_disk"));
+  Vote(2, 0, 1, {kDisk});
+  ASSERT_TRUE(coordinator_->ForgetStep("job", 1).ok());
+  EXPECT_FALSE(coordinator_->GetCommit("job", 1, kMem)->has_value());
+  EXPECT_EQ(coordinator_->ForgetStep("job", 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, ConcurrentVotesCommitExactlyOnce) {
+  constexpr int kRanks = 16;
+  std::vector<std::thread> threads;
+  std::atomic<int> saw_commit{0};
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto result = coordinator_->Vote("job", 7, r, kRanks, {kMem});
+      ASSERT_TRUE(result.ok());
+      if (!result->empty()) ++saw_commit;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(saw_commit.load(), 1)
+      << "only the last vote sees the step committed";
+  EXPECT_EQ(coordinator_->ListCommits("job")->size(), 1u);
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
