@@ -299,6 +299,11 @@ absl::StatusOr<uint64_t> FaultInjectionFs::FreeSpace(const std::string& path) {
   return base_->FreeSpace(path);
 }
 
+absl::StatusOr<std::unique_ptr<MappedFile>> FaultInjectionFs::MapFile(
+    const std::string& path, const MapOptions& options) {
+  return base_->MapFile(path, options);
+}
+
 std::string FaultInjectionFs::TornContents(const Inode& node) {
   std::string contents = node.durable;
   if (!torn_ || node.unsynced.empty()) return contents;

@@ -74,6 +74,10 @@ class FaultInjectionFs final : public FileSystem {
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
   absl::StatusOr<bool> Exists(const std::string& path) override;
   absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override;
+  // Passed through: mappings live in memory (tmpfs), outside the power-loss
+  // model.
+  absl::StatusOr<std::unique_ptr<MappedFile>> MapFile(
+      const std::string& path, const MapOptions& options) override;
 
  private:
   class File;

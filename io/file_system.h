@@ -87,6 +87,25 @@ class ReadableFile {
   virtual const std::string& path() const = 0;
 };
 
+// A file mapped into memory (MAP_SHARED): the staging slots that trainers fill
+// and the daemon persists. Unmapped on destruction.
+class MappedFile {
+ public:
+  virtual ~MappedFile() = default;
+  virtual uint8_t* data() = 0;
+  virtual size_t size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+struct MapOptions {
+  // Create the file (failing if it exists) with this size; 0 maps an existing
+  // file whole.
+  uint64_t create_size = 0;
+  bool writable = true;
+  // Mode of a created file.
+  int mode = 0600;
+};
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -115,6 +134,10 @@ class FileSystem {
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
   // Bytes available to an unprivileged user on the file system holding `path`.
   virtual absl::StatusOr<uint64_t> FreeSpace(const std::string& path) = 0;
+  // Maps `path` (creating it when options.create_size > 0; never following a
+  // symlink there).
+  virtual absl::StatusOr<std::unique_ptr<MappedFile>> MapFile(
+      const std::string& path, const MapOptions& options) = 0;
 };
 
 // Options of the real file system.

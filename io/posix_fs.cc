@@ -2,6 +2,7 @@
 // when the kernel refuses io_uring) for data.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -325,6 +326,23 @@ class PosixReadableFile final : public ReadableFile {
   absl::Status error_;
 };
 
+class PosixMappedFile final : public MappedFile {
+ public:
+  PosixMappedFile(std::string path, uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  ~PosixMappedFile() override {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  uint8_t* data() override { return data_; }
+  size_t size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  uint8_t* const data_;
+  const size_t size_;
+};
+
 class PosixFileSystem final : public FileSystem {
  public:
   explicit PosixFileSystem(const PosixFsOptions& options) : options_(options) {}
@@ -417,6 +435,52 @@ class PosixFileSystem final : public FileSystem {
     if (::lstat(path.c_str(), &st) == 0) return true;
     if (errno == ENOENT) return false;
     return PosixError("stat", path);
+  }
+
+  absl::StatusOr<std::unique_ptr<MappedFile>> MapFile(
+      const std::string& path, const MapOptions& options) override {
+    const bool create = options.create_size > 0;
+    int flags = (options.writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW;
+    if (create) flags |= O_CREAT | O_EXCL;
+    int fd;
+    do {
+      fd = ::open(path.c_str(), flags, options.mode);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return PosixError(create ? "create" : "open", path);
+    uint64_t size = options.create_size;
+    absl::Status s;
+    if (create) {
+      // posix_fallocate reserves tmpfs pages now, so running out of memory is
+      // an error here rather than a SIGBUS when the slot is written.
+      int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+      if (rc != 0)
+        s = ErrnoToStatus(rc,
+                          absl::StrCat("allocate ", size, " bytes for ", path));
+    } else {
+      struct stat st;
+      if (::fstat(fd, &st) != 0) {
+        s = PosixError("fstat", path);
+      } else {
+        size = static_cast<uint64_t>(st.st_size);
+      }
+    }
+    void* data = nullptr;
+    if (s.ok() && size > 0) {
+      data =
+          ::mmap(nullptr, size, PROT_READ | (options.writable ? PROT_WRITE : 0),
+                 MAP_SHARED, fd, 0);
+      if (data == MAP_FAILED) {
+        data = nullptr;
+        s = PosixError("mmap", path);
+      }
+    }
+    ::close(fd);
+    if (!s.ok()) {
+      if (create) ::unlink(path.c_str());
+      return s;
+    }
+    return std::make_unique<PosixMappedFile>(path, static_cast<uint8_t*>(data),
+                                             size);
   }
 
   absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override {

@@ -1,0 +1,187 @@
+#include "daemon/staging_arena.h"
+
+#include <sys/stat.h>
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "snapshot/names.h"
+
+namespace ckpt::daemon {
+namespace {
+
+constexpr char kSlotSuffix[] = ".slot";
+
+std::string SlotName(uint64_t step, uint32_t rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%020" PRIu64 "-%010u%s", step, rank,
+                kSlotSuffix);
+  return buf;
+}
+
+// "<step:020>-<rank:010>.slot" -> (step, rank).
+bool ParseSlotName(absl::string_view name, uint64_t* step, uint32_t* rank) {
+  if (!absl::ConsumeSuffix(&name, kSlotSuffix)) return false;
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
+  return parts.size() == 2 && parts[0].size() == 20 && parts[1].size() == 10 &&
+         absl::SimpleAtoi(parts[0], step) && absl::SimpleAtoi(parts[1], rank);
+}
+
+std::string Describe(const SlotId& id) {
+  return absl::StrCat("job ", id.job, " step ", id.step, " rank ", id.rank);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(
+    io::FileSystem* fs, const StagingOptions& options) {
+  if (options.dir.empty())
+    return absl::InvalidArgumentError("staging directory is empty");
+  if (options.budget_bytes == 0)
+    return absl::InvalidArgumentError("staging budget is zero");
+  RETURN_IF_ERROR(fs->CreateDirs(options.dir));
+  ::chmod(options.dir.c_str(), 0700);
+  return std::unique_ptr<StagingArena>(new StagingArena(fs, options));
+}
+
+std::string StagingArena::SlotPath(const SlotId& id) const {
+  return io::JoinPath(io::JoinPath(options_.dir, id.job),
+                      SlotName(id.step, id.rank));
+}
+
+absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
+                                                uint64_t bytes) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(id.job));
+  if (bytes == 0)
+    bytes =
+        1;  // an empty state still gets a slot: the manifest says it is empty
+  if (bytes > options_.budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("staging slot for ", Describe(id), " needs ", bytes,
+                     " bytes, more than the whole ", "memory budget of ",
+                     options_.budget_bytes, " bytes (ckptd --memory_budget)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (slots_.count(id) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("staging slot for ", Describe(id), " already exists"));
+    }
+    auto fits = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return used_ + bytes <= options_.budget_bytes;
+    };
+    if (!fits()) {
+      bool ok =
+          options_.policy == FullPolicy::kWait &&
+          mu_.AwaitWithTimeout(absl::Condition(&fits), options_.wait_timeout);
+      if (!ok) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "memory budget exhausted: staging slot for ", Describe(id),
+            " needs ", bytes, " bytes, ", used_, " of ", options_.budget_bytes,
+            " bytes are in use by ", slots_.size(), " slots",
+            options_.policy == FullPolicy::kWait
+                ? absl::StrCat(" after waiting ",
+                               absl::FormatDuration(options_.wait_timeout))
+                : " (policy: skip)"));
+      }
+    }
+    used_ += bytes;
+    slots_[id] = SlotInfo{id, SlotPath(id), bytes};
+  }
+  // Files are made outside the lock; the reservation above holds the bytes
+  // meanwhile.
+  std::string job_dir = io::JoinPath(options_.dir, id.job);
+  absl::Status s = fs_->CreateDirs(job_dir);
+  if (s.ok()) ::chmod(job_dir.c_str(), 0700);
+  if (s.ok()) {
+    auto mapped =
+        fs_->MapFile(SlotPath(id), io::MapOptions{.create_size = bytes});
+    s = mapped.status();
+  }
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    used_ -= bytes;
+    slots_.erase(id);
+    return absl::Status(
+        s.code(),
+        absl::StrCat("staging slot for ", Describe(id), ": ", s.message()));
+  }
+  return SlotInfo{id, SlotPath(id), bytes};
+}
+
+absl::Status StagingArena::Release(const SlotId& id) {
+  uint64_t bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = slots_.find(id);
+    if (it == slots_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no staging slot for ", Describe(id)));
+    }
+    bytes = it->second.bytes;
+    slots_.erase(it);
+  }
+  absl::Status s = fs_->Unlink(SlotPath(id));
+  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) {
+    CKPT_LOG_WARN("releasing staging slot {}: {}", SlotPath(id), s.ToString());
+  }
+  absl::MutexLock lock(&mu_);
+  used_ -= bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotInfo> StagingArena::Find(const SlotId& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no staging slot for ", Describe(id)));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(
+    const std::function<bool(const SlotInfo&)>& keep) {
+  std::vector<SlotInfo> adopted;
+  ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs_->ListDir(options_.dir));
+  for (const std::string& job : jobs) {
+    std::string job_dir = io::JoinPath(options_.dir, job);
+    absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
+    if (!names.ok() || !snapshot::ValidateJobId(job).ok()) {
+      CKPT_LOG_WARN("staging: ignoring unexpected entry {}", job_dir);
+      continue;
+    }
+    for (const std::string& name : *names) {
+      std::string path = io::JoinPath(job_dir, name);
+      SlotInfo info;
+      info.id.job = job;
+      info.path = path;
+      absl::StatusOr<uint64_t> size = fs_->FileSize(path);
+      if (!ParseSlotName(name, &info.id.step, &info.id.rank) || !size.ok() ||
+          !keep(info)) {
+        CKPT_LOG_INFO("staging: removing {} (not a completely staged slot)",
+                      path);
+        (void)fs_->Unlink(path);
+        continue;
+      }
+      info.bytes = *size;
+      absl::MutexLock lock(&mu_);
+      used_ += info.bytes;
+      slots_[info.id] = info;
+      adopted.push_back(info);
+    }
+  }
+  return adopted;
+}
+
+uint64_t StagingArena::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_;
+}
+
+}  // namespace ckpt::daemon

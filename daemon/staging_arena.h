@@ -1,0 +1,94 @@
+// StagingArena manages the memory tier (T0): one file per staging slot in a
+// tmpfs directory, created by the daemon, mapped and filled by the trainer, and
+// owned by the daemon from StageComplete on. Because slots are files, a trainer
+// crash or a daemon crash loses none of them; only a reboot does. The arena
+// enforces a memory budget: when a new slot does not fit, it waits for space or
+// refuses at once (the configured policy), naming the budget and what is in
+// use, and never lets the machine run out of memory.
+//
+//   <dir>/<job>/<step:020>-<rank:010>.slot        (directories 0700, files
+//   0600)
+//
+// Thread-safety: thread-safe.
+#ifndef CKPT_DAEMON_STAGING_ARENA_H_
+#define CKPT_DAEMON_STAGING_ARENA_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "io/file_system.h"
+
+namespace ckpt::daemon {
+
+enum class FullPolicy { kWait, kSkip };
+
+struct StagingOptions {
+  std::string dir;
+  uint64_t budget_bytes = 1ull << 30;
+  FullPolicy policy = FullPolicy::kWait;
+  // kWait gives up after this long.
+  absl::Duration wait_timeout = absl::Seconds(60);
+};
+
+struct SlotId {
+  std::string job;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  bool operator<(const SlotId& o) const {
+    return std::tie(job, step, rank) < std::tie(o.job, o.step, o.rank);
+  }
+};
+
+struct SlotInfo {
+  SlotId id;
+  std::string path;
+  uint64_t bytes = 0;
+};
+
+class StagingArena {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagingArena>> Open(
+      io::FileSystem* fs, const StagingOptions& options);
+
+  // Reserves `bytes` and creates the slot file. A slot that already exists is
+  // an error (AlreadyExists). A request larger than the whole budget fails at
+  // once.
+  absl::StatusOr<SlotInfo> Allocate(const SlotId& id, uint64_t bytes);
+  // Deletes the slot file and returns its bytes to the budget. Unknown slots
+  // are NotFound.
+  absl::Status Release(const SlotId& id);
+  absl::StatusOr<SlotInfo> Find(const SlotId& id) const;
+
+  // After a restart: every slot file found is adopted when `keep` says so (its
+  // bytes count against the budget) and deleted otherwise. Returns the adopted
+  // slots.
+  absl::StatusOr<std::vector<SlotInfo>> Recover(
+      const std::function<bool(const SlotInfo&)>& keep);
+
+  uint64_t used_bytes() const;
+  uint64_t budget_bytes() const { return options_.budget_bytes; }
+  std::string SlotPath(const SlotId& id) const;
+
+ private:
+  StagingArena(io::FileSystem* fs, StagingOptions options)
+      : fs_(fs), options_(std::move(options)) {}
+
+  io::FileSystem* const fs_;
+  const StagingOptions options_;
+  mutable absl::Mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<SlotId, SlotInfo> slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_STAGING_ARENA_H_

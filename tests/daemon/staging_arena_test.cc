@@ -1,0 +1,132 @@
+#include "daemon/staging_arena.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/file_system.h"
+#include "tests/test_util.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+class StagingArenaTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<StagingArena> Open(
+      uint64_t budget, FullPolicy policy,
+      absl::Duration timeout = absl::Seconds(5)) {
+    auto arena = StagingArena::Open(
+        io::DefaultFileSystem(),
+        StagingOptions{dir_.File("staging"), budget, policy, timeout});
+    EXPECT_TRUE(arena.ok()) << arena.status();
+    return arena.ok() ? *std::move(arena) : nullptr;
+  }
+  testing::TempDir dir_;
+};
+
+TEST_F(StagingArenaTest, SlotsAreMappableFilesOwnedByTheDaemonUser) {
+  auto arena = Open(1 << 20, FullPolicy::kSkip);
+  auto slot = arena->Allocate({"job", 3, 1}, 100000);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_EQ(arena->used_bytes(), 100000u);
+  struct stat st;
+  ASSERT_EQ(::stat(slot->path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 100000u);
+  ASSERT_EQ(::stat(dir_.File("staging").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // A trainer maps and fills it; the daemon reads the same bytes.
+  auto mapped = io::DefaultFileSystem()->MapFile(slot->path, {});
+  ASSERT_TRUE(mapped.ok());
+  (*mapped)->data()[99999] = 42;
+  auto again =
+      io::DefaultFileSystem()->MapFile(slot->path, {.writable = false});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->data()[99999], 42);
+  EXPECT_EQ(arena->Allocate({"job", 3, 1}, 10).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(arena->Release({"job", 3, 1}).ok());
+  EXPECT_EQ(arena->used_bytes(), 0u);
+  EXPECT_FALSE(*io::DefaultFileSystem()->Exists(slot->path));
+  EXPECT_EQ(arena->Release({"job", 3, 1}).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StagingArenaTest, SkipPolicyRefusesAtOnceAndSaysWhy) {
+  auto arena = Open(1000, FullPolicy::kSkip);
+  ASSERT_TRUE(arena->Allocate({"job", 1, 0}, 600).ok());
+  auto refused = arena->Allocate({"job", 2, 0}, 600);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("600 of 1000 bytes are in use"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("policy: skip"));
+  auto huge = arena->Allocate({"job", 3, 0}, 5000);
+  EXPECT_THAT(huge.status().message(),
+              HasSubstr("more than the whole memory budget"));
+  EXPECT_EQ(arena->used_bytes(), 600u) << "refusals reserve nothing";
+}
+
+TEST_F(StagingArenaTest, WaitPolicyWaitsForSpaceThenTimesOut) {
+  auto arena = Open(1000, FullPolicy::kWait, absl::Seconds(30));
+  ASSERT_TRUE(arena->Allocate({"job", 1, 0}, 600).ok());
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(arena->Release({"job", 1, 0}).ok());
+  });
+  auto waited = arena->Allocate({"job", 2, 0}, 600);
+  releaser.join();
+  EXPECT_TRUE(waited.ok()) << waited.status();
+
+  auto short_wait = Open(1000, FullPolicy::kWait, absl::Milliseconds(50));
+  ASSERT_TRUE(short_wait->Allocate({"other", 1, 0}, 900).ok());
+  auto timed_out = short_wait->Allocate({"other", 2, 0}, 200);
+  EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(timed_out.status().message(), HasSubstr("after waiting"));
+}
+
+TEST_F(StagingArenaTest, RecoverAdoptsKeptSlotsAndDeletesTheRest) {
+  {
+    auto arena = Open(1 << 20, FullPolicy::kSkip);
+    ASSERT_TRUE(arena->Allocate({"job", 1, 0}, 100).ok());
+    ASSERT_TRUE(arena->Allocate({"job", 2, 0}, 200).ok());
+    ASSERT_TRUE(arena->Allocate({"job", 2, 1}, 300).ok());
+  }
+  testing::WriteAll(dir_.File("staging/job/garbage"), "x");
+  auto arena = Open(1 << 20, FullPolicy::kSkip);
+  auto adopted =
+      arena->Recover([](const SlotInfo& s) { return s.id.step == 2; });
+  ASSERT_TRUE(adopted.ok());
+  ASSERT_EQ(adopted->size(), 2u);
+  EXPECT_EQ(arena->used_bytes(), 500u);
+  EXPECT_TRUE(arena->Find({"job", 2, 1}).ok());
+  EXPECT_FALSE(arena->Find({"job", 1, 0}).ok());
+  EXPECT_FALSE(
+      *io::DefaultFileSystem()->Exists(dir_.File("staging/job/garbage")));
+  EXPECT_FALSE(
+      *io::DefaultFileSystem()->Exists(arena->SlotPath({"job", 1, 0})));
+}
+
+TEST_F(StagingArenaTest, RefusesBadNamesAndPlantedSymlinks) {
+  auto arena = Open(1 << 20, FullPolicy::kSkip);
+  EXPECT_EQ(arena->Allocate({"../etc", 1, 0}, 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arena->Allocate({std::string("a\0b", 3), 1, 0}, 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(
+      io::DefaultFileSystem()->CreateDirs(dir_.File("staging/job")).ok());
+  testing::WriteAll(dir_.File("victim"), "precious");
+  ASSERT_EQ(::symlink(dir_.File("victim").c_str(),
+                      arena->SlotPath({"job", 9, 0}).c_str()),
+            0);
+  auto planted = arena->Allocate({"job", 9, 0}, 4096);
+  EXPECT_FALSE(planted.ok());
+  EXPECT_EQ(testing::ReadAll(dir_.File("victim")), "precious");
+  EXPECT_EQ(arena->used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
