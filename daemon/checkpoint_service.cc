@@ -1,0 +1,525 @@
+#include "daemon/checkpoint_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "io/kill_point.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "snapshot/format.h"
+#include "snapshot/names.h"
+
+namespace ckpt::daemon {
+namespace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Describe(const std::string& job, uint64_t step, uint32_t rank) {
+  return absl::StrCat("job ", job, " step ", step, " rank ", rank);
+}
+
+// Checks the trainer's description of a slot before the daemon trusts any
+// offset in it.
+absl::Status ValidateItems(const std::vector<proto::StagedItem>& items,
+                           uint64_t slot_bytes, const std::string& what) {
+  std::set<std::string> names;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const proto::StagedItem& staged : items) {
+    const proto::Item& item = staged.item();
+    absl::Status name_ok = snapshot::ValidateItemName(item.name());
+    if (!name_ok.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", name_ok.message()));
+    if (!names.insert(item.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": item \"", item.name(), "\" appears twice"));
+    }
+    if (item.kind() == proto::ITEM_KIND_TENSOR) {
+      absl::StatusOr<uint64_t> size = snapshot::TensorByteSize(item);
+      if (!size.ok() || *size != item.raw_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": tensor \"", item.name(), "\" declares ", item.raw_size(),
+            " bytes but its box needs ",
+            size.ok() ? absl::StrCat(*size) : size.status().ToString()));
+      }
+    } else if (item.kind() != proto::ITEM_KIND_BYTES) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": item \"", item.name(), "\" has no kind"));
+    }
+    if (staged.slot_offset() > slot_bytes ||
+        item.raw_size() > slot_bytes - staged.slot_offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": item \"", item.name(), "\" at slot offset ",
+          staged.slot_offset(), " of ", item.raw_size(),
+          " bytes does not fit the slot of ", slot_bytes, " bytes"));
+    }
+    if (item.chunks_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": item \"", item.name(), "\" must not carry chunks"));
+    }
+    if (item.raw_size() > 0)
+      ranges.emplace_back(staged.slot_offset(), item.raw_size());
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i - 1].first + ranges[i - 1].second > ranges[i].first) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": items overlap at slot offset ", ranges[i].first));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CheckpointService::CheckpointService(io::FileSystem* fs, ServiceOptions options)
+    : fs_(fs), options_(std::move(options)) {}
+
+std::string CheckpointService::ShardPath(const std::string& job, uint64_t step,
+                                         uint32_t rank) const {
+  char name[64];
+  std::snprintf(name, sizeof name, "%020" PRIu64 "-%010u%s", step, rank,
+                snapshot::kShardSuffix);
+  return io::JoinPath(
+      io::JoinPath(io::JoinPath(options_.data_dir, "shards"), job), name);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
+    io::FileSystem* fs, ServiceOptions options) {
+  if (options.data_dir.empty())
+    return absl::InvalidArgumentError("data directory is empty");
+  if (options.persist_threads < 1) {
+    return absl::InvalidArgumentError("at least one persist thread is needed");
+  }
+  if (options.keep_disk_steps < 1 || options.keep_memory_steps < 1) {
+    return absl::InvalidArgumentError(
+        "retention must keep at least one step per tier");
+  }
+  std::unique_ptr<CheckpointService> service(
+      new CheckpointService(fs, std::move(options)));
+  const ServiceOptions& o = service->options_;
+  RETURN_IF_ERROR(fs->CreateDirs(io::JoinPath(o.data_dir, "shards")));
+  ASSIGN_OR_RETURN(service->store_,
+                   KvStore::Open(io::JoinPath(o.data_dir, "catalog")));
+  service->catalog_ = std::make_unique<Catalog>(service->store_.get());
+  service->coordinator_ =
+      std::make_unique<EmbeddedCoordinator>(service->store_.get());
+  ASSIGN_OR_RETURN(service->arena_,
+                   StagingArena::Open(io::DefaultFileSystem(), o.staging));
+  RETURN_IF_ERROR(service->Recover());
+  for (int i = 0; i < o.persist_threads; ++i) {
+    service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
+  }
+  return service;
+}
+
+CheckpointService::~CheckpointService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : workers_) t.join();
+}
+
+absl::Status CheckpointService::Recover() {
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   catalog_->ListShards());
+  std::set<std::string> keep_slots, keep_files;
+  std::vector<proto::ShardRecord> to_persist;
+  for (proto::ShardRecord& r : shards) {
+    if (r.state() == proto::SHARD_STAGING) {
+      // Never staged completely: nothing was promised about it.
+      CKPT_LOG_INFO("recovery: dropping incompletely staged {}",
+                    Describe(r.job(), r.step(), r.rank()));
+      RETURN_IF_ERROR(catalog_->DeleteShard(r.job(), r.step(), r.rank()));
+      continue;
+    }
+    if (!r.slot_path().empty()) keep_slots.insert(r.slot_path());
+    if (!r.shard_path().empty()) keep_files.insert(r.shard_path());
+    if (r.state() == proto::SHARD_STAGED) to_persist.push_back(r);
+  }
+  ASSIGN_OR_RETURN(std::vector<SlotInfo> adopted,
+                   arena_->Recover([&](const SlotInfo& s) {
+                     return keep_slots.count(s.path) > 0;
+                   }));
+  std::set<std::string> present;
+  for (const SlotInfo& s : adopted) present.insert(s.path);
+  for (proto::ShardRecord& r : to_persist) {
+    if (present.count(r.slot_path()) == 0) {
+      r.set_state(proto::SHARD_FAILED);
+      r.set_error(absl::StrCat("staging slot ", r.slot_path(),
+                               " was lost (node reboot?)"));
+      r.clear_slot_path();
+      RETURN_IF_ERROR(catalog_->PutShard(r));
+      continue;
+    }
+    CKPT_LOG_INFO("recovery: adopting staged {}",
+                  Describe(r.job(), r.step(), r.rank()));
+    Enqueue({r.job(), r.step(), r.rank()});
+  }
+  // Shard files the catalog does not reference: temporaries of an interrupted
+  // persist, or files whose garbage collection was interrupted after the
+  // catalog forgot them.
+  std::string shards_dir = io::JoinPath(options_.data_dir, "shards");
+  ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs_->ListDir(shards_dir));
+  for (const std::string& job : jobs) {
+    absl::StatusOr<std::vector<std::string>> names =
+        fs_->ListDir(io::JoinPath(shards_dir, job));
+    if (!names.ok()) continue;
+    for (const std::string& name : *names) {
+      std::string path = io::JoinPath(io::JoinPath(shards_dir, job), name);
+      if (keep_files.count(path) == 0) {
+        CKPT_LOG_INFO("recovery: removing unreferenced {}", path);
+        (void)fs_->Unlink(path);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
+                                                       uint64_t step,
+                                                       uint32_t rank,
+                                                       uint32_t world_size,
+                                                       uint64_t bytes) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  if (world_size == 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(job, step, rank), ": rank is outside world size ",
+                     world_size));
+  }
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> existing,
+                   catalog_->GetShard(job, step, rank));
+  if (existing.has_value()) {
+    if (existing->state() != proto::SHARD_STAGING) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(Describe(job, step, rank), " is already staged"));
+    }
+    // A trainer that died while staging and saves the same step again starts
+    // over.
+    RETURN_IF_ERROR(AbortStage(job, step, rank));
+  }
+  ASSIGN_OR_RETURN(SlotInfo slot, arena_->Allocate({job, step, rank}, bytes));
+  proto::JobRecord job_record;
+  job_record.set_job(job);
+  job_record.set_world_size(world_size);
+  job_record.set_created_unix_micros(NowMicros());
+  proto::ShardRecord record;
+  record.set_job(job);
+  record.set_step(step);
+  record.set_rank(rank);
+  record.set_world_size(world_size);
+  record.set_state(proto::SHARD_STAGING);
+  record.set_slot_path(slot.path);
+  record.set_slot_bytes(slot.bytes);
+  absl::Status s = catalog_->PutJob(job_record);
+  if (s.ok()) s = catalog_->PutShard(record);
+  if (!s.ok()) {
+    (void)arena_->Release(slot.id);
+    return s;
+  }
+  return slot;
+}
+
+absl::Status CheckpointService::AbortStage(const std::string& job,
+                                           uint64_t step, uint32_t rank) {
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> record,
+                   catalog_->GetShard(job, step, rank));
+  if (!record.has_value() || record->state() != proto::SHARD_STAGING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(job, step, rank), " is not being staged"));
+  }
+  RETURN_IF_ERROR(catalog_->DeleteShard(job, step, rank));
+  absl::Status s = arena_->Release({job, step, rank});
+  return s.code() == absl::StatusCode::kNotFound ? absl::OkStatus() : s;
+}
+
+absl::Status CheckpointService::StageComplete(
+    const std::string& job, uint64_t step, uint32_t rank,
+    const std::vector<proto::StagedItem>& items) {
+  const std::string what = Describe(job, step, rank);
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> record,
+                   catalog_->GetShard(job, step, rank));
+  if (!record.has_value() || record->state() != proto::SHARD_STAGING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " has no slot being staged"));
+  }
+  RETURN_IF_ERROR(ValidateItems(items, record->slot_bytes(), what));
+  record->set_state(proto::SHARD_STAGED);
+  record->set_staged_unix_micros(NowMicros());
+  for (const proto::StagedItem& item : items) *record->add_items() = item;
+  CKPT_KILL_POINT("service.before_staged_record");
+  RETURN_IF_ERROR(catalog_->PutShard(*record));
+  CKPT_KILL_POINT("service.after_staged_record");
+  absl::StatusOr<std::vector<proto::Tier>> committed = coordinator_->Vote(
+      job, step, rank, record->world_size(), {proto::TIER_MEMORY});
+  if (!committed.ok()) {
+    // The shard is staged and will persist; only the memory-tier vote is
+    // missing.
+    CKPT_LOG_WARN("{}: memory-tier vote failed: {}", what,
+                  committed.status().ToString());
+  }
+  Enqueue({job, step, rank});
+  return absl::OkStatus();
+}
+
+void CheckpointService::Enqueue(const SlotId& id) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(id);
+  ++generation_;
+}
+
+void CheckpointService::PersistLoop() {
+  while (true) {
+    SlotId id;
+    {
+      absl::MutexLock lock(&mu_);
+      // The first queued shard whose rank is not already being persisted; later
+      // steps of a busy rank wait their turn, so every rank persists in step
+      // order.
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        for (const SlotId& q : queue_) {
+          if (busy_.count({q.job, q.rank}) == 0) return true;
+        }
+        return false;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      auto it =
+          std::find_if(queue_.begin(), queue_.end(), [this](const SlotId& q) {
+            mu_.AssertHeld();
+            return busy_.count({q.job, q.rank}) == 0;
+          });
+      id = *it;
+      queue_.erase(it);
+      busy_.insert({id.job, id.rank});
+    }
+    absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+        catalog_->GetShard(id.job, id.step, id.rank);
+    if (record.ok() && record->has_value() &&
+        (*record)->state() == proto::SHARD_STAGED) {
+      proto::ShardRecord& r = **record;
+      absl::Status s = Persist(r);
+      if (!s.ok()) {
+        CKPT_LOG_ERROR("{}: persist failed: {}",
+                       Describe(id.job, id.step, id.rank), s.ToString());
+        r.set_state(proto::SHARD_FAILED);
+        r.set_error(std::string(s.message()));
+        absl::Status put = catalog_->PutShard(r);
+        if (!put.ok())
+          CKPT_LOG_ERROR("recording the failure: {}", put.ToString());
+      }
+    } else if (!record.ok()) {
+      CKPT_LOG_ERROR("{}: catalog read failed: {}",
+                     Describe(id.job, id.step, id.rank),
+                     record.status().ToString());
+    }
+    CollectGarbage(id.job);
+    absl::MutexLock lock(&mu_);
+    busy_.erase({id.job, id.rank});
+    ++generation_;
+  }
+}
+
+absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::MappedFile> slot,
+      io::DefaultFileSystem()->MapFile(r.slot_path(), {.writable = false}));
+  if (slot->size() < r.slot_bytes()) {
+    return absl::DataLossError(
+        absl::StrCat("staging slot ", r.slot_path(), " has ", slot->size(),
+                     " bytes, expected ", r.slot_bytes()));
+  }
+  const std::string path = ShardPath(r.job(), r.step(), r.rank());
+  RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
+  snapshot::ShardWriter writer(fs_, path,
+                               {r.job(), r.step(), r.rank(), r.world_size()},
+                               options_.writer);
+  for (const proto::StagedItem& staged : r.items()) {
+    const proto::Item& item = staged.item();
+    absl::Span<const uint8_t> data(slot->data() + staged.slot_offset(),
+                                   item.raw_size());
+    if (item.kind() == proto::ITEM_KIND_TENSOR) {
+      RETURN_IF_ERROR(
+          writer.AddTensor({item.name(), item.dtype(),
+                            std::vector<int64_t>(item.global_shape().begin(),
+                                                 item.global_shape().end()),
+                            std::vector<int64_t>(item.box_offset().begin(),
+                                                 item.box_offset().end()),
+                            std::vector<int64_t>(item.box_length().begin(),
+                                                 item.box_length().end()),
+                            data}));
+    } else {
+      RETURN_IF_ERROR(writer.AddBytes(item.name(), data));
+    }
+  }
+  ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
+  CKPT_KILL_POINT("service.after_shard_commit");
+  uint64_t raw = 0, stored = 0;
+  for (const proto::Item& item : manifest.items()) {
+    raw += item.raw_size();
+    for (const proto::ChunkInfo& c : item.chunks()) stored += c.stored_size();
+  }
+  r.set_state(proto::SHARD_PERSISTED);
+  r.set_shard_path(path);
+  r.set_raw_bytes(raw);
+  r.set_stored_bytes(stored);
+  r.set_persisted_unix_micros(NowMicros());
+  RETURN_IF_ERROR(catalog_->PutShard(r));
+  CKPT_KILL_POINT("service.after_persisted_record");
+  return coordinator_
+      ->Vote(r.job(), r.step(), r.rank(), r.world_size(),
+             {proto::TIER_LOCAL_DISK})
+      .status();
+}
+
+void CheckpointService::CollectGarbage(const std::string& job) {
+  absl::MutexLock gc(&gc_mu_);
+  absl::StatusOr<std::vector<proto::CommitRecord>> commits =
+      coordinator_->ListCommits(job);
+  absl::StatusOr<std::vector<proto::ShardRecord>> shards =
+      catalog_->ListShards(job);
+  if (!commits.ok() || !shards.ok()) return;
+  // Steps committed per tier, newest first; a tier keeps its newest `keep` of
+  // them.
+  auto kept = [&](proto::Tier tier, int keep) {
+    std::vector<uint64_t> steps;
+    for (const auto& c : *commits) {
+      if (c.tier() == tier) steps.push_back(c.step());
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    if (steps.size() > static_cast<size_t>(keep)) steps.resize(keep);
+    return steps;
+  };
+  const std::vector<uint64_t> disk =
+      kept(proto::TIER_LOCAL_DISK, options_.keep_disk_steps);
+  const std::vector<uint64_t> memory =
+      kept(proto::TIER_MEMORY, options_.keep_memory_steps);
+  if (disk.empty()) return;  // nothing is safe on disk yet: keep everything
+  // Only steps older than the oldest kept disk commit are candidates, so the
+  // latest committed step and the one before it are never touched until newer
+  // ones are committed.
+  const uint64_t oldest_disk = disk.back();
+  const uint64_t newest_disk = disk.front();
+  std::set<uint64_t> dropped_from;  // steps some shard was dropped from
+  for (proto::ShardRecord r : *shards) {
+    const uint64_t step = r.step();
+    if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED) {
+      continue;  // never drop what is not safely persisted yet
+    }
+    bool keep_file = step >= oldest_disk;
+    bool keep_slot =
+        step >= newest_disk ||
+        std::find(memory.begin(), memory.end(), step) != memory.end();
+    std::string file = r.shard_path(), slot = r.slot_path();
+    bool changed = false;
+    if (!keep_file && !file.empty()) {
+      r.clear_shard_path();
+      changed = true;
+    }
+    if (!keep_slot && !slot.empty()) {
+      r.clear_slot_path();
+      changed = true;
+    }
+    if (!changed) continue;
+    // The catalog forgets first: a crash in between leaves an unreferenced
+    // file, which the next start deletes; never a reference to a deleted file.
+    bool empty = r.shard_path().empty() && r.slot_path().empty();
+    absl::Status s = empty ? catalog_->DeleteShard(r.job(), r.step(), r.rank())
+                           : catalog_->PutShard(r);
+    if (!s.ok()) {
+      CKPT_LOG_WARN("gc of {}: {}", Describe(r.job(), r.step(), r.rank()),
+                    s.ToString());
+      return;
+    }
+    CKPT_KILL_POINT("service.gc_after_catalog");
+    if (r.shard_path().empty() && !file.empty()) (void)fs_->Unlink(file);
+    if (r.slot_path().empty() && !slot.empty())
+      (void)arena_->Release({r.job(), r.step(), r.rank()});
+    if (empty) dropped_from.insert(step);
+  }
+  if (dropped_from.empty()) return;
+  // A step none of whose shards is left is forgotten by the coordinator too.
+  absl::StatusOr<std::vector<proto::ShardRecord>> left =
+      catalog_->ListShards(job);
+  if (!left.ok()) return;
+  for (const proto::ShardRecord& r : *left) dropped_from.erase(r.step());
+  for (uint64_t step : dropped_from) {
+    if (step < oldest_disk) {
+      absl::Status s = coordinator_->ForgetStep(job, step);
+      if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
+        CKPT_LOG_WARN("gc of job {} step {}: {}", job, step, s.ToString());
+      }
+    }
+  }
+}
+
+absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
+    const std::string& job, uint64_t step, proto::Tier tier,
+    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    uint64_t seen;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = generation_;
+    }
+    ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> commit,
+                     coordinator_->GetCommit(job, step, tier));
+    if (commit.has_value()) return *commit;
+    ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                     catalog_->ListShards(job));
+    for (const proto::ShardRecord& r : shards) {
+      if (r.step() == step && r.state() == proto::SHARD_FAILED &&
+          tier == proto::TIER_LOCAL_DISK) {
+        return absl::Status(absl::StatusCode::kAborted,
+                            absl::StrCat(Describe(job, step, r.rank()),
+                                         " failed to persist: ", r.error()));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return generation_ != seen;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&changed), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job ", job, " step ", step, " is not committed at tier ",
+          TierName(tier), " after ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+absl::StatusOr<absl::optional<uint64_t>> CheckpointService::LatestCommitted(
+    const std::string& job, proto::Tier tier) {
+  return coordinator_->LatestCommitted(job, tier);
+}
+
+absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
+    const std::string& job, uint64_t step, uint32_t rank) {
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
+                   catalog_->GetShard(job, step, rank));
+  if (!r.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("no shard for ", Describe(job, step, rank)));
+  }
+  return *r;
+}
+
+void CheckpointService::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && busy_.empty();
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+}  // namespace ckpt::daemon

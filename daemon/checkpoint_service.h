@@ -1,0 +1,126 @@
+// CheckpointService is ckptd's core on one node, independent of the transport
+// that exposes it (the gRPC local API wraps it): trainers stage shards into
+// memory-tier slots, the service persists staged shards to local disk through
+// the snapshot pipeline (in step order per rank, on a pool of persist threads),
+// votes each tier reached to the coordinator, applies retention, and, when it
+// starts after a crash, adopts the staged slots it finds and finishes
+// persisting them, deleting only what was never staged completely.
+//
+// Life of a shard (catalog state):  BeginStage -> STAGING -> StageComplete ->
+// STAGED (vote memory) -> persisted -> PERSISTED (vote local_disk) | FAILED
+// (the error is reported to WaitCommitted and kept in the catalog).
+//
+// Thread-safety: thread-safe.
+#ifndef CKPT_DAEMON_CHECKPOINT_SERVICE_H_
+#define CKPT_DAEMON_CHECKPOINT_SERVICE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/catalog.h"
+#include "daemon/embedded_coordinator.h"
+#include "daemon/kv_store.h"
+#include "daemon/staging_arena.h"
+#include "io/file_system.h"
+#include "snapshot/shard_writer.h"
+
+namespace ckpt::daemon {
+
+struct ServiceOptions {
+  // Holds the catalog (catalog/) and the persisted shards (shards/<job>/).
+  std::string data_dir;
+  StagingOptions staging;
+  int persist_threads = 2;
+  snapshot::ShardWriterOptions writer;
+  // Committed steps kept on local disk and in memory. The latest committed step
+  // is never deleted, and the one before it stays until a newer one is
+  // committed at the same tier.
+  int keep_disk_steps = 2;
+  int keep_memory_steps = 1;
+};
+
+class CheckpointService {
+ public:
+  // Opens the catalog, recovers from a previous run and starts the persist
+  // threads. `fs` is where shards are persisted (tests pass a
+  // FaultInjectionFs); it must outlive the service.
+  static absl::StatusOr<std::unique_ptr<CheckpointService>> Start(
+      io::FileSystem* fs, ServiceOptions options);
+  // Stops after the shard being persisted by each thread; queued shards stay
+  // STAGED and are persisted by the next start.
+  ~CheckpointService();
+
+  // Reserves and creates the staging slot for one rank's shard of a step.
+  absl::StatusOr<SlotInfo> BeginStage(const std::string& job, uint64_t step,
+                                      uint32_t rank, uint32_t world_size,
+                                      uint64_t bytes);
+  // The trainer filled the slot: from now on the daemon owns it. `items` say
+  // where each tensor and byte item lies in the slot; they are validated
+  // against the slot before anything else.
+  absl::Status StageComplete(const std::string& job, uint64_t step,
+                             uint32_t rank,
+                             const std::vector<proto::StagedItem>& items);
+  // Gives up a slot that was never completed (the trainer failed to fill it).
+  absl::Status AbortStage(const std::string& job, uint64_t step, uint32_t rank);
+
+  // Waits until the step is committed at `tier`, a shard of it failed to get
+  // there (the error names step, rank and cause), or `timeout` passes
+  // (DeadlineExceeded).
+  absl::StatusOr<proto::CommitRecord> WaitCommitted(const std::string& job,
+                                                    uint64_t step,
+                                                    proto::Tier tier,
+                                                    absl::Duration timeout);
+  absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
+      const std::string& job, proto::Tier tier);
+  absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
+                                              uint64_t step, uint32_t rank);
+  // Blocks until no shard is queued or being persisted.
+  void WaitIdle();
+
+  Catalog* catalog() { return catalog_.get(); }
+  Coordinator* coordinator() { return coordinator_.get(); }
+  StagingArena* arena() { return arena_.get(); }
+  std::string ShardPath(const std::string& job, uint64_t step,
+                        uint32_t rank) const;
+
+ private:
+  explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
+  absl::Status Recover();
+  void Enqueue(const SlotId& id);
+  void PersistLoop();
+  // Persists one staged shard; returns the error that marks it FAILED.
+  absl::Status Persist(proto::ShardRecord& record);
+  void CollectGarbage(const std::string& job);
+
+  io::FileSystem* const fs_;
+  const ServiceOptions options_;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<EmbeddedCoordinator> coordinator_;
+  std::unique_ptr<StagingArena> arena_;
+
+  absl::Mutex mu_;
+  std::deque<SlotId> queue_ ABSL_GUARDED_BY(mu_);
+  // (job, rank) pairs being persisted: their later steps wait, so each rank
+  // persists in order.
+  std::set<std::pair<std::string, uint32_t>> busy_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) =
+      0;  // bumped on every state change
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex gc_mu_;  // one garbage collection at a time
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_CHECKPOINT_SERVICE_H_

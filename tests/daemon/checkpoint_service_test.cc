@@ -1,0 +1,201 @@
+#include "daemon/checkpoint_service.h"
+
+#include <cerrno>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/fault_injection_fs.h"
+#include "tests/daemon/service_util.h"
+#include "tests/test_util.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RankState;
+
+constexpr proto::Tier kMem = proto::TIER_MEMORY;
+constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
+
+class CheckpointServiceTest : public ::testing::Test {
+ protected:
+  ServiceOptions Options() {
+    ServiceOptions o;
+    o.data_dir = dir_.File("data");
+    o.staging.dir = dir_.File("staging");
+    o.staging.budget_bytes = 64 << 20;
+    o.staging.policy = FullPolicy::kSkip;
+    o.writer.chunk_size = 64 << 10;
+    return o;
+  }
+  std::unique_ptr<CheckpointService> Start(io::FileSystem* fs,
+                                           ServiceOptions o) {
+    auto service = CheckpointService::Start(fs, std::move(o));
+    EXPECT_TRUE(service.ok()) << service.status();
+    return service.ok() ? *std::move(service) : nullptr;
+  }
+  testing::TempDir dir_;
+};
+
+TEST_F(CheckpointServiceTest, StagedShardsPersistAndCommitAtEveryTier) {
+  auto service = Start(io::DefaultFileSystem(), Options());
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(
+        RankState(1, rank).Stage(service.get(), "job", 1, rank, 3).ok());
+  }
+  auto mem = service->WaitCommitted("job", 1, kMem, absl::Seconds(30));
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  auto disk = service->WaitCommitted("job", 1, kDisk, absl::Seconds(30));
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  EXPECT_EQ(disk->world_size(), 3u);
+  EXPECT_EQ(*service->LatestCommitted("job", kDisk).value(), 1u);
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    auto shard = service->GetShard("job", 1, rank);
+    ASSERT_TRUE(shard.ok());
+    EXPECT_EQ(shard->state(), proto::SHARD_PERSISTED);
+    EXPECT_LT(shard->stored_bytes(), shard->raw_bytes())
+        << "compressible weights";
+    EXPECT_TRUE(RankState(1, rank).Check(shard->shard_path()).ok());
+  }
+}
+
+TEST_F(CheckpointServiceTest, AStepMissingARankIsNeverCommitted) {
+  auto service = Start(io::DefaultFileSystem(), Options());
+  ASSERT_TRUE(RankState(1, 0).Stage(service.get(), "job", 1, 0, 2).ok());
+  service->WaitIdle();
+  auto r = service->WaitCommitted("job", 1, kDisk, absl::Milliseconds(200));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(service->LatestCommitted("job", kMem)->has_value());
+}
+
+TEST_F(CheckpointServiceTest, PersistFailureIsReportedAndTheNextSaveSucceeds) {
+  io::FaultInjectionFs fs(io::DefaultFileSystem());
+  auto service = Start(&fs, Options());
+  ASSERT_TRUE(RankState(1, 0).Stage(service.get(), "job", 1, 0, 1).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 1, kDisk, absl::Seconds(30)).ok());
+  fs.FailWriteAt(fs.writes() + 2, ENOSPC);
+  ASSERT_TRUE(RankState(2, 0).Stage(service.get(), "job", 2, 0, 1).ok());
+  auto failed = service->WaitCommitted("job", 2, kDisk, absl::Seconds(30));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("job job step 2 rank 0 failed to persist"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("No space left on device"));
+  // Still committed in memory; the previous disk commit is intact; the next
+  // save works.
+  EXPECT_TRUE(service->WaitCommitted("job", 2, kMem, absl::Seconds(1)).ok());
+  EXPECT_EQ(*service->LatestCommitted("job", kDisk).value(), 1u);
+  EXPECT_TRUE(RankState(1, 0).Check(service->ShardPath("job", 1, 0)).ok());
+  ASSERT_TRUE(RankState(3, 0).Stage(service.get(), "job", 3, 0, 1).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 3, kDisk, absl::Seconds(30)).ok());
+  EXPECT_TRUE(RankState(3, 0).Check(service->ShardPath("job", 3, 0)).ok());
+}
+
+TEST_F(CheckpointServiceTest, RefusesBadSlotDescriptions) {
+  auto service = Start(io::DefaultFileSystem(), Options());
+  RankState state(1, 0);
+  auto slot = service->BeginStage("job", 1, 0, 1, state.bytes());
+  ASSERT_TRUE(slot.ok());
+  auto items = state.Items(0, 1);
+  auto outside = items;
+  outside[1].set_slot_offset(state.bytes());
+  EXPECT_THAT(service->StageComplete("job", 1, 0, outside).message(),
+              HasSubstr("does not fit"));
+  auto overlap = items;
+  overlap[1].set_slot_offset(8);
+  EXPECT_THAT(service->StageComplete("job", 1, 0, overlap).message(),
+              HasSubstr("overlap"));
+  auto dotdot = items;
+  dotdot[0].mutable_item()->set_name("../../etc/passwd");
+  EXPECT_THAT(service->StageComplete("job", 1, 0, dotdot).message(),
+              HasSubstr("'..'"));
+  auto lying = items;
+  lying[0].mutable_item()->set_raw_size(8);
+  EXPECT_THAT(service->StageComplete("job", 1, 0, lying).message(),
+              HasSubstr("box needs"));
+  EXPECT_EQ(service->StageComplete("job", 2, 0, items).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(service->BeginStage("../x", 1, 0, 1, 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service->BeginStage("job", 1, 5, 2, 10).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing bad got in; the good description still works.
+  ASSERT_TRUE(service->StageComplete("job", 1, 0, items).ok());
+  EXPECT_TRUE(service->WaitCommitted("job", 1, kDisk, absl::Seconds(30)).ok());
+}
+
+TEST_F(CheckpointServiceTest, MemoryBudgetExhaustedSkipsAndSaysSo) {
+  ServiceOptions o = Options();
+  o.staging.budget_bytes = RankState(1, 0).bytes() + 100;
+  // Persisting fails, so step 1's slot stays the only copy and keeps its
+  // memory.
+  io::FaultInjectionFs dead(io::DefaultFileSystem());
+  dead.PowerLossAfter(0);
+  auto service = Start(&dead, o);
+  ASSERT_TRUE(RankState(1, 0).Stage(service.get(), "job", 1, 0, 1).ok());
+  service->WaitIdle();
+  auto refused = service->BeginStage("job", 2, 0, 1, RankState(2, 0).bytes());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("memory budget exhausted"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("policy: skip"));
+  // The daemon is still up and still holds step 1 in memory.
+  EXPECT_TRUE(service->WaitCommitted("job", 1, kMem, absl::Seconds(1)).ok());
+  EXPECT_TRUE(service->arena()->Find({"job", 1, 0}).ok());
+}
+
+TEST_F(CheckpointServiceTest, RetentionKeepsTheNewestStepsPerTier) {
+  ServiceOptions o = Options();
+  o.keep_disk_steps = 2;
+  o.keep_memory_steps = 1;
+  auto service = Start(io::DefaultFileSystem(), o);
+  for (uint64_t step = 1; step <= 5; ++step) {
+    ASSERT_TRUE(
+        RankState(step, 0).Stage(service.get(), "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+  }
+  for (uint64_t step = 1; step <= 5; ++step) {
+    bool on_disk =
+        *io::DefaultFileSystem()->Exists(service->ShardPath("job", step, 0));
+    EXPECT_EQ(on_disk, step >= 4) << "step " << step;
+    EXPECT_EQ(service->arena()->Find({"job", step, 0}).ok(), step == 5)
+        << "step " << step;
+    EXPECT_EQ(
+        service->coordinator()->GetCommit("job", step, kDisk)->has_value(),
+        step >= 4);
+  }
+  EXPECT_EQ(*service->LatestCommitted("job", kDisk).value(), 5u);
+  EXPECT_TRUE(RankState(4, 0).Check(service->ShardPath("job", 4, 0)).ok());
+}
+
+TEST_F(CheckpointServiceTest, RestartAdoptsStagedSlotsAndDropsIncompleteOnes) {
+  ServiceOptions o = Options();
+  {
+    // A service whose persist can never succeed stands in for one killed before
+    // persisting.
+    io::FaultInjectionFs dead(io::DefaultFileSystem());
+    dead.PowerLossAfter(0);
+    auto service = Start(&dead, o);
+    ASSERT_TRUE(RankState(1, 0).Stage(service.get(), "job", 1, 0, 1).ok());
+    ASSERT_TRUE(
+        service->BeginStage("job", 2, 0, 1, 100).ok());  // never completed
+    service->WaitIdle();
+    // Its failure is recorded; a restart does not retry a FAILED shard, so mark
+    // it staged again the way a killed daemon would have left it.
+    auto record = service->GetShard("job", 1, 0);
+    ASSERT_TRUE(record.ok());
+    ASSERT_EQ(record->state(), proto::SHARD_FAILED);
+    record->set_state(proto::SHARD_STAGED);
+    record->clear_error();
+    ASSERT_TRUE(service->catalog()->PutShard(*record).ok());
+  }
+  auto service = Start(io::DefaultFileSystem(), o);
+  ASSERT_TRUE(service->WaitCommitted("job", 1, kDisk, absl::Seconds(30)).ok());
+  EXPECT_TRUE(RankState(1, 0).Check(service->ShardPath("job", 1, 0)).ok());
+  EXPECT_EQ(service->GetShard("job", 2, 0).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(service->arena()->Find({"job", 2, 0}).ok());
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
