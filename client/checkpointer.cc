@@ -1,0 +1,402 @@
+#include "client/checkpointer.h"
+
+#include <grpcpp/create_channel_posix.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "io/errno_status.h"
+#include "io/file_system.h"
+#include "io/status_macros.h"
+#include "proto/daemon.grpc.pb.h"
+#include "snapshot/dtype.h"
+#include "snapshot/format.h"
+#include "snapshot/names.h"
+#include "snapshot/shard_reader.h"
+
+namespace ckpt::client {
+namespace {
+
+// The one place where a gRPC status becomes an absl::Status (the codes are the
+// same numbers).
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+constexpr uint64_t kItemAlignment =
+    64;  // items start cache-line aligned in the slot
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  return absl::StrCat("/tmp/ckpt-", ::geteuid(), "/ckptd.sock");
+}
+
+struct Checkpointer::Registered {
+  proto::Item item;
+  void* tensor = nullptr;        // tensors
+  std::string* bytes = nullptr;  // byte items
+};
+
+// The gRPC stub and the deadline every call gets.
+class Checkpointer::Rpc {
+ public:
+  Rpc(std::shared_ptr<grpc::Channel> channel, absl::Duration timeout)
+      : stub_(proto::CkptDaemon::NewStub(std::move(channel))),
+        timeout_(timeout) {}
+
+  template <typename Request, typename Response, typename Method>
+  absl::Status Call(Method method, const Request& request, Response* response,
+                    absl::string_view what,
+                    absl::Duration extra = absl::ZeroDuration()) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_ + extra));
+    return FromGrpc((stub_.get()->*method)(&context, request, response), what);
+  }
+
+ private:
+  std::unique_ptr<proto::CkptDaemon::Stub> stub_;
+  const absl::Duration timeout_;
+};
+
+void SaveHandle::Finish(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  staged_ = true;
+  status_ = std::move(status);
+}
+
+absl::Status SaveHandle::WaitStaged() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&staged_));
+  return status_;
+}
+
+absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
+                                       absl::Duration timeout) {
+  RETURN_IF_ERROR(WaitStaged());
+  proto::WaitCommittedRequest req;
+  req.set_job(owner_->options_.job);
+  req.set_step(step_);
+  req.set_tier(tier);
+  req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+  proto::WaitCommittedResponse resp;
+  absl::Status s = owner_->rpc_->Call(
+      &proto::CkptDaemon::Stub::WaitCommitted, req, &resp,
+      absl::StrCat("waiting for step ", step_, " to commit"), timeout);
+  if (!s.ok()) owner_->RecordFailure(s);
+  return s;
+}
+
+Checkpointer::Checkpointer(const CheckpointerOptions& options)
+    : options_(options), device_(kernels::NewCpuDevice()) {}
+
+Checkpointer::~Checkpointer() {
+  if (copier_.joinable()) copier_.join();
+}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
+    const CheckpointerOptions& given) {
+  CheckpointerOptions options = given;
+  if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
+  RETURN_IF_ERROR(snapshot::ValidateJobId(options.job));
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", options.rank, " is outside world size ", options.world_size));
+  }
+  // Say clearly when the daemon belongs to someone else: it would refuse us
+  // anyway.
+  struct stat st;
+  if (::stat(options.socket_path.c_str(), &st) != 0) {
+    return io::ErrnoToStatus(
+        errno, absl::StrCat("ckptd socket ", options.socket_path,
+                            " (is ckptd running, as this user?)"));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("ckptd socket ", options.socket_path, " belongs to uid ",
+                     st.st_uid, " but this process runs as uid ", ::geteuid(),
+                     "; ckptd serves only its own user"));
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return io::ErrnoToStatus(errno, "socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, options.socket_path.c_str(),
+               sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    absl::Status s = io::ErrnoToStatus(
+        errno, absl::StrCat("connect to ckptd at ", options.socket_path));
+    ::close(fd);
+    return s;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  std::unique_ptr<Checkpointer> ckpt(new Checkpointer(options));
+  ckpt->rpc_ = std::make_unique<Rpc>(
+      grpc::CreateCustomInsecureChannelFromFd(options.socket_path, fd, args),
+      options.rpc_timeout);
+  // A first call proves the daemon accepted us (it drops connections of other
+  // uids).
+  proto::LatestCommittedRequest probe;
+  probe.set_job(options.job);
+  probe.set_tier(proto::TIER_LOCAL_DISK);
+  proto::LatestCommittedResponse resp;
+  RETURN_IF_ERROR(
+      ckpt->rpc_->Call(&proto::CkptDaemon::Stub::LatestCommitted, probe, &resp,
+                       absl::StrCat("ckptd at ", options.socket_path)));
+  return ckpt;
+}
+
+absl::Status Checkpointer::RegisterTensor(const std::string& name,
+                                          proto::DType dtype, void* data,
+                                          std::vector<int64_t> global_shape,
+                                          std::vector<int64_t> box_offset,
+                                          std::vector<int64_t> box_length) {
+  RETURN_IF_ERROR(snapshot::ValidateItemName(name));
+  Registered r;
+  r.item.set_name(name);
+  r.item.set_kind(proto::ITEM_KIND_TENSOR);
+  r.item.set_dtype(dtype);
+  if (global_shape.size() != box_offset.size() ||
+      global_shape.size() != box_length.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", name, "\": shape and box ranks differ"));
+  }
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    if (box_offset[d] < 0 || box_length[d] < 0 ||
+        box_offset[d] + box_length[d] > global_shape[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" dim ", d, ": box is outside the shape"));
+    }
+    r.item.add_global_shape(global_shape[d]);
+    r.item.add_box_offset(box_offset[d]);
+    r.item.add_box_length(box_length[d]);
+  }
+  ASSIGN_OR_RETURN(uint64_t size, snapshot::TensorByteSize(r.item));
+  r.item.set_raw_size(size);
+  r.tensor = data;
+  for (const Registered& other : items_) {
+    if (other.item.name() == name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("\"", name, "\" is already registered"));
+    }
+  }
+  items_.push_back(std::move(r));
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::RegisterBytes(const std::string& name,
+                                         std::string* value) {
+  RETURN_IF_ERROR(snapshot::ValidateItemName(name));
+  for (const Registered& other : items_) {
+    if (other.item.name() == name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("\"", name, "\" is already registered"));
+    }
+  }
+  Registered r;
+  r.item.set_name(name);
+  r.item.set_kind(proto::ITEM_KIND_BYTES);
+  r.bytes = value;
+  items_.push_back(std::move(r));
+  return absl::OkStatus();
+}
+
+void Checkpointer::RecordFailure(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  last_failure_ = status;
+}
+
+absl::Status Checkpointer::LastSaveError() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(last_failure_, absl::OkStatus());
+}
+
+absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
+    uint64_t step) {
+  if (copier_.joinable())
+    copier_.join();  // one copy at a time: slots are filled in order
+  // The slot layout: every item at a 64-byte aligned offset; byte items are
+  // sized now.
+  std::vector<proto::StagedItem> layout;
+  uint64_t offset = 0;
+  for (Registered& r : items_) {
+    if (r.bytes != nullptr) r.item.set_raw_size(r.bytes->size());
+    proto::StagedItem staged;
+    *staged.mutable_item() = r.item;
+    staged.set_slot_offset(offset);
+    offset = (offset + r.item.raw_size() + kItemAlignment - 1) /
+             kItemAlignment * kItemAlignment;
+    layout.push_back(std::move(staged));
+  }
+  proto::BeginStageRequest req;
+  req.mutable_shard()->set_job(options_.job);
+  req.mutable_shard()->set_step(step);
+  req.mutable_shard()->set_rank(options_.rank);
+  req.set_world_size(options_.world_size);
+  req.set_bytes(offset);
+  proto::BeginStageResponse resp;
+  absl::Status s = rpc_->Call(&proto::CkptDaemon::Stub::BeginStage, req, &resp,
+                              absl::StrCat("saving step ", step));
+  if (!s.ok()) {
+    RecordFailure(s);
+    return s;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<io::MappedFile> slot,
+                   io::DefaultFileSystem()->MapFile(resp.slot_path(), {}));
+  auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
+  // Byte items are captured now: the caller may change them as soon as
+  // SaveAsync returns.
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].bytes != nullptr) {
+      std::memcpy(slot->data() + layout[i].slot_offset(),
+                  items_[i].bytes->data(), items_[i].bytes->size());
+    }
+  }
+  copier_ =
+      std::thread([this, handle, step, layout = std::move(layout),
+                   slot = std::shared_ptr<io::MappedFile>(std::move(slot))] {
+        absl::Status status;
+        for (size_t i = 0; i < items_.size() && status.ok(); ++i) {
+          if (items_[i].tensor == nullptr) continue;
+          status = device_->CopyToHost(items_[i].tensor,
+                                       slot->data() + layout[i].slot_offset(),
+                                       items_[i].item.raw_size());
+        }
+        if (status.ok()) status = device_->Synchronize();
+        proto::ShardKey key;
+        key.set_job(options_.job);
+        key.set_step(step);
+        key.set_rank(options_.rank);
+        if (status.ok()) {
+          proto::StageCompleteRequest done;
+          *done.mutable_shard() = key;
+          for (const auto& staged : layout) *done.add_items() = staged;
+          proto::StageCompleteResponse ok;
+          status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done,
+                              &ok, absl::StrCat("staging step ", step));
+        } else {
+          proto::AbortStageRequest abort;
+          *abort.mutable_shard() = key;
+          proto::AbortStageResponse ignored;
+          (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort,
+                           &ignored, "abort");
+        }
+        if (!status.ok()) RecordFailure(status);
+        handle->Finish(status);
+      });
+  return handle;
+}
+
+absl::StatusOr<absl::optional<uint64_t>> Checkpointer::LatestCommitted(
+    proto::Tier tier) {
+  proto::LatestCommittedRequest req;
+  req.set_job(options_.job);
+  req.set_tier(tier);
+  proto::LatestCommittedResponse resp;
+  RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::LatestCommitted, req,
+                             &resp, "latest committed step"));
+  if (!resp.found()) return absl::optional<uint64_t>();
+  return absl::optional<uint64_t>(resp.step());
+}
+
+absl::Status Checkpointer::Restore(uint64_t step) {
+  if (copier_.joinable()) copier_.join();
+  proto::GetShardRequest req;
+  req.mutable_shard()->set_job(options_.job);
+  req.mutable_shard()->set_step(step);
+  req.mutable_shard()->set_rank(options_.rank);
+  proto::GetShardResponse resp;
+  RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
+                             absl::StrCat("restoring step ", step)));
+  const proto::ShardRecord& shard = resp.shard();
+  const std::string what = absl::StrCat(
+      "restoring job ", options_.job, " step ", step, " rank ", options_.rank);
+  if (shard.state() != proto::SHARD_STAGED &&
+      shard.state() != proto::SHARD_PERSISTED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the shard is not staged (state ",
+                     proto::ShardState_Name(shard.state()), ")"));
+  }
+  // Every registered item must be in the shard with the same description.
+  std::vector<const proto::StagedItem*> sources;
+  for (const Registered& r : items_) {
+    const proto::StagedItem* found = nullptr;
+    for (const proto::StagedItem& s : shard.items()) {
+      if (s.item().name() == r.item.name()) found = &s;
+    }
+    if (found == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat(what, ": \"", r.item.name(), "\" was not saved"));
+    }
+    if (r.tensor != nullptr &&
+        (found->item().dtype() != r.item.dtype() ||
+         !std::equal(found->item().global_shape().begin(),
+                     found->item().global_shape().end(),
+                     r.item.global_shape().begin(),
+                     r.item.global_shape().end()) ||
+         !std::equal(found->item().box_offset().begin(),
+                     found->item().box_offset().end(),
+                     r.item.box_offset().begin(), r.item.box_offset().end()) ||
+         !std::equal(found->item().box_length().begin(),
+                     found->item().box_length().end(),
+                     r.item.box_length().begin(), r.item.box_length().end()))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": tensor \"", r.item.name(), "\" was saved as ",
+                       snapshot::DTypeName(found->item().dtype()),
+                       " with another shape or box"));
+    }
+    sources.push_back(found);
+  }
+  if (!shard.slot_path().empty()) {
+    // Memory tier: a copy out of the slot.
+    auto slot = io::DefaultFileSystem()->MapFile(shard.slot_path(),
+                                                 {.writable = false});
+    if (slot.ok()) {
+      for (size_t i = 0; i < items_.size(); ++i) {
+        const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
+        uint64_t n = sources[i]->item().raw_size();
+        if (items_[i].tensor != nullptr) {
+          RETURN_IF_ERROR(device_->CopyFromHost(src, items_[i].tensor, n));
+        } else {
+          items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
+        }
+      }
+      return device_->Synchronize();
+    }
+  }
+  if (shard.shard_path().empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": neither a slot nor a shard file is left"));
+  }
+  ASSIGN_OR_RETURN(
+      auto reader,
+      snapshot::ShardReader::Open(io::DefaultFileSystem(), shard.shard_path()));
+  for (Registered& r : items_) {
+    ASSIGN_OR_RETURN(const proto::Item* item, reader->FindItem(r.item.name()));
+    if (r.tensor != nullptr) {
+      RETURN_IF_ERROR(reader->ReadItem(
+          r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                             r.item.raw_size())));
+    } else {
+      std::string value(item->raw_size(), '\0');
+      RETURN_IF_ERROR(reader->ReadItem(
+          r.item.name(),
+          absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                              value.size())));
+      *r.bytes = std::move(value);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::client

@@ -1,0 +1,217 @@
+#include "daemon/local_api.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "io/errno_status.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/daemon.grpc.pb.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// The one place where absl::Status becomes a gRPC status (the codes are the
+// same numbers).
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+class DaemonService final : public proto::CkptDaemon::Service {
+ public:
+  explicit DaemonService(CheckpointService* service) : service_(service) {}
+
+  grpc::Status BeginStage(grpc::ServerContext*,
+                          const proto::BeginStageRequest* req,
+                          proto::BeginStageResponse* resp) override {
+    auto slot = service_->BeginStage(req->shard().job(), req->shard().step(),
+                                     req->shard().rank(), req->world_size(),
+                                     req->bytes());
+    if (!slot.ok()) return ToGrpc(slot.status());
+    resp->set_slot_path(slot->path);
+    resp->set_slot_bytes(slot->bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StageComplete(grpc::ServerContext*,
+                             const proto::StageCompleteRequest* req,
+                             proto::StageCompleteResponse*) override {
+    std::vector<proto::StagedItem> items(req->items().begin(),
+                                         req->items().end());
+    return ToGrpc(service_->StageComplete(
+        req->shard().job(), req->shard().step(), req->shard().rank(), items));
+  }
+
+  grpc::Status AbortStage(grpc::ServerContext*,
+                          const proto::AbortStageRequest* req,
+                          proto::AbortStageResponse*) override {
+    return ToGrpc(service_->AbortStage(req->shard().job(), req->shard().step(),
+                                       req->shard().rank()));
+  }
+
+  grpc::Status WaitCommitted(grpc::ServerContext*,
+                             const proto::WaitCommittedRequest* req,
+                             proto::WaitCommittedResponse* resp) override {
+    auto commit =
+        service_->WaitCommitted(req->job(), req->step(), req->tier(),
+                                absl::Milliseconds(req->timeout_ms()));
+    if (!commit.ok()) return ToGrpc(commit.status());
+    *resp->mutable_commit() = *commit;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status LatestCommitted(grpc::ServerContext*,
+                               const proto::LatestCommittedRequest* req,
+                               proto::LatestCommittedResponse* resp) override {
+    auto latest = service_->LatestCommitted(req->job(), req->tier());
+    if (!latest.ok()) return ToGrpc(latest.status());
+    resp->set_found(latest->has_value());
+    if (latest->has_value()) resp->set_step(**latest);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetShard(grpc::ServerContext*, const proto::GetShardRequest* req,
+                        proto::GetShardResponse* resp) override {
+    auto shard = service_->GetShard(req->shard().job(), req->shard().step(),
+                                    req->shard().rank());
+    if (!shard.ok()) return ToGrpc(shard.status());
+    *resp->mutable_shard() = *shard;
+    return grpc::Status::OK;
+  }
+
+ private:
+  CheckpointService* const service_;
+};
+
+absl::Status Errno(absl::string_view what) {
+  return io::ErrnoToStatus(errno, what);
+}
+
+// The socket's directory is ours and private; an existing socket path must be a
+// stale socket.
+absl::Status PrepareSocketPath(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path ", path, " is longer than ",
+                     sizeof(sockaddr_un{}.sun_path) - 1, " bytes"));
+  }
+  std::string dir = io::DirName(path);
+  RETURN_IF_ERROR(io::DefaultFileSystem()->CreateDirs(dir));
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) return Errno(absl::StrCat("stat ", dir));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("socket directory ", dir,
+                     " must be a directory owned by uid ", ::geteuid()));
+  }
+  if (::chmod(dir.c_str(), 0700) != 0)
+    return Errno(absl::StrCat("chmod 0700 ", dir));
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "refusing to replace ", path, ": it exists and is not a socket",
+          S_ISLNK(st.st_mode) ? " (a symlink)" : ""));
+    }
+    if (::unlink(path.c_str()) != 0)
+      return Errno(absl::StrCat("remove stale socket ", path));
+  } else if (errno != ENOENT) {
+    return Errno(absl::StrCat("stat ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalApiServer>> LocalApiServer::Start(
+    CheckpointService* service, const LocalApiOptions& options) {
+  RETURN_IF_ERROR(PrepareSocketPath(options.socket_path));
+  std::unique_ptr<LocalApiServer> server(new LocalApiServer());
+  server->socket_path_ = options.socket_path;
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  server->listen_fd_ = fd;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, options.socket_path.c_str(),
+               sizeof(addr.sun_path) - 1);
+  // Created with mode 0600 from the start: no window in which another user
+  // could connect.
+  mode_t old_mask = ::umask(0177);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::umask(old_mask);
+  if (rc != 0) return Errno(absl::StrCat("bind ", options.socket_path));
+  if (::listen(fd, 128) != 0)
+    return Errno(absl::StrCat("listen ", options.socket_path));
+  if (::pipe2(server->wake_fd_, O_CLOEXEC) != 0) return Errno("pipe");
+
+  server->service_ = std::make_unique<DaemonService>(service);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr)
+    return absl::InternalError("gRPC server did not start");
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  CKPT_LOG_INFO("ckptd: serving on {}", options.socket_path);
+  return server;
+}
+
+void LocalApiServer::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      CKPT_LOG_ERROR("ckptd: poll on {}: {}", socket_path_,
+                     std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    int conn =
+        ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        cred.uid != ::geteuid()) {
+      ++refused_;
+      CKPT_LOG_WARN(
+          "ckptd: refused a connection from uid {} (pid {}): only uid {} may "
+          "use {}",
+          cred.uid, cred.pid, ::geteuid(), socket_path_);
+      ::close(conn);
+      continue;
+    }
+    grpc::AddInsecureChannelFromFd(server_.get(), conn);
+  }
+}
+
+LocalApiServer::~LocalApiServer() {
+  if (wake_fd_[1] >= 0) {
+    char c = 0;
+    (void)!::write(wake_fd_[1], &c, 1);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    ::unlink(socket_path_.c_str());
+  }
+  for (int fd : wake_fd_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,256 @@
+// libckpt against a real ckptd process: save, commit and restore; daemon
+// SIGKILL mid-persist; trainer SIGKILL mid-save; foreign uids and planted
+// symlinks; bad names.
+#include "client/checkpointer.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/file_system.h"
+#include "tests/client/daemon_process.h"
+#include "tests/test_util.h"
+
+namespace ckpt::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
+constexpr proto::Tier kMem = proto::TIER_MEMORY;
+
+// One rank's training state: a float tensor (its box of a global vector) and an
+// RNG string.
+struct Trainer {
+  std::vector<float> w;
+  std::string rng;
+  std::unique_ptr<Checkpointer> ckpt;
+
+  Trainer(const std::string& socket, uint32_t rank, uint32_t world,
+          int64_t n = 100000)
+      : w(n) {
+    auto c = Checkpointer::Connect({"job", rank, world, socket});
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return;
+    ckpt = *std::move(c);
+    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
+                                     {n * world}, {n * rank}, {n})
+                    .ok());
+    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
+    Fill(0, rank);
+  }
+  void Fill(uint64_t step, uint32_t rank) {
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = static_cast<float>((step * 7 + i + rank) % 1000);
+    rng = "rng-" + std::to_string(step) + "-" + std::to_string(rank);
+  }
+};
+
+TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer a(daemon.socket(), 0, 2), b(daemon.socket(), 1, 2);
+  ASSERT_TRUE(a.ckpt && b.ckpt);
+  a.Fill(5, 0);
+  b.Fill(5, 1);
+  auto sa = a.ckpt->SaveAsync(5);
+  auto sb = b.ckpt->SaveAsync(5);
+  ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status() << sb.status();
+  ASSERT_TRUE((*sa)->WaitStaged().ok());
+  ASSERT_TRUE((*sb)->WaitStaged().ok());
+  const std::vector<float> saved = a.w;
+  const std::string saved_rng = a.rng;
+  a.Fill(6, 0);  // training goes on and changes the state
+  ASSERT_TRUE((*sa)->WaitCommitted(kDisk).ok());
+  ASSERT_TRUE((*sb)->WaitCommitted(kMem).ok());
+  EXPECT_EQ(*a.ckpt->LatestCommitted(kDisk).value(), 5u);
+  ASSERT_TRUE(a.ckpt->Restore(5).ok());
+  EXPECT_EQ(a.w, saved);
+  EXPECT_EQ(a.rng, saved_rng);
+  EXPECT_EQ(daemon.Stop(), 0) << "clean shutdown on SIGTERM";
+}
+
+TEST(CheckpointerTest, RestoresFromDiskOnceTheMemoryCopyIsGone) {
+  testing::DaemonProcess daemon({"--keep-memory", "1", "--keep-disk", "2"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1);
+  ASSERT_TRUE(t.ckpt);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    t.Fill(step, 0);
+    auto save = t.ckpt->SaveAsync(step);
+    ASSERT_TRUE(save.ok());
+    ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok());
+  }
+  Trainer expected(daemon.socket(), 0, 1);
+  expected.Fill(2, 0);
+  t.Fill(99, 0);
+  ASSERT_TRUE(t.ckpt->Restore(2).ok());
+  EXPECT_EQ(t.w, expected.w);
+  EXPECT_EQ(t.rng, expected.rng);
+  EXPECT_EQ(t.ckpt->Restore(1).code(), absl::StatusCode::kNotFound)
+      << "retention dropped it";
+}
+
+TEST(CheckpointerTest, DaemonKilledMidPersistFinishesAfterRestart) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  {
+    Trainer t(daemon.socket(), 0, 1,
+              4 << 20);  // 16 MiB: persisting takes a while
+    ASSERT_TRUE(t.ckpt);
+    t.Fill(1, 0);
+    auto save = t.ckpt->SaveAsync(1);
+    ASSERT_TRUE(save.ok());
+    ASSERT_TRUE((*save)->WaitStaged().ok());
+    daemon.Kill();  // the shard is staged; the persist may be anywhere
+  }
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1, 4 << 20);
+  ASSERT_TRUE(t.ckpt);
+  auto wait = [&] {
+    for (int i = 0; i < 200; ++i) {
+      auto latest = t.ckpt->LatestCommitted(kDisk);
+      if (latest.ok() && latest->has_value()) return **latest;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return uint64_t{0};
+  };
+  EXPECT_EQ(wait(), 1u);
+  Trainer expected(daemon.socket(), 0, 1, 4 << 20);
+  expected.Fill(1, 0);
+  ASSERT_TRUE(t.ckpt->Restore(1).ok());
+  EXPECT_EQ(t.w, expected.w);
+}
+
+TEST(CheckpointerTest, TrainerKilledMidSaveLeavesNoPartialStep) {
+  uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  for (int round = 0; round < 4; ++round) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      Trainer t(daemon.socket(), 0, 1, 1 << 20);
+      if (!t.ckpt) ::_exit(3);
+      for (uint64_t step = 100 * round + 1;; ++step) {
+        t.Fill(step, 0);
+        auto save = t.ckpt->SaveAsync(step);
+        if (save.ok()) (void)(*save)->WaitStaged();
+      }
+    }
+    ::usleep(50000 + rng() % 300000);
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  Trainer t(daemon.socket(), 0, 1, 1 << 20);
+  ASSERT_TRUE(t.ckpt);
+  absl::SleepFor(absl::Seconds(1));  // let the daemon finish what was staged
+  auto latest = t.ckpt->LatestCommitted(kMem);
+  ASSERT_TRUE(latest.ok());
+  ASSERT_TRUE(latest->has_value())
+      << "some step was committed before the kills";
+  Trainer expected(daemon.socket(), 0, 1, 1 << 20);
+  expected.Fill(**latest, 0);
+  ASSERT_TRUE(t.ckpt->Restore(**latest).ok());
+  EXPECT_EQ(t.w, expected.w)
+      << "committed step " << **latest << " restores byte-exact";
+  EXPECT_EQ(t.rng, expected.rng);
+}
+
+TEST(CheckpointerTest, AConnectionFromAnotherUidIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  // Open the directory and socket so the kernel lets uid 65534 reach the daemon
+  // at all.
+  ASSERT_EQ(::chmod(ckpt::io::DirName(daemon.socket()).c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(daemon.socket().c_str(), 0666), 0);
+  ASSERT_EQ(::chmod(daemon.dir().path().c_str(), 0755), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    auto refused = Checkpointer::Connect({"job", 0, 1, daemon.socket()});
+    if (refused.ok()) ::_exit(11);
+    if (refused.status().code() != absl::StatusCode::kPermissionDenied)
+      ::_exit(12);
+    // Past the library's own check: a raw connection must be dropped by the
+    // daemon.
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, daemon.socket().c_str(),
+                 sizeof(addr.sun_path) - 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+      ::_exit(13);
+    char buf[16];
+    ssize_t n = ::read(fd, buf, sizeof buf);  // EOF: the daemon closed it
+    ::_exit(n == 0 ? 0 : 14);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_THAT(daemon.log(), HasSubstr("refused a connection from uid 65534"));
+  // The owner still gets in.
+  Trainer t(daemon.socket(), 0, 1, 10);
+  EXPECT_TRUE(t.ckpt != nullptr);
+}
+
+TEST(CheckpointerTest, APlantedSymlinkAtTheSocketPathIsNotFollowed) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(ckpt::io::DefaultFileSystem()
+                  ->CreateDirs(ckpt::io::DirName(daemon.socket()))
+                  .ok());
+  testing::WriteAll(daemon.dir().File("victim"), "precious");
+  ASSERT_EQ(
+      ::symlink(daemon.dir().File("victim").c_str(), daemon.socket().c_str()),
+      0);
+  EXPECT_FALSE(daemon.Start());
+  EXPECT_THAT(daemon.log(), HasSubstr("is not a socket (a symlink)"));
+  EXPECT_EQ(testing::ReadAll(daemon.dir().File("victim")), "precious");
+}
+
+TEST(CheckpointerTest, BadNamesAreRefusedWithClearErrors) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  EXPECT_THAT(Checkpointer::Connect({"../escape", 0, 1, daemon.socket()})
+                  .status()
+                  .message(),
+              HasSubstr("job id"));
+  EXPECT_THAT(
+      Checkpointer::Connect({std::string("j\0b", 3), 0, 1, daemon.socket()})
+          .status()
+          .message(),
+      HasSubstr("\\x00"));
+  EXPECT_THAT(
+      Checkpointer::Connect({"job", 3, 2, daemon.socket()}).status().message(),
+      HasSubstr("outside world size"));
+  Trainer t(daemon.socket(), 0, 1, 10);
+  ASSERT_TRUE(t.ckpt);
+  std::vector<float> x(4);
+  EXPECT_THAT(t.ckpt
+                  ->RegisterTensor("a/../b", proto::DTYPE_FLOAT32, x.data(),
+                                   {4}, {0}, {4})
+                  .message(),
+              HasSubstr("'..'"));
+  EXPECT_THAT(t.ckpt
+                  ->RegisterTensor(std::string(2000, 'n'), proto::DTYPE_FLOAT32,
+                                   x.data(), {4}, {0}, {4})
+                  .message(),
+              HasSubstr("limit is 1024"));
+  auto missing =
+      Checkpointer::Connect({"job", 0, 1, daemon.dir().File("nope.sock")});
+  EXPECT_THAT(missing.status().message(), HasSubstr("is ckptd running"));
+}
+
+}  // namespace
+}  // namespace ckpt::client
