@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/records.h"
 #include "io/status_macros.h"
 
 namespace ckpt::daemon {
@@ -36,7 +37,7 @@ absl::StatusOr<std::vector<Message>> ScanAll(KvStore* store,
   ASSIGN_OR_RETURN(auto entries, store->Scan(prefix));
   std::vector<Message> out;
   for (const auto& [key, bytes] : entries) {
-    ASSIGN_OR_RETURN(Message m, Parse<Message>(key, bytes));
+    ASSIGN_OR_RETURN(Message m, ParseRecord<Message>(key, bytes));
     out.push_back(std::move(m));
   }
   return out;
@@ -54,7 +55,7 @@ absl::StatusOr<absl::optional<proto::JobRecord>> Catalog::GetJob(
   ASSIGN_OR_RETURN(auto bytes, store_->Get(key));
   if (!bytes.has_value()) return absl::optional<proto::JobRecord>();
   ASSIGN_OR_RETURN(proto::JobRecord record,
-                   Parse<proto::JobRecord>(key, *bytes));
+                   ParseRecord<proto::JobRecord>(key, *bytes));
   return absl::optional<proto::JobRecord>(std::move(record));
 }
 
@@ -73,7 +74,7 @@ absl::StatusOr<absl::optional<proto::ShardRecord>> Catalog::GetShard(
   ASSIGN_OR_RETURN(auto bytes, store_->Get(key));
   if (!bytes.has_value()) return absl::optional<proto::ShardRecord>();
   ASSIGN_OR_RETURN(proto::ShardRecord record,
-                   Parse<proto::ShardRecord>(key, *bytes));
+                   ParseRecord<proto::ShardRecord>(key, *bytes));
   return absl::optional<proto::ShardRecord>(std::move(record));
 }
 

@@ -6,17 +6,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/records.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
 
 namespace ckpt::daemon {
 namespace {
-
-int64_t NowMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 bool ValidTier(proto::Tier t) {
   return t >= proto::TIER_MEMORY && t <= proto::TIER_SHARED;
@@ -61,7 +56,7 @@ absl::StatusOr<std::vector<proto::Tier>> EmbeddedCoordinator::Vote(
   mine.set_world_size(world_size);
   for (const auto& [key, bytes] : existing) {
     ASSIGN_OR_RETURN(proto::VoteRecord vote,
-                     Parse<proto::VoteRecord>(key, bytes));
+                     ParseRecord<proto::VoteRecord>(key, bytes));
     if (vote.world_size() != world_size) {
       return absl::FailedPreconditionError(absl::StrCat(
           "vote of job ", job, " step ", step, " rank ", rank,
@@ -122,7 +117,7 @@ EmbeddedCoordinator::GetCommit(const std::string& job, uint64_t step,
   ASSIGN_OR_RETURN(auto bytes, store_->Get(key));
   if (!bytes.has_value()) return absl::optional<proto::CommitRecord>();
   ASSIGN_OR_RETURN(proto::CommitRecord record,
-                   Parse<proto::CommitRecord>(key, *bytes));
+                   ParseRecord<proto::CommitRecord>(key, *bytes));
   return absl::optional<proto::CommitRecord>(std::move(record));
 }
 
@@ -147,7 +142,7 @@ EmbeddedCoordinator::ListCommits(const std::string& job) {
   for (const auto& [key, bytes] : entries) {
     if (key.find("/commit/") == std::string::npos) continue;
     ASSIGN_OR_RETURN(proto::CommitRecord record,
-                     Parse<proto::CommitRecord>(key, bytes));
+                     ParseRecord<proto::CommitRecord>(key, bytes));
     out.push_back(std::move(record));
   }
   return out;
