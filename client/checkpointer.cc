@@ -1,10 +1,7 @@
 #include "client/checkpointer.h"
 
-#include <grpcpp/create_channel_posix.h>
 #include <grpcpp/grpcpp.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,21 +64,35 @@ class Checkpointer::Rpc {
   const absl::Duration timeout_;
 };
 
+void SaveHandle::Copied(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  copied_ = true;
+  copy_status_ = std::move(status);
+}
+
 void SaveHandle::Finish(absl::Status status) {
   absl::MutexLock lock(&mu_);
-  staged_ = true;
+  if (!copied_) {
+    copied_ = true;
+    copy_status_ = status;
+  }
+  done_ = true;
   status_ = std::move(status);
 }
 
 absl::Status SaveHandle::WaitStaged() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&staged_));
-  return status_;
+  mu_.Await(absl::Condition(&copied_));
+  return copy_status_;
 }
 
 absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
                                        absl::Duration timeout) {
-  RETURN_IF_ERROR(WaitStaged());
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    RETURN_IF_ERROR(status_);
+  }
   proto::WaitCommittedRequest req;
   req.set_job(owner_->options_.job);
   req.set_step(step_);
@@ -125,24 +136,17 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
                      st.st_uid, " but this process runs as uid ", ::geteuid(),
                      "; ckptd serves only its own user"));
   }
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return io::ErrnoToStatus(errno, "socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, options.socket_path.c_str(),
-               sizeof(addr.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    absl::Status s = io::ErrnoToStatus(
-        errno, absl::StrCat("connect to ckptd at ", options.socket_path));
-    ::close(fd);
-    return s;
-  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  // Reconnect quickly after a daemon restart: saves fail while it is down, then
+  // work again.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::unique_ptr<Checkpointer> ckpt(new Checkpointer(options));
   ckpt->rpc_ = std::make_unique<Rpc>(
-      grpc::CreateCustomInsecureChannelFromFd(options.socket_path, fd, args),
+      grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),
+                                grpc::InsecureChannelCredentials(), args),
       options.rpc_timeout);
   // A first call proves the daemon accepted us (it drops connections of other
   // uids).
@@ -273,6 +277,7 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
                                        items_[i].item.raw_size());
         }
         if (status.ok()) status = device_->Synchronize();
+        handle->Copied(status);
         proto::ShardKey key;
         key.set_job(options_.job);
         key.set_step(step);
@@ -309,16 +314,20 @@ absl::StatusOr<absl::optional<uint64_t>> Checkpointer::LatestCommitted(
   return absl::optional<uint64_t>(resp.step());
 }
 
-absl::Status Checkpointer::Restore(uint64_t step) {
-  if (copier_.joinable()) copier_.join();
+absl::StatusOr<proto::ShardRecord> Checkpointer::DescribeShard(uint64_t step) {
   proto::GetShardRequest req;
   req.mutable_shard()->set_job(options_.job);
   req.mutable_shard()->set_step(step);
   req.mutable_shard()->set_rank(options_.rank);
   proto::GetShardResponse resp;
   RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
-                             absl::StrCat("restoring step ", step)));
-  const proto::ShardRecord& shard = resp.shard();
+                             absl::StrCat("shard of step ", step)));
+  return resp.shard();
+}
+
+absl::Status Checkpointer::Restore(uint64_t step) {
+  if (copier_.joinable()) copier_.join();
+  ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
   const std::string what = absl::StrCat(
       "restoring job ", options_.job, " step ", step, " rank ", options_.rank);
   if (shard.state() != proto::SHARD_STAGED &&

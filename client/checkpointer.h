@@ -58,12 +58,15 @@ class SaveHandle {
   friend class Checkpointer;
   SaveHandle(class Checkpointer* owner, uint64_t step)
       : owner_(owner), step_(step) {}
+  void Copied(absl::Status status);
   void Finish(absl::Status status);
 
   class Checkpointer* const owner_;
   const uint64_t step_;
   absl::Mutex mu_;
-  bool staged_ ABSL_GUARDED_BY(mu_) = false;
+  bool copied_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status copy_status_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -97,6 +100,10 @@ class Checkpointer {
   // saved), from the memory tier when the slot is still there, else from the
   // persisted shard (verified).
   absl::Status Restore(uint64_t step);
+
+  // What the daemon knows about this rank's shard of `step` (state, sizes,
+  // timestamps).
+  absl::StatusOr<proto::ShardRecord> DescribeShard(uint64_t step);
 
   const CheckpointerOptions& options() const { return options_; }
 

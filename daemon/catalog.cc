@@ -45,8 +45,8 @@ absl::StatusOr<std::vector<Message>> ScanAll(KvStore* store,
 
 }  // namespace
 
-absl::Status Catalog::PutJob(const proto::JobRecord& job) {
-  return store_->Put(JobKey(job.job()), job.SerializeAsString());
+absl::Status Catalog::PutJob(const proto::JobRecord& job, bool sync) {
+  return store_->Put(JobKey(job.job()), job.SerializeAsString(), sync);
 }
 
 absl::StatusOr<absl::optional<proto::JobRecord>> Catalog::GetJob(
@@ -63,9 +63,9 @@ absl::StatusOr<std::vector<proto::JobRecord>> Catalog::ListJobs() {
   return ScanAll<proto::JobRecord>(store_, "/catalog/jobs/");
 }
 
-absl::Status Catalog::PutShard(const proto::ShardRecord& shard) {
+absl::Status Catalog::PutShard(const proto::ShardRecord& shard, bool sync) {
   return store_->Put(ShardKey(shard.job(), shard.step(), shard.rank()),
-                     shard.SerializeAsString());
+                     shard.SerializeAsString(), sync);
 }
 
 absl::StatusOr<absl::optional<proto::ShardRecord>> Catalog::GetShard(

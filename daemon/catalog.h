@@ -22,12 +22,14 @@ class Catalog {
  public:
   explicit Catalog(KvStore* store) : store_(store) {}
 
-  absl::Status PutJob(const proto::JobRecord& job);
+  absl::Status PutJob(const proto::JobRecord& job, bool sync = true);
   absl::StatusOr<absl::optional<proto::JobRecord>> GetJob(
       const std::string& job);
   absl::StatusOr<std::vector<proto::JobRecord>> ListJobs();
 
-  absl::Status PutShard(const proto::ShardRecord& shard);
+  // `sync` false: the record may be lost in a crash (used for SHARD_STAGING,
+  // which recovery discards anyway).
+  absl::Status PutShard(const proto::ShardRecord& shard, bool sync = true);
   absl::StatusOr<absl::optional<proto::ShardRecord>> GetShard(
       const std::string& job, uint64_t step, uint32_t rank);
   // The job's shards ordered by step, then rank; every job's when `job` is

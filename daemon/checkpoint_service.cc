@@ -215,8 +215,11 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
   record.set_state(proto::SHARD_STAGING);
   record.set_slot_path(slot.path);
   record.set_slot_bytes(slot.bytes);
-  absl::Status s = catalog_->PutJob(job_record);
-  if (s.ok()) s = catalog_->PutShard(record);
+  // Not synced: a STAGING record that a crash loses leaves a slot file that
+  // recovery deletes, which is what it would do with the record too. The STAGED
+  // record is synced.
+  absl::Status s = catalog_->PutJob(job_record, /*sync=*/false);
+  if (s.ok()) s = catalog_->PutShard(record, /*sync=*/false);
   if (!s.ok()) {
     (void)arena_->Release(slot.id);
     return s;

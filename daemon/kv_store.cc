@@ -61,8 +61,11 @@ absl::StatusOr<absl::optional<std::string>> KvStore::Get(
   return absl::optional<std::string>(std::move(value));
 }
 
-absl::Status KvStore::Put(absl::string_view key, absl::string_view value) {
-  return FromRocks(db_->Put(Synced(), S(key), S(value)),
+absl::Status KvStore::Put(absl::string_view key, absl::string_view value,
+                          bool sync) {
+  rocksdb::WriteOptions options;
+  options.sync = sync;
+  return FromRocks(db_->Put(options, S(key), S(value)),
                    absl::StrCat("put ", key));
 }
 

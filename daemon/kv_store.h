@@ -34,7 +34,10 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   absl::StatusOr<absl::optional<std::string>> Get(absl::string_view key);
-  absl::Status Put(absl::string_view key, absl::string_view value);
+  // `sync` false skips the WAL fsync: for records whose loss in a crash is
+  // harmless (they describe work that recovery discards anyway).
+  absl::Status Put(absl::string_view key, absl::string_view value,
+                   bool sync = true);
   absl::Status Delete(absl::string_view key);
 
   // Puts and deletes applied atomically, in order.

@@ -1,0 +1,58 @@
+// The demo's toy model: a deterministic, elementwise update of weights and a
+// momentum buffer, so the state after step T is the same however often training
+// was interrupted and resumed (and however it is sharded), and a reference can
+// be computed in one process.
+#ifndef CKPT_TOOLS_DEMO_MODEL_H_
+#define CKPT_TOOLS_DEMO_MODEL_H_
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace ckpt::demo {
+
+struct RankModel {
+  int64_t offset = 0;  // this rank's first global element
+  std::vector<float> w, m;
+  uint64_t rng = 0;  // stands for the trainer's RNG / data-loader position
+
+  RankModel(uint32_t rank, int64_t elements)
+      : offset(rank * elements), w(elements), m(elements) {
+    for (int64_t i = 0; i < elements; ++i)
+      w[i] = static_cast<float>((offset + i) % 101) * 0.01f;
+    rng = 0x9e3779b97f4a7c15ull ^ rank;
+  }
+
+  void Step(uint64_t step) {
+    const float bias = static_cast<float>(step % 13) * 1e-4f;
+    for (size_t i = 0; i < w.size(); ++i) {
+      float target =
+          static_cast<float>((offset + static_cast<int64_t>(i)) % 977) * 1e-3f;
+      float grad = w[i] * 0.01f - target + bias;
+      m[i] = 0.9f * m[i] + 0.1f * grad;
+      w[i] -= 0.01f * m[i];
+    }
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  }
+
+  std::string RngBytes() const {
+    return std::string(reinterpret_cast<const char*>(&rng), 8);
+  }
+  bool SetRng(const std::string& bytes) {
+    if (bytes.size() != 8) return false;
+    std::memcpy(&rng, bytes.data(), 8);
+    return true;
+  }
+  // Everything, for bit-for-bit comparison.
+  std::string Serialize() const {
+    std::string out(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+    out.append(reinterpret_cast<const char*>(m.data()), m.size() * 4);
+    out += RngBytes();
+    return out;
+  }
+};
+
+}  // namespace ckpt::demo
+
+#endif  // CKPT_TOOLS_DEMO_MODEL_H_

@@ -1,0 +1,138 @@
+// ckpt-demo-trainer: one rank of the demo job. Resumes from the latest
+// committed step, trains the toy model, saves asynchronously every step through
+// libckpt, and writes its final state. A failed save (daemon down, budget
+// exhausted) is reported and training goes on.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "tools/demo_model.h"
+
+namespace {
+
+using ckpt::client::Checkpointer;
+namespace proto = ckpt::proto;
+
+double Seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt-demo-trainer: one rank of the demo job"};
+  std::string socket, job = "demo", out;
+  uint32_t rank = 0, world = 1;
+  uint64_t steps = 50;
+  int64_t elements = 1 << 20;
+  int step_ms = 20;
+  app.add_option("--socket", socket)->required();
+  app.add_option("--job", job);
+  app.add_option("--rank", rank)->required();
+  app.add_option("--world", world)->required();
+  app.add_option("--steps", steps);
+  app.add_option("--elements", elements);
+  app.add_option("--step-ms", step_ms, "simulated compute per step");
+  app.add_option("--out", out)->required();
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<std::unique_ptr<Checkpointer>> ckpt;
+  for (int i = 0; i < 100; ++i) {  // the daemon may be restarting
+    ckpt = Checkpointer::Connect({job, rank, world, socket});
+    if (ckpt.ok()) break;
+    usleep(100000);
+  }
+  if (!ckpt.ok()) {
+    std::fprintf(stderr, "rank %u: %s\n", rank,
+                 std::string(ckpt.status().message()).c_str());
+    return 1;
+  }
+  ckpt::demo::RankModel model(rank, elements);
+  std::string rng = model.RngBytes();
+  int64_t global = elements * world;
+  absl::Status s =
+      (*ckpt)->RegisterTensor("model/w", proto::DTYPE_FLOAT32, model.w.data(),
+                              {global}, {model.offset}, {elements});
+  if (s.ok()) {
+    s = (*ckpt)->RegisterTensor("optim/momentum", proto::DTYPE_FLOAT32,
+                                model.m.data(), {global}, {model.offset},
+                                {elements});
+  }
+  if (s.ok()) s = (*ckpt)->RegisterBytes("rng", &rng);
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %u: %s\n", rank,
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+
+  uint64_t start = 1, resumed_from = 0;
+  auto latest = (*ckpt)->LatestCommitted(proto::TIER_MEMORY);
+  if (latest.ok() && latest->has_value()) {
+    s = (*ckpt)->Restore(**latest);
+    if (!s.ok() || !model.SetRng(rng)) {
+      std::fprintf(stderr, "rank %u: restore of step %lu failed: %s\n", rank,
+                   static_cast<unsigned long>(**latest),
+                   std::string(s.message()).c_str());
+      return 1;
+    }
+    resumed_from = **latest;
+    start = resumed_from + 1;
+    std::printf("rank %u: resumed from committed step %lu\n", rank,
+                static_cast<unsigned long>(resumed_from));
+  }
+
+  std::vector<double> stalls;
+  int failed = 0;
+  for (uint64_t step = start; step <= steps; ++step) {
+    model.Step(step);
+    rng = model.RngBytes();
+    auto t = std::chrono::steady_clock::now();
+    auto save = (*ckpt)->SaveAsync(step);
+    absl::Status staged = save.ok() ? (*save)->WaitStaged() : save.status();
+    if (staged.ok()) {
+      stalls.push_back(Seconds(t));
+    } else if (++failed <= 3) {
+      std::fprintf(stderr,
+                   "rank %u: save of step %lu failed, training goes on: %s\n",
+                   rank, static_cast<unsigned long>(step),
+                   std::string(staged.message()).c_str());
+    }
+    usleep(step_ms * 1000);
+  }
+  // The last step must be durable before the job ends. If its save was lost
+  // (the daemon was down), save it again; then wait until every rank has it on
+  // disk.
+  bool durable = false;
+  for (int attempt = 0; attempt < 600 && !durable; ++attempt) {
+    auto latest_disk = (*ckpt)->LatestCommitted(proto::TIER_LOCAL_DISK);
+    if (latest_disk.ok() && latest_disk->has_value() &&
+        **latest_disk >= steps) {
+      durable = true;
+      break;
+    }
+    auto shard = (*ckpt)->DescribeShard(steps);
+    if (!shard.ok() && shard.status().code() == absl::StatusCode::kNotFound) {
+      auto save = (*ckpt)->SaveAsync(steps);
+      if (save.ok()) (void)(*save)->WaitStaged();
+    }
+    usleep(100000);
+  }
+  std::sort(stalls.begin(), stalls.end());
+  std::ofstream(absl::StrCat(out, "/final-rank-", rank, ".bin"),
+                std::ios::binary)
+      << model.Serialize();
+  std::ofstream(absl::StrCat(out, "/stats-rank-", rank, ".txt"))
+      << stalls.size() << " " << failed << " "
+      << (stalls.empty() ? 0.0 : stalls[stalls.size() / 2]) << " "
+      << resumed_from << "\n";
+  return durable ? 0 : 1;
+}
