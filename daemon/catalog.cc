@@ -21,17 +21,6 @@ std::string ShardKey(const std::string& job, uint64_t step, uint32_t rank) {
 }
 
 template <typename Message>
-absl::StatusOr<Message> Parse(const std::string& key,
-                              const std::string& bytes) {
-  Message m;
-  if (!m.ParseFromString(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat("catalog record ", key, " does not parse"));
-  }
-  return m;
-}
-
-template <typename Message>
 absl::StatusOr<std::vector<Message>> ScanAll(KvStore* store,
                                              const std::string& prefix) {
   ASSIGN_OR_RETURN(auto entries, store->Scan(prefix));

@@ -17,17 +17,6 @@ bool ValidTier(proto::Tier t) {
   return t >= proto::TIER_MEMORY && t <= proto::TIER_SHARED;
 }
 
-template <typename Message>
-absl::StatusOr<Message> Parse(const std::string& key,
-                              const std::string& bytes) {
-  Message m;
-  if (!m.ParseFromString(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat("coordination record ", key, " does not parse"));
-  }
-  return m;
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<proto::Tier>> EmbeddedCoordinator::Vote(
