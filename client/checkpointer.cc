@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
 #include "io/status_macros.h"
@@ -107,10 +108,13 @@ absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
 }
 
 Checkpointer::Checkpointer(const CheckpointerOptions& options)
-    : options_(options), device_(kernels::NewCpuDevice()) {}
+    : options_(options),
+      device_(kernels::NewCpuDevice()),
+      handover_(std::make_unique<io::ThreadPool>(1)) {}
 
 Checkpointer::~Checkpointer() {
   if (copier_.joinable()) copier_.join();
+  handover_.reset();  // finishes the hand-overs still queued
 }
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
@@ -278,26 +282,30 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
         }
         if (status.ok()) status = device_->Synchronize();
         handle->Copied(status);
-        proto::ShardKey key;
-        key.set_job(options_.job);
-        key.set_step(step);
-        key.set_rank(options_.rank);
-        if (status.ok()) {
-          proto::StageCompleteRequest done;
-          *done.mutable_shard() = key;
-          for (const auto& staged : layout) *done.add_items() = staged;
-          proto::StageCompleteResponse ok;
-          status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done,
-                              &ok, absl::StrCat("staging step ", step));
-        } else {
-          proto::AbortStageRequest abort;
-          *abort.mutable_shard() = key;
-          proto::AbortStageResponse ignored;
-          (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort,
-                           &ignored, "abort");
-        }
-        if (!status.ok()) RecordFailure(status);
-        handle->Finish(status);
+        // The hand-over runs on its own thread, in save order, so the next
+        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+        handover_->Schedule([this, handle, step, layout, status]() mutable {
+          proto::ShardKey key;
+          key.set_job(options_.job);
+          key.set_step(step);
+          key.set_rank(options_.rank);
+          if (status.ok()) {
+            proto::StageCompleteRequest done;
+            *done.mutable_shard() = key;
+            for (const auto& staged : layout) *done.add_items() = staged;
+            proto::StageCompleteResponse ok;
+            status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done,
+                                &ok, absl::StrCat("staging step ", step));
+          } else {
+            proto::AbortStageRequest abort;
+            *abort.mutable_shard() = key;
+            proto::AbortStageResponse ignored;
+            (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort,
+                             &ignored, "abort");
+          }
+          if (!status.ok()) RecordFailure(status);
+          handle->Finish(status);
+        });
       });
   return handle;
 }
@@ -325,8 +333,15 @@ absl::StatusOr<proto::ShardRecord> Checkpointer::DescribeShard(uint64_t step) {
   return resp.shard();
 }
 
-absl::Status Checkpointer::Restore(uint64_t step) {
+void Checkpointer::DrainHandovers() {
   if (copier_.joinable()) copier_.join();
+  absl::Notification drained;
+  handover_->Schedule([&drained] { drained.Notify(); });
+  drained.WaitForNotification();
+}
+
+absl::Status Checkpointer::Restore(uint64_t step) {
+  DrainHandovers();
   ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
   const std::string what = absl::StrCat(
       "restoring job ", options_.job, " step ", step, " rank ", options_.rank);

@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "io/thread_pool.h"
 #include "kernels/device.h"
 #include "proto/catalog.pb.h"
 
@@ -113,12 +114,16 @@ class Checkpointer {
   class Rpc;
   explicit Checkpointer(const CheckpointerOptions& options);
   void RecordFailure(const absl::Status& status);
+  // Waits for the copy in flight and every queued hand-over.
+  void DrainHandovers();
 
   const CheckpointerOptions options_;
   std::unique_ptr<Rpc> rpc_;
   std::unique_ptr<kernels::Device> device_;
   std::vector<Registered> items_;
-  std::thread copier_;  // the save in flight
+  std::thread copier_;  // the copy of the save in flight
+  // One thread: StageComplete/AbortStage calls, in save order.
+  std::unique_ptr<io::ThreadPool> handover_;
   absl::Mutex mu_;
   absl::Status last_failure_ ABSL_GUARDED_BY(mu_);
 };
