@@ -8,6 +8,9 @@
 // of incompressible bytes and of float32 data, and runs fio (io_uring,
 // O_DIRECT, 1 MiB blocks, sequential, same queue depth) on the same directory.
 // Runs are interleaved; medians are reported.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 #include <iostream>
 #include <random>
 #include <string>
@@ -23,6 +28,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
@@ -127,30 +133,7 @@ double Restore(const std::string& path, const std::vector<uint8_t>& expected,
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"ckpt-bench: ckpt's data paths against same-run references"};
-  app.require_subcommand(1);
-  std::string dir = ".";
-  uint64_t size_mib = 1024;
-  int runs = 3;
-  int threads = 2;
-  bool json = false;
-  CLI::App* io_cmd =
-      app.add_subcommand("io", "persist and restore throughput vs fio");
-  io_cmd->add_option("--dir", dir, "directory on the disk to measure");
-  io_cmd->add_option("--size-mib", size_mib, "bytes per pass, in MiB")
-      ->check(CLI::Range(16, 1 << 20));
-  io_cmd->add_option("--runs", runs, "passes; medians are reported")
-      ->check(CLI::Range(1, 100));
-  io_cmd->add_option("--threads", threads, "encode/decode threads")
-      ->check(CLI::Range(1, 256));
-  io_cmd->add_flag("--json", json, "print one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-
+int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads, bool json) {
   absl::Status s = io::DefaultFileSystem()->CreateDirs(dir);
   if (!s.ok()) {
     std::cerr << "ckpt-bench: " << s.message() << "\n";
@@ -240,4 +223,200 @@ int main(int argc, char** argv) {
     std::printf("float32 stored/raw: %.3f\n", Median(ratio));
   }
   return 0;
+}
+
+// Starts a ckptd for the benchmark; returns its pid.
+pid_t StartDaemon(const std::string& dir, const std::string& staging, uint64_t budget_mib) {
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string ckptd = (self.parent_path() / "../daemon/ckptd").lexically_normal().string();
+  std::string socket = dir + "/run/ckptd.sock";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::fopen((dir + "/ckptd.log").c_str(), "a");
+    if (f != nullptr) {
+      ::dup2(fileno(f), 1);
+      ::dup2(fileno(f), 2);
+    }
+    std::string budget = std::to_string(budget_mib) + "M";
+    ::execl(ckptd.c_str(), ckptd.c_str(), "--socket", socket.c_str(), "--data-dir",
+            (dir + "/data").c_str(), "--staging-dir", staging.c_str(), "--memory-budget",
+            budget.c_str(), "--keep-memory", "1", "--keep-disk", "1",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 200; ++i) {
+    if (ckpt::client::Checkpointer::Connect({"bench", 0, 1, socket}).ok()) return pid;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::cerr << "ckpt-bench: ckptd did not start; see " << dir << "/ckptd.log\n";
+  ::kill(pid, SIGKILL);
+  std::exit(1);
+}
+
+// One memcpy of `data` into a fresh file on the same tmpfs as the staging slots.
+double MemcpyToTmpfs(const std::string& staging, const std::vector<uint8_t>& data) {
+  std::string path = staging + "/ckpt-bench-memcpy";
+  auto start = std::chrono::steady_clock::now();
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(data.size())) != 0) std::exit(1);
+  void* p = ::mmap(nullptr, data.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  std::memcpy(p, data.data(), data.size());
+  double s = Seconds(start);
+  ::munmap(p, data.size());
+  ::close(fd);
+  ::unlink(path.c_str());
+  return s;
+}
+
+// write + fsync of `data` to the data directory: what a synchronous save costs.
+double SyncWrite(const std::string& dir, const std::vector<uint8_t>& data) {
+  std::string path = dir + "/ckpt-bench-sync";
+  auto start = std::chrono::steady_clock::now();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  size_t done = 0;
+  while (fd >= 0 && done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, std::min<size_t>(data.size() - done, 64 << 20));
+    if (n <= 0) std::exit(1);
+    done += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  double s = Seconds(start);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return s;
+}
+
+int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, bool json) {
+  std::filesystem::create_directories(dir + "/run");
+  const std::string staging = "/dev/shm/ckpt-bench-staging-" + std::to_string(::getpid());
+  std::filesystem::create_directories(staging);
+  const uint64_t max_mib = *std::max_element(sizes_mib.begin(), sizes_mib.end());
+  pid_t daemon = StartDaemon(dir, staging, 3 * max_mib + 64);
+  nlohmann::json j;
+  j["benchmark"] = "save";
+  j["dir"] = dir;
+  j["runs"] = runs;
+  uint64_t step = 0;
+  std::mt19937_64 rng(7);
+  double sync_ratio = 0;
+  for (uint64_t mib : sizes_mib) {
+    std::vector<uint8_t> state(mib << 20);
+    for (size_t i = 0; i + 8 <= state.size(); i += 8) {
+      uint64_t v = rng();
+      std::memcpy(&state[i], &v, 8);
+    }
+    auto c = ckpt::client::Checkpointer::Connect({"bench", 0, 1, dir + "/run/ckptd.sock"});
+    if (!c.ok() || !(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
+                                         {static_cast<int64_t>(state.size())}, {0},
+                                         {static_cast<int64_t>(state.size())})
+                         .ok()) {
+      std::cerr << "ckpt-bench: " << c.status() << "\n";
+      return 1;
+    }
+    std::vector<double> stall, memcpy_s, ratio, sync_s;
+    for (int r = 0; r < runs; ++r) {
+      memcpy_s.push_back(MemcpyToTmpfs(staging, state));
+      auto start = std::chrono::steady_clock::now();
+      auto save = (*c)->SaveAsync(++step);
+      absl::Status st = save.ok() ? (*save)->WaitStaged() : save.status();
+      stall.push_back(Seconds(start));
+      if (!st.ok() || !(*save)->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK).ok()) {
+        std::cerr << "ckpt-bench: save failed: " << st << "\n";
+        return 1;
+      }
+      ratio.push_back(stall.back() / memcpy_s.back());
+      if (mib == sizes_mib.front()) {
+        sync_s.push_back(SyncWrite(dir, state));
+        sync_ratio = Median(stall) / Median(sync_s);
+      }
+      if (!json) {
+        std::fprintf(stderr, "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f)\n",
+                     static_cast<unsigned long>(mib), r + 1, stall.back() * 1e3,
+                     memcpy_s.back() * 1e3, ratio.back());
+      }
+    }
+    std::string key = mib % 1024 == 0 ? std::to_string(mib / 1024) + "g" : std::to_string(mib) + "m";
+    j["stall_ms_" + key] = Median(stall) * 1e3;
+    j["memcpy_ms_" + key] = Median(memcpy_s) * 1e3;
+    j["stall_vs_memcpy_" + key] = Median(ratio);
+    if (!sync_s.empty()) j["sync_write_ms_" + key] = Median(sync_s) * 1e3;
+  }
+  j["stall_vs_sync_write"] = sync_ratio;
+
+  // Persist throughput while saves continue: back-to-back saves of the first size, from the
+  // first SaveAsync to the last commit on disk, against fio on the same disk.
+  {
+    const uint64_t mib = sizes_mib.front();
+    std::vector<uint8_t> state(mib << 20, 0);
+    for (size_t i = 0; i + 8 <= state.size(); i += 8) {
+      uint64_t v = rng();
+      std::memcpy(&state[i], &v, 8);
+    }
+    auto c = ckpt::client::Checkpointer::Connect({"bench", 0, 1, dir + "/run/ckptd.sock"});
+    if (!c.ok()) return 1;
+    (void)(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
+                               {static_cast<int64_t>(state.size())}, {0},
+                               {static_cast<int64_t>(state.size())});
+    const int saves = 3;
+    auto start = std::chrono::steady_clock::now();
+    std::shared_ptr<ckpt::client::SaveHandle> last;
+    for (int i = 0; i < saves; ++i) {
+      auto save = (*c)->SaveAsync(++step);
+      if (!save.ok() || !(*save)->WaitStaged().ok()) return 1;
+      last = *save;
+      state[i] ^= 1;  // training goes on
+    }
+    if (!last->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK).ok()) return 1;
+    double persist = saves * static_cast<double>(mib) / Seconds(start);
+    double fio = Fio(dir + "/ckpt-bench-fio.dat", true, mib, io::PosixFsOptions{}.queue_depth);
+    ::unlink((dir + "/ckpt-bench-fio.dat").c_str());
+    j["persist_mib_s"] = persist;
+    j["fio_write_mib_s"] = fio;
+    j["persist_vs_fio"] = persist / fio;
+  }
+  ::kill(daemon, SIGTERM);
+  ::waitpid(daemon, nullptr, 0);
+  std::filesystem::remove_all(staging);
+  if (json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt-bench: ckpt's data paths against same-run references"};
+  app.require_subcommand(1);
+  std::string dir = ".";
+  uint64_t size_mib = 1024;
+  int runs = 3;
+  int threads = 2;
+  bool json = false;
+  CLI::App* io_cmd =
+      app.add_subcommand("io", "persist and restore throughput vs fio");
+  io_cmd->add_option("--dir", dir, "directory on the disk to measure");
+  io_cmd->add_option("--size-mib", size_mib, "bytes per pass, in MiB")
+      ->check(CLI::Range(16, 1 << 20));
+  io_cmd->add_option("--runs", runs, "passes; medians are reported")
+      ->check(CLI::Range(1, 100));
+  io_cmd->add_option("--threads", threads, "encode/decode threads")
+      ->check(CLI::Range(1, 256));
+  io_cmd->add_flag("--json", json, "print one JSON object");
+  std::vector<uint64_t> sizes_mib = {1024, 4096};
+  CLI::App* save_cmd = app.add_subcommand(
+      "save", "stall of SaveAsync+WaitStaged vs memcpy and a synchronous save; persist vs fio");
+  save_cmd->add_option("--dir", dir, "data directory of the benchmark's ckptd (on the disk)");
+  save_cmd->add_option("--sizes-mib", sizes_mib, "state sizes in MiB")->delimiter(',');
+  save_cmd->add_option("--runs", runs, "saves per size; medians are reported")
+      ->check(CLI::Range(1, 100));
+  save_cmd->add_flag("--json", json, "print one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (*save_cmd) return RunSave(dir, sizes_mib, runs, json);
+  return RunIo(dir, size_mib, runs, threads, json);
 }
