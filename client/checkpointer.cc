@@ -259,8 +259,9 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     RecordFailure(s);
     return s;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<io::MappedFile> slot,
-                   io::DefaultFileSystem()->MapFile(resp.slot_path(), {}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::MappedFile> slot,
+      io::DefaultFileSystem()->MapFile(resp.slot_path(), {.populate = true}));
   auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
   // Byte items are captured now: the caller may change them as soon as
   // SaveAsync returns.

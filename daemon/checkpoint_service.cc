@@ -329,9 +329,9 @@ void CheckpointService::PersistLoop() {
 }
 
 absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<io::MappedFile> slot,
-      io::DefaultFileSystem()->MapFile(r.slot_path(), {.writable = false}));
+  ASSIGN_OR_RETURN(std::unique_ptr<io::MappedFile> slot,
+                   io::DefaultFileSystem()->MapFile(
+                       r.slot_path(), {.writable = false, .populate = true}));
   if (slot->size() < r.slot_bytes()) {
     return absl::DataLossError(
         absl::StrCat("staging slot ", r.slot_path(), " has ", slot->size(),

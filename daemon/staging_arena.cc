@@ -46,7 +46,26 @@ absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(
     return absl::InvalidArgumentError("staging budget is zero");
   RETURN_IF_ERROR(fs->CreateDirs(options.dir));
   ::chmod(options.dir.c_str(), 0700);
-  return std::unique_ptr<StagingArena>(new StagingArena(fs, options));
+  std::unique_ptr<StagingArena> arena(new StagingArena(fs, options));
+  // Kept free slots of a previous run are not worth their memory now.
+  const std::string free_dir = arena->FreeDir();
+  if (auto names = fs->ListDir(free_dir); names.ok()) {
+    for (const std::string& name : *names)
+      (void)fs->Unlink(io::JoinPath(free_dir, name));
+  }
+  RETURN_IF_ERROR(fs->CreateDirs(free_dir));
+  ::chmod(free_dir.c_str(), 0700);
+  return arena;
+}
+
+// '+' cannot occur in a job id, so this never collides with a job's directory.
+std::string StagingArena::FreeDir() const {
+  return io::JoinPath(options_.dir, "+free");
+}
+
+uint64_t StagingArena::free_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return free_bytes_;
 }
 
 std::string StagingArena::SlotPath(const SlotId& id) const {
@@ -57,6 +76,8 @@ std::string StagingArena::SlotPath(const SlotId& id) const {
 absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
                                                 uint64_t bytes) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(id.job));
+  std::string reuse;
+  std::vector<std::string> evict;
   if (bytes == 0)
     bytes =
         1;  // an empty state still gets a slot: the manifest says it is empty
@@ -92,12 +113,31 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
     }
     used_ += bytes;
     slots_[id] = SlotInfo{id, SlotPath(id), bytes};
+    auto same = free_.find(bytes);
+    if (same != free_.end()) {
+      reuse = same->second;
+      free_bytes_ -= bytes;
+      free_.erase(same);
+    }
+    // Kept free slots give their memory back when the budget needs it.
+    while (used_ + free_bytes_ > options_.budget_bytes && !free_.empty()) {
+      auto victim = std::prev(free_.end());
+      free_bytes_ -= victim->first;
+      evict.push_back(victim->second);
+      free_.erase(victim);
+    }
   }
+  for (const std::string& path : evict) (void)fs_->Unlink(path);
   // Files are made outside the lock; the reservation above holds the bytes
   // meanwhile.
   std::string job_dir = io::JoinPath(options_.dir, id.job);
   absl::Status s = fs_->CreateDirs(job_dir);
   if (s.ok()) ::chmod(job_dir.c_str(), 0700);
+  if (s.ok() && !reuse.empty()) {
+    absl::Status renamed = fs_->Rename(reuse, SlotPath(id));
+    if (renamed.ok()) return SlotInfo{id, SlotPath(id), bytes};
+    (void)fs_->Unlink(reuse);  // fall back to a fresh slot
+  }
   if (s.ok()) {
     auto mapped =
         fs_->MapFile(SlotPath(id), io::MapOptions{.create_size = bytes});
@@ -115,7 +155,9 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
 }
 
 absl::Status StagingArena::Release(const SlotId& id) {
+  constexpr size_t kMaxFreeSlots = 4;
   uint64_t bytes;
+  std::string keep_as;
   {
     absl::MutexLock lock(&mu_);
     auto it = slots_.find(id);
@@ -125,13 +167,27 @@ absl::Status StagingArena::Release(const SlotId& id) {
     }
     bytes = it->second.bytes;
     slots_.erase(it);
+    used_ -= bytes;
+    if (free_.size() < kMaxFreeSlots) {
+      keep_as =
+          io::JoinPath(FreeDir(), absl::StrCat(next_free_id_++, kSlotSuffix));
+      free_bytes_ +=
+          bytes;  // reserved now so a concurrent Allocate cannot overcommit
+    }
+  }
+  if (!keep_as.empty()) {
+    absl::Status s = fs_->Rename(SlotPath(id), keep_as);
+    absl::MutexLock lock(&mu_);
+    if (s.ok()) {
+      free_.emplace(bytes, keep_as);
+      return absl::OkStatus();
+    }
+    free_bytes_ -= bytes;
   }
   absl::Status s = fs_->Unlink(SlotPath(id));
   if (!s.ok() && s.code() != absl::StatusCode::kNotFound) {
     CKPT_LOG_WARN("releasing staging slot {}: {}", SlotPath(id), s.ToString());
   }
-  absl::MutexLock lock(&mu_);
-  used_ -= bytes;
   return absl::OkStatus();
 }
 
@@ -151,6 +207,7 @@ absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(
   ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs_->ListDir(options_.dir));
   for (const std::string& job : jobs) {
     std::string job_dir = io::JoinPath(options_.dir, job);
+    if (job_dir == FreeDir()) continue;
     absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
     if (!names.ok() || !snapshot::ValidateJobId(job).ok()) {
       CKPT_LOG_WARN("staging: ignoring unexpected entry {}", job_dir);

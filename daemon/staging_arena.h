@@ -74,7 +74,9 @@ class StagingArena {
   absl::StatusOr<std::vector<SlotInfo>> Recover(
       const std::function<bool(const SlotInfo&)>& keep);
 
+  // Bytes of live slots (kept free slots not included).
   uint64_t used_bytes() const;
+  uint64_t free_bytes() const;
   uint64_t budget_bytes() const { return options_.budget_bytes; }
   std::string SlotPath(const SlotId& id) const;
 
@@ -85,8 +87,14 @@ class StagingArena {
   io::FileSystem* const fs_;
   const StagingOptions options_;
   mutable absl::Mutex mu_;
+  std::string FreeDir() const;
+
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<SlotId, SlotInfo> slots_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, std::string> free_
+      ABSL_GUARDED_BY(mu_);  // size -> path
+  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_free_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckpt::daemon

@@ -104,6 +104,9 @@ struct MapOptions {
   bool writable = true;
   // Mode of a created file.
   int mode = 0600;
+  // Fault the whole mapping in now (MAP_POPULATE): one pass instead of a fault
+  // per page later.
+  bool populate = false;
 };
 
 class FileSystem {

@@ -468,7 +468,7 @@ class PosixFileSystem final : public FileSystem {
     if (s.ok() && size > 0) {
       data =
           ::mmap(nullptr, size, PROT_READ | (options.writable ? PROT_WRITE : 0),
-                 MAP_SHARED, fd, 0);
+                 MAP_SHARED | (options.populate ? MAP_POPULATE : 0), fd, 0);
       if (data == MAP_FAILED) {
         data = nullptr;
         s = PosixError("mmap", path);

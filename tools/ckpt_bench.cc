@@ -20,10 +20,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 #include <iostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -133,7 +133,8 @@ double Restore(const std::string& path, const std::vector<uint8_t>& expected,
 
 }  // namespace
 
-int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads, bool json) {
+int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads,
+          bool json) {
   absl::Status s = io::DefaultFileSystem()->CreateDirs(dir);
   if (!s.ok()) {
     std::cerr << "ckpt-bench: " << s.message() << "\n";
@@ -226,9 +227,11 @@ int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads, bool
 }
 
 // Starts a ckptd for the benchmark; returns its pid.
-pid_t StartDaemon(const std::string& dir, const std::string& staging, uint64_t budget_mib) {
+pid_t StartDaemon(const std::string& dir, const std::string& staging,
+                  uint64_t budget_mib) {
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
-  std::string ckptd = (self.parent_path() / "../daemon/ckptd").lexically_normal().string();
+  std::string ckptd =
+      (self.parent_path() / "../daemon/ckptd").lexically_normal().string();
   std::string socket = dir + "/run/ckptd.sock";
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -238,14 +241,15 @@ pid_t StartDaemon(const std::string& dir, const std::string& staging, uint64_t b
       ::dup2(fileno(f), 2);
     }
     std::string budget = std::to_string(budget_mib) + "M";
-    ::execl(ckptd.c_str(), ckptd.c_str(), "--socket", socket.c_str(), "--data-dir",
-            (dir + "/data").c_str(), "--staging-dir", staging.c_str(), "--memory-budget",
-            budget.c_str(), "--keep-memory", "1", "--keep-disk", "1",
-            static_cast<char*>(nullptr));
+    ::execl(ckptd.c_str(), ckptd.c_str(), "--socket", socket.c_str(),
+            "--data-dir", (dir + "/data").c_str(), "--staging-dir",
+            staging.c_str(), "--memory-budget", budget.c_str(), "--keep-memory",
+            "1", "--keep-disk", "1", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   for (int i = 0; i < 200; ++i) {
-    if (ckpt::client::Checkpointer::Connect({"bench", 0, 1, socket}).ok()) return pid;
+    if (ckpt::client::Checkpointer::Connect({"bench", 0, 1, socket}).ok())
+      return pid;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::cerr << "ckpt-bench: ckptd did not start; see " << dir << "/ckptd.log\n";
@@ -253,13 +257,17 @@ pid_t StartDaemon(const std::string& dir, const std::string& staging, uint64_t b
   std::exit(1);
 }
 
-// One memcpy of `data` into a fresh file on the same tmpfs as the staging slots.
-double MemcpyToTmpfs(const std::string& staging, const std::vector<uint8_t>& data) {
+// One memcpy of `data` into a fresh file on the same tmpfs as the staging
+// slots.
+double MemcpyToTmpfs(const std::string& staging,
+                     const std::vector<uint8_t>& data) {
   std::string path = staging + "/ckpt-bench-memcpy";
   auto start = std::chrono::steady_clock::now();
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(data.size())) != 0) std::exit(1);
-  void* p = ::mmap(nullptr, data.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(data.size())) != 0)
+    std::exit(1);
+  void* p =
+      ::mmap(nullptr, data.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   std::memcpy(p, data.data(), data.size());
   double s = Seconds(start);
   ::munmap(p, data.size());
@@ -275,7 +283,8 @@ double SyncWrite(const std::string& dir, const std::vector<uint8_t>& data) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   size_t done = 0;
   while (fd >= 0 && done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, std::min<size_t>(data.size() - done, 64 << 20));
+    ssize_t n = ::write(fd, data.data() + done,
+                        std::min<size_t>(data.size() - done, 64 << 20));
     if (n <= 0) std::exit(1);
     done += static_cast<size_t>(n);
   }
@@ -286,11 +295,14 @@ double SyncWrite(const std::string& dir, const std::vector<uint8_t>& data) {
   return s;
 }
 
-int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, bool json) {
+int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
+            bool json) {
   std::filesystem::create_directories(dir + "/run");
-  const std::string staging = "/dev/shm/ckpt-bench-staging-" + std::to_string(::getpid());
+  const std::string staging =
+      "/dev/shm/ckpt-bench-staging-" + std::to_string(::getpid());
   std::filesystem::create_directories(staging);
-  const uint64_t max_mib = *std::max_element(sizes_mib.begin(), sizes_mib.end());
+  const uint64_t max_mib =
+      *std::max_element(sizes_mib.begin(), sizes_mib.end());
   pid_t daemon = StartDaemon(dir, staging, 3 * max_mib + 64);
   nlohmann::json j;
   j["benchmark"] = "save";
@@ -305,11 +317,13 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, b
       uint64_t v = rng();
       std::memcpy(&state[i], &v, 8);
     }
-    auto c = ckpt::client::Checkpointer::Connect({"bench", 0, 1, dir + "/run/ckptd.sock"});
-    if (!c.ok() || !(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
-                                         {static_cast<int64_t>(state.size())}, {0},
-                                         {static_cast<int64_t>(state.size())})
-                         .ok()) {
+    auto c = ckpt::client::Checkpointer::Connect(
+        {"bench", 0, 1, dir + "/run/ckptd.sock"});
+    if (!c.ok() ||
+        !(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
+                              {static_cast<int64_t>(state.size())}, {0},
+                              {static_cast<int64_t>(state.size())})
+             .ok()) {
       std::cerr << "ckpt-bench: " << c.status() << "\n";
       return 1;
     }
@@ -320,7 +334,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, b
       auto save = (*c)->SaveAsync(++step);
       absl::Status st = save.ok() ? (*save)->WaitStaged() : save.status();
       stall.push_back(Seconds(start));
-      if (!st.ok() || !(*save)->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK).ok()) {
+      if (!st.ok() ||
+          !(*save)->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK).ok()) {
         std::cerr << "ckpt-bench: save failed: " << st << "\n";
         return 1;
       }
@@ -330,12 +345,14 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, b
         sync_ratio = Median(stall) / Median(sync_s);
       }
       if (!json) {
-        std::fprintf(stderr, "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f)\n",
+        std::fprintf(stderr,
+                     "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f)\n",
                      static_cast<unsigned long>(mib), r + 1, stall.back() * 1e3,
                      memcpy_s.back() * 1e3, ratio.back());
       }
     }
-    std::string key = mib % 1024 == 0 ? std::to_string(mib / 1024) + "g" : std::to_string(mib) + "m";
+    std::string key = mib % 1024 == 0 ? std::to_string(mib / 1024) + "g"
+                                      : std::to_string(mib) + "m";
     j["stall_ms_" + key] = Median(stall) * 1e3;
     j["memcpy_ms_" + key] = Median(memcpy_s) * 1e3;
     j["stall_vs_memcpy_" + key] = Median(ratio);
@@ -343,8 +360,9 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, b
   }
   j["stall_vs_sync_write"] = sync_ratio;
 
-  // Persist throughput while saves continue: back-to-back saves of the first size, from the
-  // first SaveAsync to the last commit on disk, against fio on the same disk.
+  // Persist throughput while saves continue: back-to-back saves of the first
+  // size, from the first SaveAsync to the last commit on disk, against fio on
+  // the same disk.
   {
     const uint64_t mib = sizes_mib.front();
     std::vector<uint8_t> state(mib << 20, 0);
@@ -352,7 +370,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, b
       uint64_t v = rng();
       std::memcpy(&state[i], &v, 8);
     }
-    auto c = ckpt::client::Checkpointer::Connect({"bench", 0, 1, dir + "/run/ckptd.sock"});
+    auto c = ckpt::client::Checkpointer::Connect(
+        {"bench", 0, 1, dir + "/run/ckptd.sock"});
     if (!c.ok()) return 1;
     (void)(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
                                {static_cast<int64_t>(state.size())}, {0},
@@ -368,7 +387,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs, b
     }
     if (!last->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK).ok()) return 1;
     double persist = saves * static_cast<double>(mib) / Seconds(start);
-    double fio = Fio(dir + "/ckpt-bench-fio.dat", true, mib, io::PosixFsOptions{}.queue_depth);
+    double fio = Fio(dir + "/ckpt-bench-fio.dat", true, mib,
+                     io::PosixFsOptions{}.queue_depth);
     ::unlink((dir + "/ckpt-bench-fio.dat").c_str());
     j["persist_mib_s"] = persist;
     j["fio_write_mib_s"] = fio;
@@ -404,10 +424,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   io_cmd->add_flag("--json", json, "print one JSON object");
   std::vector<uint64_t> sizes_mib = {1024, 4096};
-  CLI::App* save_cmd = app.add_subcommand(
-      "save", "stall of SaveAsync+WaitStaged vs memcpy and a synchronous save; persist vs fio");
-  save_cmd->add_option("--dir", dir, "data directory of the benchmark's ckptd (on the disk)");
-  save_cmd->add_option("--sizes-mib", sizes_mib, "state sizes in MiB")->delimiter(',');
+  CLI::App* save_cmd =
+      app.add_subcommand("save",
+                         "stall of SaveAsync+WaitStaged vs memcpy and a "
+                         "synchronous save; persist vs fio");
+  save_cmd->add_option("--dir", dir,
+                       "data directory of the benchmark's ckptd (on the disk)");
+  save_cmd->add_option("--sizes-mib", sizes_mib, "state sizes in MiB")
+      ->delimiter(',');
   save_cmd->add_option("--runs", runs, "saves per size; medians are reported")
       ->check(CLI::Range(1, 100));
   save_cmd->add_flag("--json", json, "print one JSON object");
