@@ -110,6 +110,29 @@ TEST_F(StagingArenaTest, RecoverAdoptsKeptSlotsAndDeletesTheRest) {
       *io::DefaultFileSystem()->Exists(arena->SlotPath({"job", 1, 0})));
 }
 
+TEST_F(StagingArenaTest, ReleasedSlotsAreReusedAndEvictedUnderPressure) {
+  auto arena = Open(1000, FullPolicy::kSkip);
+  auto first = arena->Allocate({"job", 1, 0}, 400);
+  ASSERT_TRUE(first.ok());
+  struct stat st;
+  ASSERT_EQ(::stat(first->path.c_str(), &st), 0);
+  const ino_t inode = st.st_ino;
+  ASSERT_TRUE(arena->Release({"job", 1, 0}).ok());
+  EXPECT_EQ(arena->used_bytes(), 0u);
+  EXPECT_EQ(arena->free_bytes(), 400u) << "kept for the next slot of that size";
+  auto second = arena->Allocate({"job", 2, 0}, 400);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(::stat(second->path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_ino, inode) << "the same tmpfs pages, renamed into place";
+  EXPECT_EQ(arena->free_bytes(), 0u);
+  // A kept slot gives its memory back when a new slot needs it.
+  ASSERT_TRUE(arena->Release({"job", 2, 0}).ok());
+  auto big = arena->Allocate({"job", 3, 0}, 900);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(arena->free_bytes(), 0u);
+  EXPECT_EQ(arena->used_bytes(), 900u);
+}
+
 TEST_F(StagingArenaTest, RefusesBadNamesAndPlantedSymlinks) {
   auto arena = Open(1 << 20, FullPolicy::kSkip);
   EXPECT_EQ(arena->Allocate({"../etc", 1, 0}, 10).status().code(),
