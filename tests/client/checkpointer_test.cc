@@ -148,7 +148,7 @@ TEST(CheckpointerTest, TrainerKilledMidSaveLeavesNoPartialStep) {
         if (save.ok()) (void)(*save)->WaitStaged();
       }
     }
-    ::usleep(50000 + rng() % 300000);
+    ::usleep(200000 + rng() % 300000);
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
   }
