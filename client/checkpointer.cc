@@ -164,53 +164,40 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   return ckpt;
 }
 
-absl::Status Checkpointer::RegisterTensor(const std::string& name,
-                                          proto::DType dtype, void* data,
-                                          std::vector<int64_t> global_shape,
-                                          std::vector<int64_t> box_offset,
-                                          std::vector<int64_t> box_length) {
+absl::Status Checkpointer::CheckNewName(const std::string& name) const {
   RETURN_IF_ERROR(snapshot::ValidateItemName(name));
-  Registered r;
-  r.item.set_name(name);
-  r.item.set_kind(proto::ITEM_KIND_TENSOR);
-  r.item.set_dtype(dtype);
-  if (global_shape.size() != box_offset.size() ||
-      global_shape.size() != box_length.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", name, "\": shape and box ranks differ"));
-  }
-  for (size_t d = 0; d < global_shape.size(); ++d) {
-    if (box_offset[d] < 0 || box_length[d] < 0 ||
-        box_offset[d] + box_length[d] > global_shape[d]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", name, "\" dim ", d, ": box is outside the shape"));
-    }
-    r.item.add_global_shape(global_shape[d]);
-    r.item.add_box_offset(box_offset[d]);
-    r.item.add_box_length(box_length[d]);
-  }
-  ASSIGN_OR_RETURN(uint64_t size, snapshot::TensorByteSize(r.item));
-  r.item.set_raw_size(size);
-  r.tensor = data;
   for (const Registered& other : items_) {
     if (other.item.name() == name) {
       return absl::AlreadyExistsError(
           absl::StrCat("\"", name, "\" is already registered"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::RegisterTensor(const std::string& name,
+                                          proto::DType dtype, void* data,
+                                          std::vector<int64_t> global_shape,
+                                          std::vector<int64_t> box_offset,
+                                          std::vector<int64_t> box_length) {
+  Registered r;
+  r.item.set_name(name);
+  r.item.set_kind(proto::ITEM_KIND_TENSOR);
+  r.item.set_dtype(dtype);
+  for (int64_t dim : global_shape) r.item.add_global_shape(dim);
+  for (int64_t off : box_offset) r.item.add_box_offset(off);
+  for (int64_t len : box_length) r.item.add_box_length(len);
+  ASSIGN_OR_RETURN(uint64_t size, snapshot::ValidateTensorBox(r.item));
+  r.item.set_raw_size(size);
+  r.tensor = data;
+  RETURN_IF_ERROR(CheckNewName(name));
   items_.push_back(std::move(r));
   return absl::OkStatus();
 }
 
 absl::Status Checkpointer::RegisterBytes(const std::string& name,
                                          std::string* value) {
-  RETURN_IF_ERROR(snapshot::ValidateItemName(name));
-  for (const Registered& other : items_) {
-    if (other.item.name() == name) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("\"", name, "\" is already registered"));
-    }
-  }
+  RETURN_IF_ERROR(CheckNewName(name));
   Registered r;
   r.item.set_name(name);
   r.item.set_kind(proto::ITEM_KIND_BYTES);

@@ -114,6 +114,8 @@ class Checkpointer {
   class Rpc;
   explicit Checkpointer(const CheckpointerOptions& options);
   void RecordFailure(const absl::Status& status);
+  // The name is valid and not registered yet.
+  absl::Status CheckNewName(const std::string& name) const;
   // Waits for the copy in flight and every queued hand-over.
   void DrainHandovers();
 

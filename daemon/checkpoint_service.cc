@@ -38,12 +38,15 @@ absl::Status ValidateItems(const std::vector<proto::StagedItem>& items,
           absl::StrCat(what, ": item \"", item.name(), "\" appears twice"));
     }
     if (item.kind() == proto::ITEM_KIND_TENSOR) {
-      absl::StatusOr<uint64_t> size = snapshot::TensorByteSize(item);
-      if (!size.ok() || *size != item.raw_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": tensor \"", item.name(), "\" declares ", item.raw_size(),
-            " bytes but its box needs ",
-            size.ok() ? absl::StrCat(*size) : size.status().ToString()));
+      absl::StatusOr<uint64_t> size = snapshot::ValidateTensorBox(item);
+      if (!size.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": ", size.status().message()));
+      }
+      if (*size != item.raw_size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": tensor \"", item.name(), "\" declares ",
+                         item.raw_size(), " bytes but its box needs ", *size));
       }
     } else if (item.kind() != proto::ITEM_KIND_BYTES) {
       return absl::InvalidArgumentError(

@@ -169,6 +169,31 @@ absl::StatusOr<uint64_t> TensorByteSize(const proto::Item& item) {
   return n;
 }
 
+absl::StatusOr<uint64_t> ValidateTensorBox(const proto::Item& item) {
+  if (DTypeSize(item.dtype()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", item.name(), "\": dtype ",
+                     DTypeName(item.dtype()), " is not storable"));
+  }
+  const int rank = item.global_shape_size();
+  if (item.box_offset_size() != rank || item.box_length_size() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", item.name(), "\" has ", rank,
+                     " dims but its box has ", item.box_offset_size(),
+                     " offsets and ", item.box_length_size(), " lengths"));
+  }
+  for (int d = 0; d < rank; ++d) {
+    int64_t dim = item.global_shape(d), off = item.box_offset(d),
+            len = item.box_length(d);
+    if (dim < 0 || off < 0 || len < 0 || off > dim || len > dim - off) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", item.name(), "\" dim ", d, ": box [", off,
+                       ", +", len, ") is outside [0, ", dim, ")"));
+    }
+  }
+  return TensorByteSize(item);
+}
+
 ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index,
                       uint32_t chunk_index) {
   ChunkHeader h;
@@ -231,24 +256,7 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
     uint32_t width = 1;
     if (item.kind() == proto::ITEM_KIND_TENSOR) {
       width = static_cast<uint32_t>(DTypeSize(item.dtype()));
-      if (width == 0)
-        return bad("manifest: tensor \"", item.name(),
-                   "\" has an unknown dtype");
-      int rank = item.global_shape_size();
-      if (item.box_offset_size() != rank || item.box_length_size() != rank) {
-        return bad("manifest: tensor \"", item.name(), "\" has ", rank,
-                   " dims but a box of ", item.box_offset_size(), "/",
-                   item.box_length_size());
-      }
-      for (int d = 0; d < rank; ++d) {
-        int64_t dim = item.global_shape(d), off = item.box_offset(d),
-                len = item.box_length(d);
-        if (dim < 0 || off < 0 || len < 0 || off > dim || len > dim - off) {
-          return bad("manifest: tensor \"", item.name(), "\" dim ", d,
-                     ": box [", off, ", +", len, ") is outside shape ", dim);
-        }
-      }
-      absl::StatusOr<uint64_t> size = TensorByteSize(item);
+      absl::StatusOr<uint64_t> size = ValidateTensorBox(item);
       if (!size.ok()) return bad("manifest: ", size.status().message());
       if (*size != item.raw_size()) {
         return bad("manifest: tensor \"", item.name(), "\" raw size ",

@@ -78,6 +78,11 @@ absl::Status ValidateManifest(const proto::ShardManifest& manifest,
 // The raw size a tensor item must have: product of box lengths times the
 // element width.
 absl::StatusOr<uint64_t> TensorByteSize(const proto::Item& item);
+// Checks a tensor item's dtype, and that its box has one offset and length per
+// dimension of its shape and lies inside it; returns its byte size.
+// InvalidArgument errors name the tensor. Writer, reader, daemon and client all
+// use this one check.
+absl::StatusOr<uint64_t> ValidateTensorBox(const proto::Item& item);
 
 // The header a manifest's chunk entry implies, to compare with the one in the
 // file.

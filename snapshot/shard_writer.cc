@@ -56,31 +56,11 @@ absl::Status ShardWriter::AddTensor(const TensorRef& t) {
   item.set_name(t.name);
   item.set_kind(proto::ITEM_KIND_TENSOR);
   item.set_dtype(t.dtype);
-  if (DTypeSize(t.dtype) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", t.name, "\": dtype ", DTypeName(t.dtype),
-                     " is not storable"));
-  }
-  if (t.box_offset.size() != t.global_shape.size() ||
-      t.box_length.size() != t.global_shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", t.name, "\": shape has ", t.global_shape.size(),
-        " dims but the box has ", t.box_offset.size(), " offsets and ",
-        t.box_length.size(), " lengths"));
-  }
-  for (size_t d = 0; d < t.global_shape.size(); ++d) {
-    int64_t dim = t.global_shape[d], off = t.box_offset[d],
-            len = t.box_length[d];
-    if (dim < 0 || off < 0 || len < 0 || off > dim || len > dim - off) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", t.name, "\" dim ", d, ": box [", off, ", +",
-                       len, ") is outside [0, ", dim, ")"));
-    }
-    item.add_global_shape(dim);
-    item.add_box_offset(off);
-    item.add_box_length(len);
-  }
-  ASSIGN_OR_RETURN(uint64_t size, TensorByteSize(item));
+  for (size_t d = 0; d < t.global_shape.size(); ++d)
+    item.add_global_shape(t.global_shape[d]);
+  for (int64_t off : t.box_offset) item.add_box_offset(off);
+  for (int64_t len : t.box_length) item.add_box_length(len);
+  ASSIGN_OR_RETURN(uint64_t size, ValidateTensorBox(item));
   if (size != t.data.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", t.name, "\": box needs ", size,
