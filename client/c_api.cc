@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/ckpt.h"
 
@@ -37,8 +38,11 @@ struct ckpt_save {
 
 extern "C" {
 
-int ckpt_connect(const char* job, uint32_t rank, uint32_t world_size,
-                 const char* socket_path, ckpt_checkpointer** out) {
+namespace {
+
+int Connect(const char* job, uint32_t rank, uint32_t world_size,
+            const char* socket_path, int cuda_device, void* compute_stream,
+            ckpt_checkpointer** out) {
   if (job == nullptr || out == nullptr)
     return Fail(absl::InvalidArgumentError("null argument"));
   ckpt::client::CheckpointerOptions options;
@@ -46,10 +50,33 @@ int ckpt_connect(const char* job, uint32_t rank, uint32_t world_size,
   options.rank = rank;
   options.world_size = world_size;
   if (socket_path != nullptr) options.socket_path = socket_path;
+  if (cuda_device >= 0) {
+    options.device = ckpt::client::DeviceKind::kCuda;
+    options.cuda_device = cuda_device;
+    options.compute_stream = compute_stream;
+  }
   auto impl = ckpt::client::Checkpointer::Connect(options);
   if (!impl.ok()) return Fail(impl.status());
   *out = new ckpt_checkpointer{*std::move(impl), {}};
   return 0;
+}
+
+}  // namespace
+
+int ckpt_connect(const char* job, uint32_t rank, uint32_t world_size,
+                 const char* socket_path, ckpt_checkpointer** out) {
+  return Connect(job, rank, world_size, socket_path, -1, nullptr, out);
+}
+
+int ckpt_connect_cuda(const char* job, uint32_t rank, uint32_t world_size,
+                      const char* socket_path, int cuda_device,
+                      void* compute_stream, ckpt_checkpointer** out) {
+  if (cuda_device < 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", cuda_device, " is negative")));
+  }
+  return Connect(job, rank, world_size, socket_path, cuda_device,
+                 compute_stream, out);
 }
 
 void ckpt_close(ckpt_checkpointer* ckpt) { delete ckpt; }

@@ -11,8 +11,10 @@
 #include "absl/synchronization/notification.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
+#include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
+#include "snapshot/chunk_codec.h"
 #include "snapshot/dtype.h"
 #include "snapshot/format.h"
 #include "snapshot/names.h"
@@ -37,6 +39,12 @@ constexpr uint64_t kItemAlignment =
 std::string DefaultSocketPath() {
   return absl::StrCat("/tmp/ckpt-", ::geteuid(), "/ckptd.sock");
 }
+
+struct Checkpointer::MappedSlot {
+  std::unique_ptr<io::MappedFile> file;
+  // Declared after `file`: unpinned before the memory is unmapped.
+  std::unique_ptr<kernels::HostRegistration> pin;
+};
 
 struct Checkpointer::Registered {
   proto::Item item;
@@ -147,7 +155,22 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   // work again.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (options.mapped_slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mapped_slots must be at least 1, not ", options.mapped_slots));
+  }
   std::unique_ptr<Checkpointer> ckpt(new Checkpointer(options));
+  if (options.device == DeviceKind::kCuda) {
+    absl::StatusOr<std::unique_ptr<kernels::Device>> cuda =
+        kernels::NewCudaDevice(options.cuda_device);
+    if (!cuda.ok()) {
+      return absl::Status(
+          cuda.status().code(),
+          absl::StrCat("rank ", options.rank, ": CUDA device ",
+                       options.cuda_device, ": ", cuda.status().message()));
+    }
+    ckpt->device_ = *std::move(cuda);
+  }
   ckpt->rpc_ = std::make_unique<Rpc>(
       grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),
                                 grpc::InsecureChannelCredentials(), args),
@@ -246,56 +269,150 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     RecordFailure(s);
     return s;
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<io::MappedFile> slot,
-      io::DefaultFileSystem()->MapFile(resp.slot_path(), {.populate = true}));
-  auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
+  absl::StatusOr<std::shared_ptr<MappedSlot>> mapped =
+      MapSlot(resp.slot_path(), resp.slot_bytes());
+  if (!mapped.ok()) return Abandon(step, mapped.status());
+  std::shared_ptr<MappedSlot> slot = *std::move(mapped);
+  uint8_t* const base = slot->file->data();
   // Byte items are captured now: the caller may change them as soon as
   // SaveAsync returns.
   for (size_t i = 0; i < items_.size(); ++i) {
     if (items_[i].bytes != nullptr) {
-      std::memcpy(slot->data() + layout[i].slot_offset(),
-                  items_[i].bytes->data(), items_[i].bytes->size());
+      std::memcpy(base + layout[i].slot_offset(), items_[i].bytes->data(),
+                  items_[i].bytes->size());
     }
   }
-  copier_ =
-      std::thread([this, handle, step, layout = std::move(layout),
-                   slot = std::shared_ptr<io::MappedFile>(std::move(slot))] {
-        absl::Status status;
-        for (size_t i = 0; i < items_.size() && status.ok(); ++i) {
-          if (items_[i].tensor == nullptr) continue;
-          status = device_->CopyToHost(items_[i].tensor,
-                                       slot->data() + layout[i].slot_offset(),
-                                       items_[i].item.raw_size());
-        }
-        if (status.ok()) status = device_->Synchronize();
-        handle->Copied(status);
-        // The hand-over runs on its own thread, in save order, so the next
-        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
-        handover_->Schedule([this, handle, step, layout, status]() mutable {
-          proto::ShardKey key;
-          key.set_job(options_.job);
-          key.set_step(step);
-          key.set_rank(options_.rank);
-          if (status.ok()) {
-            proto::StageCompleteRequest done;
-            *done.mutable_shard() = key;
-            for (const auto& staged : layout) *done.add_items() = staged;
-            proto::StageCompleteResponse ok;
-            status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done,
-                                &ok, absl::StrCat("staging step ", step));
-          } else {
-            proto::AbortStageRequest abort;
-            *abort.mutable_shard() = key;
-            proto::AbortStageResponse ignored;
-            (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort,
-                             &ignored, "abort");
-          }
-          if (!status.ok()) RecordFailure(status);
-          handle->Finish(status);
+  auto copy_tensors = [this,
+                       base](const std::vector<proto::StagedItem>& layout) {
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (items_[i].tensor == nullptr) continue;
+      RETURN_IF_ERROR(device_->CopyToHost(items_[i].tensor,
+                                          base + layout[i].slot_offset(),
+                                          items_[i].item.raw_size()));
+    }
+    return absl::OkStatus();
+  };
+  // A device with streams gets its copies queued here, before SaveAsync
+  // returns, so that the trainer's next kernels can be ordered after them; the
+  // copier thread only waits. The CPU device copies on the copier thread.
+  std::shared_ptr<kernels::Event> copied;
+  if (device_->queues_copies()) {
+    absl::Status queued = device_->WaitForStream(options_.compute_stream);
+    if (queued.ok()) queued = copy_tensors(layout);
+    absl::StatusOr<std::unique_ptr<kernels::Event>> event =
+        queued.ok() ? device_->RecordEvent()
+                    : absl::StatusOr<std::unique_ptr<kernels::Event>>(queued);
+    if (event.ok() && options_.order_compute_stream) {
+      queued = device_->StreamWaitEvent(options_.compute_stream, **event);
+    }
+    if (!event.ok()) queued = event.status();
+    if (!queued.ok()) {
+      // Copies already queued may still be writing into the slot: let them
+      // finish before the daemon gets it back.
+      (void)device_->Synchronize();
+      return Abandon(step, queued);
+    }
+    copied = *std::move(event);
+  }
+  auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
+  copier_ = std::thread([this, handle, step, layout = std::move(layout), slot,
+                         copied, copy_tensors]() mutable {
+    absl::Status status =
+        copied != nullptr ? copied->Wait() : copy_tensors(layout);
+    handle->Copied(status);
+    // The hand-over runs on its own thread, in save order, so the next
+    // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+    handover_->Schedule(
+        [this, handle, step, layout = std::move(layout), status]() mutable {
+          HandOver(handle, step, layout, std::move(status));
         });
-      });
+  });
   return handle;
+}
+
+void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,
+                            uint64_t step,
+                            const std::vector<proto::StagedItem>& layout,
+                            absl::Status status) {
+  proto::ShardKey key;
+  key.set_job(options_.job);
+  key.set_step(step);
+  key.set_rank(options_.rank);
+  if (status.ok()) {
+    proto::StageCompleteRequest done;
+    *done.mutable_shard() = key;
+    for (const auto& staged : layout) *done.add_items() = staged;
+    proto::StageCompleteResponse ok;
+    status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done, &ok,
+                        absl::StrCat("staging step ", step));
+  } else {
+    proto::AbortStageRequest abort;
+    *abort.mutable_shard() = key;
+    proto::AbortStageResponse ignored;
+    (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort, &ignored,
+                     "abort");
+  }
+  if (!status.ok()) RecordFailure(status);
+  handle->Finish(status);
+}
+
+absl::Status Checkpointer::Abandon(uint64_t step, absl::Status status) {
+  status = absl::Status(status.code(), absl::StrCat("saving step ", step, ": ",
+                                                    status.message()));
+  // In save order with the hand-overs before it; the abort gives the slot back.
+  auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
+  handover_->Schedule(
+      [this, handle, step, status] { HandOver(handle, step, {}, status); });
+  return status;
+}
+
+absl::StatusOr<std::shared_ptr<Checkpointer::MappedSlot>> Checkpointer::MapSlot(
+    const std::string& path, uint64_t bytes) {
+  io::FileSystem* fs = io::DefaultFileSystem();
+  ASSIGN_OR_RETURN(io::FileId id, fs->GetFileId(path));
+  // Slots the daemon deleted are dropped first: their memory would live on in
+  // our mapping, outside the daemon's budget.
+  std::shared_ptr<MappedSlot> found;
+  for (auto it = mapped_.begin(); it != mapped_.end();) {
+    absl::StatusOr<bool> linked = (*it)->file->Linked();
+    if (!linked.ok() || !*linked) {
+      it = mapped_.erase(it);
+      continue;
+    }
+    if ((*it)->file->id() == id && (*it)->file->size() == bytes) {
+      found = *it;
+      it = mapped_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  if (found != nullptr) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.slots_reused;
+  } else {
+    auto slot = std::make_shared<MappedSlot>();
+    ASSIGN_OR_RETURN(slot->file, fs->MapFile(path, {.populate = true}));
+    if (slot->file->size() != bytes || !(slot->file->id() == id)) {
+      return absl::DataLossError(
+          absl::StrCat("staging slot ", path, " changed while being mapped (",
+                       slot->file->size(), " bytes, expected ", bytes, ")"));
+    }
+    ASSIGN_OR_RETURN(slot->pin,
+                     device_->RegisterHost(slot->file->data(), bytes));
+    found = std::move(slot);
+    absl::MutexLock lock(&mu_);
+    ++stats_.slots_mapped;
+  }
+  mapped_.insert(mapped_.begin(), found);
+  if (mapped_.size() > static_cast<size_t>(options_.mapped_slots)) {
+    mapped_.resize(options_.mapped_slots);
+  }
+  return found;
+}
+
+CheckpointerStats Checkpointer::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
 }
 
 absl::StatusOr<absl::optional<uint64_t>> Checkpointer::LatestCommitted(
@@ -369,11 +486,31 @@ absl::Status Checkpointer::Restore(uint64_t step) {
     }
     sources.push_back(found);
   }
+  // The persisted manifest, when there is one, carries the checksum of every
+  // raw chunk: the memory-tier copy is checked against it before it is used.
+  std::unique_ptr<snapshot::ShardReader> reader;
+  absl::Status reader_status = absl::NotFoundError("no shard file");
+  if (!shard.shard_path().empty()) {
+    absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> opened =
+        snapshot::ShardReader::Open(io::DefaultFileSystem(),
+                                    shard.shard_path());
+    reader_status = opened.status();
+    if (opened.ok()) reader = *std::move(opened);
+  }
   if (!shard.slot_path().empty()) {
-    // Memory tier: a copy out of the slot.
-    auto slot = io::DefaultFileSystem()->MapFile(shard.slot_path(),
-                                                 {.writable = false});
-    if (slot.ok()) {
+    absl::StatusOr<std::unique_ptr<io::MappedFile>> slot =
+        io::DefaultFileSystem()->MapFile(shard.slot_path(),
+                                         {.writable = false});
+    absl::Status usable = slot.status();
+    if (usable.ok() && (*slot)->size() < shard.slot_bytes()) {
+      usable = absl::DataLossError(absl::StrCat(
+          "staging slot ", shard.slot_path(), " has ", (*slot)->size(),
+          " bytes, expected ", shard.slot_bytes()));
+    }
+    if (usable.ok() && reader != nullptr) {
+      usable = VerifySlot((*slot)->data(), sources, *reader);
+    }
+    if (usable.ok()) {
       for (size_t i = 0; i < items_.size(); ++i) {
         const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
         uint64_t n = sources[i]->item().raw_size();
@@ -385,20 +522,35 @@ absl::Status Checkpointer::Restore(uint64_t step) {
       }
       return device_->Synchronize();
     }
+    if (reader == nullptr) {
+      return absl::Status(
+          usable.code(),
+          absl::StrCat(what, ": memory tier: ", usable.message()));
+    }
+    CKPT_LOG_WARN("{}: memory tier unusable ({}); reading the shard file", what,
+                  usable.ToString());
   }
-  if (shard.shard_path().empty()) {
-    return absl::NotFoundError(
-        absl::StrCat(what, ": neither a slot nor a shard file is left"));
+  if (reader == nullptr) {
+    if (shard.shard_path().empty()) {
+      return absl::NotFoundError(
+          absl::StrCat(what, ": neither a slot nor a shard file is left"));
+    }
+    return reader_status;
   }
-  ASSIGN_OR_RETURN(
-      auto reader,
-      snapshot::ShardReader::Open(io::DefaultFileSystem(), shard.shard_path()));
+  // Tensors in device memory are read into host memory first.
+  std::vector<uint8_t> host;
   for (Registered& r : items_) {
     ASSIGN_OR_RETURN(const proto::Item* item, reader->FindItem(r.item.name()));
-    if (r.tensor != nullptr) {
+    if (r.tensor != nullptr && device_->host_resident()) {
       RETURN_IF_ERROR(reader->ReadItem(
           r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
                                              r.item.raw_size())));
+    } else if (r.tensor != nullptr) {
+      host.resize(r.item.raw_size());
+      RETURN_IF_ERROR(reader->ReadItem(r.item.name(), absl::MakeSpan(host)));
+      RETURN_IF_ERROR(
+          device_->CopyFromHost(host.data(), r.tensor, host.size()));
+      RETURN_IF_ERROR(device_->Synchronize());
     } else {
       std::string value(item->raw_size(), '\0');
       RETURN_IF_ERROR(reader->ReadItem(
@@ -406,6 +558,40 @@ absl::Status Checkpointer::Restore(uint64_t step) {
           absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
                               value.size())));
       *r.bytes = std::move(value);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::VerifySlot(
+    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader& reader) const {
+  for (const proto::StagedItem* staged : sources) {
+    ASSIGN_OR_RETURN(const proto::Item* item,
+                     reader.FindItem(staged->item().name()));
+    if (item->raw_size() != staged->item().raw_size()) {
+      return absl::DataLossError(absl::StrCat(
+          "item \"", item->name(), "\" has ", staged->item().raw_size(),
+          " bytes in the slot but ", item->raw_size(), " in ", reader.path()));
+    }
+    const uint8_t* base = slot + staged->slot_offset();
+    for (int c = 0; c < item->chunks_size(); ++c) {
+      const proto::ChunkInfo& chunk = item->chunks(c);
+      if (chunk.raw_offset() > item->raw_size() ||
+          chunk.raw_size() > item->raw_size() - chunk.raw_offset()) {
+        return absl::DataLossError(
+            absl::StrCat("chunk ", c, " of item \"", item->name(), "\" in ",
+                         reader.path(), " lies outside the item"));
+      }
+      uint64_t sum = snapshot::Checksum(
+          absl::MakeConstSpan(base + chunk.raw_offset(), chunk.raw_size()));
+      if (sum != chunk.raw_xxh3()) {
+        return absl::DataLossError(absl::StrCat(
+            "checksum mismatch in the staging slot: item \"", item->name(),
+            "\" chunk ", c, " (raw bytes ", chunk.raw_offset(), "..",
+            chunk.raw_offset() + chunk.raw_size(), ") differs from ",
+            reader.path()));
+      }
     }
   }
   return absl::OkStatus();

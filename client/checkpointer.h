@@ -33,8 +33,11 @@
 #include "io/thread_pool.h"
 #include "kernels/device.h"
 #include "proto/catalog.pb.h"
+#include "snapshot/shard_reader.h"
 
 namespace ckpt::client {
+
+enum class DeviceKind { kCpu, kCuda };
 
 struct CheckpointerOptions {
   std::string job;
@@ -43,6 +46,27 @@ struct CheckpointerOptions {
   // The daemon's socket; by default ckptd's default for this uid.
   std::string socket_path;
   absl::Duration rpc_timeout = absl::Seconds(30);
+
+  // Where registered tensors live: host memory (kCpu), or device memory of GPU
+  // `cuda_device` (kCuda; byte items are always host memory).
+  DeviceKind device = DeviceKind::kCpu;
+  int cuda_device = 0;
+  // kCuda: the stream the trainer computes on (a cudaStream_t; null is the
+  // default stream). A save's copy starts after the work queued on it when
+  // SaveAsync is called; with `order_compute_stream`, work queued on it after
+  // SaveAsync waits for the copy, so the host thread never has to block in
+  // WaitStaged before the next step's kernels overwrite the state.
+  void* compute_stream = nullptr;
+  bool order_compute_stream = true;
+  // Staging slots kept mapped (and, on a GPU, pinned) between saves. ckptd
+  // reuses slot files, so a steady job maps and pins each slot once.
+  int mapped_slots = 4;
+};
+
+// What the Checkpointer did, for tests and benchmarks.
+struct CheckpointerStats {
+  uint64_t slots_mapped = 0;  // slot mappings made (and pinned) afresh
+  uint64_t slots_reused = 0;  // saves that found their slot already mapped
 };
 
 class SaveHandle {
@@ -77,9 +101,9 @@ class Checkpointer {
       const CheckpointerOptions& options);
   ~Checkpointer();
 
-  // Registers a tensor in host memory (the CPU device): this rank's box of a
-  // global tensor, row-major. The memory must stay valid while the Checkpointer
-  // lives.
+  // Registers a tensor: this rank's box of a global tensor, row-major, in the
+  // memory of the options' device (host memory for kCpu, device memory for
+  // kCuda). The memory must stay valid while the Checkpointer lives.
   absl::Status RegisterTensor(const std::string& name, proto::DType dtype,
                               void* data, std::vector<int64_t> global_shape,
                               std::vector<int64_t> box_offset,
@@ -99,7 +123,10 @@ class Checkpointer {
       proto::Tier tier = proto::TIER_LOCAL_DISK);
   // Restores every registered item from `step` (same world size and boxes as
   // saved), from the memory tier when the slot is still there, else from the
-  // persisted shard (verified).
+  // persisted shard (verified). Once the shard is persisted, the slot's bytes
+  // are checked against the manifest's checksums first, and a mismatch falls
+  // back to the file; a shard restored before its persist finished is copied
+  // from the slot as the trainer wrote it.
   absl::Status Restore(uint64_t step);
 
   // What the daemon knows about this rank's shard of `step` (state, sizes,
@@ -107,17 +134,37 @@ class Checkpointer {
   absl::StatusOr<proto::ShardRecord> DescribeShard(uint64_t step);
 
   const CheckpointerOptions& options() const { return options_; }
+  CheckpointerStats stats() const;
 
  private:
   friend class SaveHandle;
   struct Registered;
+  struct MappedSlot;
   class Rpc;
   explicit Checkpointer(const CheckpointerOptions& options);
   void RecordFailure(const absl::Status& status);
+  // Tells the daemon that the copy of `step` is done (StageComplete) or
+  // failed (AbortStage), and finishes the handle. Runs on `handover_`.
+  void HandOver(const std::shared_ptr<SaveHandle>& handle, uint64_t step,
+                const std::vector<proto::StagedItem>& layout,
+                absl::Status status);
+  // Checks the slot's items against the raw chunk checksums of the persisted
+  // manifest.
+  absl::Status VerifySlot(const uint8_t* slot,
+                          const std::vector<const proto::StagedItem*>& sources,
+                          const snapshot::ShardReader& reader) const;
+  // Gives back the slot of a save that failed before its copy started (the
+  // abort is queued behind earlier hand-overs); returns the error to report.
+  absl::Status Abandon(uint64_t step, absl::Status status);
   // The name is valid and not registered yet.
   absl::Status CheckNewName(const std::string& name) const;
   // Waits for the copy in flight and every queued hand-over.
   void DrainHandovers();
+  // The mapping of the slot file at `path` (`bytes` long): the cached one
+  // when the daemon handed out a slot file this process mapped before, else a
+  // fresh mapping, pinned for the device.
+  absl::StatusOr<std::shared_ptr<MappedSlot>> MapSlot(const std::string& path,
+                                                      uint64_t bytes);
 
   const CheckpointerOptions options_;
   std::unique_ptr<Rpc> rpc_;
@@ -126,8 +173,12 @@ class Checkpointer {
   std::thread copier_;  // the copy of the save in flight
   // One thread: StageComplete/AbortStage calls, in save order.
   std::unique_ptr<io::ThreadPool> handover_;
-  absl::Mutex mu_;
+  // Most recently used first; touched only by the thread driving the
+  // Checkpointer (the copier holds its own reference to the slot it fills).
+  std::vector<std::shared_ptr<MappedSlot>> mapped_;
+  mutable absl::Mutex mu_;
   absl::Status last_failure_ ABSL_GUARDED_BY(mu_);
+  CheckpointerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 // ckptd's default socket for the calling uid.

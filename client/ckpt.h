@@ -50,11 +50,19 @@ enum {
 /* socket_path NULL: ckptd's default socket for this uid. */
 int ckpt_connect(const char* job, uint32_t rank, uint32_t world_size,
                  const char* socket_path, ckpt_checkpointer** out);
+/* Tensors registered later are device memory of GPU `cuda_device`; saves copy
+ * them on their own stream after the work queued on `compute_stream` (a
+ * cudaStream_t, NULL = the default stream), and work queued there after
+ * ckpt_save_async waits for the copy, so the host need not wait. */
+int ckpt_connect_cuda(const char* job, uint32_t rank, uint32_t world_size,
+                      const char* socket_path, int cuda_device,
+                      void* compute_stream, ckpt_checkpointer** out);
 /* Waits for saves in flight to be handed to the daemon, then frees. NULL is
  * ignored. */
 void ckpt_close(ckpt_checkpointer* ckpt);
 
-/* A tensor in host memory: this rank's box of a global tensor, row-major,
+/* A tensor in the checkpointer's memory (host, or the GPU of
+ * ckpt_connect_cuda): this rank's box of a global tensor, row-major,
  * `ndim` dims. */
 int ckpt_register_tensor(ckpt_checkpointer* ckpt, const char* name, int dtype,
                          void* data, int ndim, const int64_t* global_shape,

@@ -295,6 +295,10 @@ absl::StatusOr<uint64_t> FaultInjectionFs::FileSize(const std::string& path) {
 absl::StatusOr<bool> FaultInjectionFs::Exists(const std::string& path) {
   return base_->Exists(path);
 }
+absl::StatusOr<FileId> FaultInjectionFs::GetFileId(const std::string& path) {
+  return base_->GetFileId(path);
+}
+
 absl::StatusOr<uint64_t> FaultInjectionFs::FreeSpace(const std::string& path) {
   return base_->FreeSpace(path);
 }

@@ -87,6 +87,15 @@ class ReadableFile {
   virtual const std::string& path() const = 0;
 };
 
+// Which file a path names: its device and inode. A renamed file keeps it.
+struct FileId {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  bool operator==(const FileId& o) const {
+    return device == o.device && inode == o.inode;
+  }
+};
+
 // A file mapped into memory (MAP_SHARED): the staging slots that trainers fill
 // and the daemon persists. Unmapped on destruction.
 class MappedFile {
@@ -95,6 +104,11 @@ class MappedFile {
   virtual uint8_t* data() = 0;
   virtual size_t size() const = 0;
   virtual const std::string& path() const = 0;
+  // The mapped file, whatever it is called now.
+  virtual FileId id() const = 0;
+  // False once the file has no name left (it was deleted while mapped: its
+  // memory lives only as long as this mapping).
+  virtual absl::StatusOr<bool> Linked() = 0;
 };
 
 struct MapOptions {
@@ -134,6 +148,8 @@ class FileSystem {
   virtual absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& dir) = 0;
   virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
+  // The identity of the file at `path` (a symlink there is not followed).
+  virtual absl::StatusOr<FileId> GetFileId(const std::string& path) = 0;
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
   // Bytes available to an unprivileged user on the file system holding `path`.
   virtual absl::StatusOr<uint64_t> FreeSpace(const std::string& path) = 0;

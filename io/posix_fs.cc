@@ -326,19 +326,34 @@ class PosixReadableFile final : public ReadableFile {
   absl::Status error_;
 };
 
+FileId IdOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+// Keeps the file open (one descriptor) so that Linked() can ask fstat.
 class PosixMappedFile final : public MappedFile {
  public:
-  PosixMappedFile(std::string path, uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  PosixMappedFile(std::string path, int fd, FileId id, uint8_t* data,
+                  size_t size)
+      : path_(std::move(path)), fd_(fd), id_(id), data_(data), size_(size) {}
   ~PosixMappedFile() override {
     if (data_ != nullptr) ::munmap(data_, size_);
+    ::close(fd_);
   }
   uint8_t* data() override { return data_; }
   size_t size() const override { return size_; }
   const std::string& path() const override { return path_; }
+  FileId id() const override { return id_; }
+  absl::StatusOr<bool> Linked() override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return PosixError("fstat", path_);
+    return st.st_nlink > 0;
+  }
 
  private:
   const std::string path_;
+  const int fd_;
+  const FileId id_;
   uint8_t* const data_;
   const size_t size_;
 };
@@ -449,7 +464,10 @@ class PosixFileSystem final : public FileSystem {
     if (fd < 0) return PosixError(create ? "create" : "open", path);
     uint64_t size = options.create_size;
     absl::Status s;
-    if (create) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) s = PosixError("fstat", path);
+    if (!s.ok()) {
+    } else if (create) {
       // posix_fallocate reserves tmpfs pages now, so running out of memory is
       // an error here rather than a SIGBUS when the slot is written.
       int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
@@ -457,12 +475,7 @@ class PosixFileSystem final : public FileSystem {
         s = ErrnoToStatus(rc,
                           absl::StrCat("allocate ", size, " bytes for ", path));
     } else {
-      struct stat st;
-      if (::fstat(fd, &st) != 0) {
-        s = PosixError("fstat", path);
-      } else {
-        size = static_cast<uint64_t>(st.st_size);
-      }
+      size = static_cast<uint64_t>(st.st_size);
     }
     void* data = nullptr;
     if (s.ok() && size > 0) {
@@ -474,13 +487,19 @@ class PosixFileSystem final : public FileSystem {
         s = PosixError("mmap", path);
       }
     }
-    ::close(fd);
     if (!s.ok()) {
+      ::close(fd);
       if (create) ::unlink(path.c_str());
       return s;
     }
-    return std::make_unique<PosixMappedFile>(path, static_cast<uint8_t*>(data),
-                                             size);
+    return std::make_unique<PosixMappedFile>(path, fd, IdOf(st),
+                                             static_cast<uint8_t*>(data), size);
+  }
+
+  absl::StatusOr<FileId> GetFileId(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return PosixError("lstat", path);
+    return IdOf(st);
   }
 
   absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override {

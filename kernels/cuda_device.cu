@@ -33,11 +33,54 @@ __global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n,
   }
 }
 
+// Page-locks host memory (a mapped staging slot) until destroyed.
+class CudaHostRegistration final : public HostRegistration {
+ public:
+  explicit CudaHostRegistration(void* p) : p_(p) {}
+  ~CudaHostRegistration() override { cudaHostUnregister(p_); }
+
+ private:
+  void* const p_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int ordinal, cudaEvent_t event)
+      : ordinal_(ordinal), event_(event) {}
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  absl::Status Wait() override {
+    // The waiting thread is usually not the one that made the device current.
+    absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice");
+    if (!s.ok()) return s;
+    return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize");
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  const int ordinal_;
+  const cudaEvent_t event_;
+};
+
+// A blocking-sync event: its waiter sleeps instead of spinning a core that the
+// trainer's data loader may need.
+absl::StatusOr<cudaEvent_t> NewEvent() {
+  cudaEvent_t event;
+  absl::Status s =
+      CudaStatus(cudaEventCreateWithFlags(
+                     &event, cudaEventBlockingSync | cudaEventDisableTiming),
+                 "cudaEventCreate");
+  if (!s.ok()) return s;
+  return event;
+}
+
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, cudaStream_t stream)
-      : ordinal_(ordinal), stream_(stream) {}
-  ~CudaDevice() override { cudaStreamDestroy(stream_); }
+  CudaDevice(int ordinal, cudaStream_t stream, cudaEvent_t fence)
+      : ordinal_(ordinal), stream_(stream), fence_(fence) {}
+  ~CudaDevice() override {
+    cudaEventDestroy(fence_);
+    cudaStreamDestroy(stream_);
+  }
 
   std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
 
@@ -68,6 +111,45 @@ class CudaDevice final : public Device {
   absl::Status Synchronize() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
+  bool host_resident() const override { return false; }
+  bool queues_copies() const override { return true; }
+  absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHost(
+      void* p, size_t n) override {
+    if (n == 0) return std::make_unique<HostRegistration>();
+    absl::Status s = CudaStatus(
+        cudaHostRegister(p, n, cudaHostRegisterPortable), "cudaHostRegister");
+    if (!s.ok()) return s;
+    return std::unique_ptr<HostRegistration>(new CudaHostRegistration(p));
+  }
+  absl::StatusOr<std::unique_ptr<Event>> RecordEvent() override {
+    absl::StatusOr<cudaEvent_t> event = NewEvent();
+    if (!event.ok()) return event.status();
+    absl::Status s =
+        CudaStatus(cudaEventRecord(*event, stream_), "cudaEventRecord");
+    if (!s.ok()) {
+      cudaEventDestroy(*event);
+      return s;
+    }
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, *event));
+  }
+  absl::Status WaitForStream(void* stream) override {
+    absl::Status s =
+        CudaStatus(cudaEventRecord(fence_, static_cast<cudaStream_t>(stream)),
+                   "cudaEventRecord on the compute stream");
+    if (!s.ok()) return s;
+    return CudaStatus(cudaStreamWaitEvent(stream_, fence_, 0),
+                      "cudaStreamWaitEvent (copy after compute)");
+  }
+  absl::Status StreamWaitEvent(void* stream, Event& event) override {
+    auto* cuda = dynamic_cast<CudaEvent*>(&event);
+    if (cuda == nullptr) {
+      return absl::InvalidArgumentError(
+          "StreamWaitEvent: the event is not from a CUDA device");
+    }
+    return CudaStatus(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), cuda->get(), 0),
+        "cudaStreamWaitEvent (compute after copy)");
+  }
   absl::StatusOr<void*> Allocate(size_t n) override {
     void* p = nullptr;
     absl::Status s = CudaStatus(cudaMalloc(&p, n == 0 ? 1 : n), "cudaMalloc");
@@ -79,6 +161,8 @@ class CudaDevice final : public Device {
  private:
   const int ordinal_;
   cudaStream_t stream_;
+  cudaEvent_t fence_;  // reused by WaitForStream: cudaStreamWaitEvent captures
+                       // the event's state when it is called
 };
 
 }  // namespace
@@ -99,7 +183,14 @@ absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal) {
   s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                  "cudaStreamCreate");
   if (!s.ok()) return s;
-  return std::unique_ptr<Device>(new CudaDevice(ordinal, stream));
+  cudaEvent_t fence;
+  s = CudaStatus(cudaEventCreateWithFlags(&fence, cudaEventDisableTiming),
+                 "cudaEventCreate");
+  if (!s.ok()) {
+    cudaStreamDestroy(stream);
+    return s;
+  }
+  return std::unique_ptr<Device>(new CudaDevice(ordinal, stream, fence));
 }
 
 }  // namespace ckpt::kernels

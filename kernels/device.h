@@ -4,6 +4,16 @@
 // must produce identical bytes. CudaDevice exists when the project is built
 // with CUDA; NewCudaDevice() then returns an error on machines without a GPU.
 //
+// A save on a device with streams never blocks the trainer's host thread:
+//   device->WaitForStream(compute);        // the copy sees the step's results
+//   device->CopyToHost(tensor, slot, n);   // queued on the device's own stream
+//   auto done = device->RecordEvent();
+//   device->StreamWaitEvent(compute, **done);  // later kernels wait for the
+//   copy
+// and a helper thread calls done->Wait() before handing the slot to ckptd.
+// Staging slots are pinned once (RegisterHost) and kept registered while the
+// client reuses them, because pinning costs far more than one copy.
+//
 // Thread-safety: a Device may be used from one thread at a time.
 #ifndef CKPT_KERNELS_DEVICE_H_
 #define CKPT_KERNELS_DEVICE_H_
@@ -17,6 +27,21 @@
 #include "absl/status/statusor.h"
 
 namespace ckpt::kernels {
+
+// Host memory registered with a device (pinned for DMA) until destroyed.
+class HostRegistration {
+ public:
+  virtual ~HostRegistration() = default;
+};
+
+// A point in a device's copy stream: everything queued before it.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Blocks the calling thread until the work before the event is done, and
+  // returns its error if it failed.
+  virtual absl::Status Wait() = 0;
+};
 
 class Device {
  public:
@@ -34,6 +59,24 @@ class Device {
                                    size_t width) = 0;
   // Waits for everything queued on this device.
   virtual absl::Status Synchronize() = 0;
+
+  // True when tensors of this device are plain host memory.
+  virtual bool host_resident() const = 0;
+  // True when copies are queued and complete later (see the header comment);
+  // false when CopyToHost has finished when it returns.
+  virtual bool queues_copies() const = 0;
+  // Pins [p, p + n) for copies from and to this device (cudaHostRegister). The
+  // CPU device has nothing to do.
+  virtual absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHost(
+      void* p, size_t n) = 0;
+  // Records the work queued so far on this device's stream.
+  virtual absl::StatusOr<std::unique_ptr<Event>> RecordEvent() = 0;
+  // Orders this device's later work after what is queued now on `stream`, an
+  // opaque stream handle of the device's API (a cudaStream_t; null is the
+  // default stream). The CPU device ignores it.
+  virtual absl::Status WaitForStream(void* stream) = 0;
+  // Makes later work on `stream` wait for `event` without blocking the host.
+  virtual absl::Status StreamWaitEvent(void* stream, Event& event) = 0;
 
   // Allocates and frees device memory (host memory for the CPU device).
   virtual absl::StatusOr<void*> Allocate(size_t n) = 0;

@@ -57,6 +57,18 @@ TEST(CApiTest, SaveCommitRestore) {
             3 /* invalid */);
   EXPECT_THAT(ckpt_last_error(), HasSubstr("job id"));
   EXPECT_EQ(bad, nullptr);
+  EXPECT_EQ(ckpt_connect_cuda("cjob", 0, 1, daemon.socket().c_str(), -1,
+                              nullptr, &bad),
+            3 /* invalid */);
+  EXPECT_THAT(ckpt_last_error(), HasSubstr("CUDA device -1"));
+  // Without a GPU the CUDA device is refused, naming why; with one, it works.
+  int rc = ckpt_connect_cuda("cjob", 0, 1, daemon.socket().c_str(), 0, nullptr,
+                             &bad);
+  if (rc != 0) {
+    EXPECT_THAT(ckpt_last_error(), HasSubstr("CUDA device 0"));
+    EXPECT_EQ(bad, nullptr);
+  }
+  ckpt_close(bad);
 }
 
 }  // namespace

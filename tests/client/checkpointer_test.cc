@@ -77,6 +77,56 @@ TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
   EXPECT_EQ(daemon.Stop(), 0) << "clean shutdown on SIGTERM";
 }
 
+TEST(CheckpointerTest, ASteadyJobMapsEachSlotOnce) {
+  // keep-memory 1: every commit releases the slot before last, which the
+  // daemon keeps and renames into place for a later save of the same size.
+  testing::DaemonProcess daemon({"--keep-memory", "1", "--keep-disk", "1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1);
+  ASSERT_TRUE(t.ckpt);
+  constexpr uint64_t kSaves = 12;
+  for (uint64_t step = 1; step <= kSaves; ++step) {
+    t.Fill(step, 0);
+    auto save = t.ckpt->SaveAsync(step);
+    ASSERT_TRUE(save.ok()) << save.status();
+    ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok());
+  }
+  CheckpointerStats stats = t.ckpt->stats();
+  EXPECT_EQ(stats.slots_mapped + stats.slots_reused, kSaves);
+  EXPECT_LE(stats.slots_mapped, 4u) << "slots are reused, and so are mappings";
+  EXPECT_GE(stats.slots_reused, kSaves - 4);
+  // Reused mappings hold the bytes of this save, not of an older one.
+  Trainer expected(daemon.socket(), 0, 1);
+  expected.Fill(kSaves, 0);
+  t.Fill(0, 0);
+  ASSERT_TRUE(t.ckpt->Restore(kSaves).ok());
+  EXPECT_EQ(t.w, expected.w);
+}
+
+TEST(CheckpointerTest, ACorruptMemoryCopyFallsBackToTheVerifiedFile) {
+  testing::DaemonProcess daemon({"--keep-memory", "2"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1);
+  ASSERT_TRUE(t.ckpt);
+  t.Fill(3, 0);
+  const std::vector<float> saved = t.w;
+  auto save = t.ckpt->SaveAsync(3);
+  ASSERT_TRUE(save.ok());
+  ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok());
+  auto shard = t.ckpt->DescribeShard(3);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_FALSE(shard->slot_path().empty()) << "still in the memory tier";
+  // A bit flips in the tmpfs copy (a bad DIMM, a stray write).
+  {
+    auto slot = io::DefaultFileSystem()->MapFile(shard->slot_path(), {});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    (*slot)->data()[shard->items(0).slot_offset() + 1234] ^= 0x10;
+  }
+  t.Fill(99, 0);
+  ASSERT_TRUE(t.ckpt->Restore(3).ok());
+  EXPECT_EQ(t.w, saved) << "restored from the shard file, not the bad slot";
+}
+
 TEST(CheckpointerTest, RestoresFromDiskOnceTheMemoryCopyIsGone) {
   testing::DaemonProcess daemon({"--keep-memory", "1", "--keep-disk", "2"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
