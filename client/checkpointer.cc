@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -11,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
+#include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
@@ -269,6 +271,7 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     RecordFailure(s);
     return s;
   }
+  CKPT_KILL_POINT("client.after_begin_stage");
   absl::StatusOr<std::shared_ptr<MappedSlot>> mapped =
       MapSlot(resp.slot_path(), resp.slot_bytes());
   if (!mapped.ok()) return Abandon(step, mapped.status());
@@ -289,6 +292,7 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
       RETURN_IF_ERROR(device_->CopyToHost(items_[i].tensor,
                                           base + layout[i].slot_offset(),
                                           items_[i].item.raw_size()));
+      CKPT_KILL_POINT("client.item_copied");
     }
     return absl::OkStatus();
   };
@@ -338,6 +342,7 @@ void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,
   key.set_job(options_.job);
   key.set_step(step);
   key.set_rank(options_.rank);
+  CKPT_KILL_POINT("client.before_stage_complete");
   if (status.ok()) {
     proto::StageCompleteRequest done;
     *done.mutable_shard() = key;
@@ -352,6 +357,7 @@ void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,
     (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort, &ignored,
                      "abort");
   }
+  CKPT_KILL_POINT("client.after_stage_complete");
   if (!status.ok()) RecordFailure(status);
   handle->Finish(status);
 }
@@ -427,6 +433,21 @@ absl::StatusOr<absl::optional<uint64_t>> Checkpointer::LatestCommitted(
   return absl::optional<uint64_t>(resp.step());
 }
 
+absl::StatusOr<std::vector<uint64_t>> Checkpointer::ListCommitted(
+    proto::Tier tier) {
+  proto::ListCommitsRequest req;
+  req.set_job(options_.job);
+  proto::ListCommitsResponse resp;
+  RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::ListCommits, req, &resp,
+                             "listing committed steps"));
+  std::vector<uint64_t> steps;
+  for (const proto::CommitRecord& c : resp.commits()) {
+    if (c.tier() == tier) steps.push_back(c.step());
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 absl::StatusOr<proto::ShardRecord> Checkpointer::DescribeShard(uint64_t step) {
   proto::GetShardRequest req;
   req.mutable_shard()->set_job(options_.job);
@@ -447,9 +468,22 @@ void Checkpointer::DrainHandovers() {
 
 absl::Status Checkpointer::Restore(uint64_t step) {
   DrainHandovers();
-  ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
   const std::string what = absl::StrCat(
       "restoring job ", options_.job, " step ", step, " rank ", options_.rank);
+  // Only a committed step is restored: a step some rank never saved would mix
+  // states of different steps.
+  proto::ListCommitsRequest list;
+  list.set_job(options_.job);
+  proto::ListCommitsResponse commits;
+  RETURN_IF_ERROR(
+      rpc_->Call(&proto::CkptDaemon::Stub::ListCommits, list, &commits, what));
+  if (std::none_of(
+          commits.commits().begin(), commits.commits().end(),
+          [step](const proto::CommitRecord& c) { return c.step() == step; })) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": step ", step, " is not committed at any tier"));
+  }
+  ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
   if (shard.state() != proto::SHARD_STAGED &&
       shard.state() != proto::SHARD_PERSISTED) {
     return absl::FailedPreconditionError(

@@ -121,6 +121,10 @@ class Checkpointer {
   // The newest step committed at `tier` for this job.
   absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
       proto::Tier tier = proto::TIER_LOCAL_DISK);
+  // The steps committed at `tier` (or better) that the daemon still keeps,
+  // oldest first.
+  absl::StatusOr<std::vector<uint64_t>> ListCommitted(
+      proto::Tier tier = proto::TIER_LOCAL_DISK);
   // Restores every registered item from `step` (same world size and boxes as
   // saved), from the memory tier when the slot is still there, else from the
   // persisted shard (verified). Once the shard is persisted, the slot's bytes

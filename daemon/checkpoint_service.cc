@@ -197,13 +197,13 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> existing,
                    catalog_->GetShard(job, step, rank));
   if (existing.has_value()) {
-    if (existing->state() != proto::SHARD_STAGING) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(Describe(job, step, rank), " is already staged"));
+    if (existing->state() == proto::SHARD_STAGING) {
+      // A trainer that died while staging and saves the same step again
+      // starts over.
+      RETURN_IF_ERROR(AbortStage(job, step, rank));
+    } else {
+      RETURN_IF_ERROR(Supersede(*existing));
     }
-    // A trainer that died while staging and saves the same step again starts
-    // over.
-    RETURN_IF_ERROR(AbortStage(job, step, rank));
   }
   ASSIGN_OR_RETURN(SlotInfo slot, arena_->Allocate({job, step, rank}, bytes));
   proto::JobRecord job_record;
@@ -228,6 +228,59 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
     return s;
   }
   return slot;
+}
+
+absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
+  const SlotId id{old.job(), old.step(), old.rank()};
+  const std::string what = Describe(id.job, id.step, id.rank);
+  auto refuse_if_committed = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits,
+                     coordinator_->ListCommits(id.job));
+    for (const proto::CommitRecord& c : commits) {
+      if (c.step() == id.step) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            what, ": step ", id.step, " is already committed at ",
+            TierName(c.tier()), "; a committed step is never replaced"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(refuse_if_committed());
+  bool was_queued = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const SlotId& q) {
+      return q.job == id.job && q.step == id.step && q.rank == id.rank;
+    });
+    if (it != queue_.end()) {
+      queue_.erase(it);
+      was_queued = true;
+    }
+    auto persisted = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto b = busy_.find({id.job, id.rank});
+      return b == busy_.end() || b->second != id.step;
+    };
+    mu_.Await(absl::Condition(&persisted));
+  }
+  absl::Status withdrawn = coordinator_->WithdrawVote(id.job, id.step, id.rank);
+  if (!withdrawn.ok()) {
+    // The other ranks committed the step meanwhile: it stays as it is.
+    if (was_queued) Enqueue(id);
+    return absl::Status(withdrawn.code(),
+                        absl::StrCat(what, ": ", withdrawn.message()));
+  }
+  // Re-read: the persist that was in flight may have changed the record.
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> current,
+                   catalog_->GetShard(id.job, id.step, id.rank));
+  if (!current.has_value()) return absl::OkStatus();
+  CKPT_LOG_INFO("{}: replaced by a new save of the same step (was {})", what,
+                proto::ShardState_Name(current->state()));
+  // The catalog forgets first: a crash in between leaves files that recovery
+  // deletes, never a record naming a deleted file.
+  RETURN_IF_ERROR(catalog_->DeleteShard(id.job, id.step, id.rank));
+  if (!current->shard_path().empty()) (void)fs_->Unlink(current->shard_path());
+  if (!current->slot_path().empty()) (void)arena_->Release(id);
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointService::AbortStage(const std::string& job,
@@ -302,7 +355,7 @@ void CheckpointService::PersistLoop() {
           });
       id = *it;
       queue_.erase(it);
-      busy_.insert({id.job, id.rank});
+      busy_[{id.job, id.rank}] = id.step;
     }
     absl::StatusOr<absl::optional<proto::ShardRecord>> record =
         catalog_->GetShard(id.job, id.step, id.rank);
@@ -502,6 +555,12 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
 absl::StatusOr<absl::optional<uint64_t>> CheckpointService::LatestCommitted(
     const std::string& job, proto::Tier tier) {
   return coordinator_->LatestCommitted(job, tier);
+}
+
+absl::StatusOr<std::vector<proto::CommitRecord>> CheckpointService::ListCommits(
+    const std::string& job) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  return coordinator_->ListCommits(job);
 }
 
 absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -82,6 +83,9 @@ class CheckpointService {
                                                     absl::Duration timeout);
   absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
       const std::string& job, proto::Tier tier);
+  // Every commit record of the job still kept, by step then tier.
+  absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
+      const std::string& job);
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
   // Blocks until no shard is queued or being persisted.
@@ -101,6 +105,12 @@ class CheckpointService {
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
   void CollectGarbage(const std::string& job);
+  // Makes way for a new save of a step this rank saved before without the
+  // step getting committed (the job restarted from an earlier step): takes
+  // the shard out of the persist queue, waits for a persist of it in flight,
+  // withdraws its vote and deletes it. AlreadyExists once the step is
+  // committed at any tier.
+  absl::Status Supersede(const proto::ShardRecord& old);
 
   io::FileSystem* const fs_;
   const ServiceOptions options_;
@@ -113,7 +123,9 @@ class CheckpointService {
   std::deque<SlotId> queue_ ABSL_GUARDED_BY(mu_);
   // (job, rank) pairs being persisted: their later steps wait, so each rank
   // persists in order.
-  std::set<std::pair<std::string, uint32_t>> busy_ ABSL_GUARDED_BY(mu_);
+  // The value is the step being persisted.
+  std::map<std::pair<std::string, uint32_t>, uint64_t> busy_
+      ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) =
       0;  // bumped on every state change
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -40,6 +40,11 @@ class Coordinator {
   // Every commit record of the job, by step then tier.
   virtual absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job) = 0;
+  // Takes back `rank`'s vote for a step that is not committed at any tier (its
+  // shard is being replaced by a new save of the same step). Refused with
+  // AlreadyExists once the step is committed anywhere: a commit never reverts.
+  virtual absl::Status WithdrawVote(const std::string& job, uint64_t step,
+                                    uint32_t rank) = 0;
   // Drops the votes and commit records of a step (garbage collection). Refused
   // for a step that is the latest committed one at any tier.
   virtual absl::Status ForgetStep(const std::string& job, uint64_t step) = 0;

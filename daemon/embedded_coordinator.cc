@@ -137,6 +137,23 @@ EmbeddedCoordinator::ListCommits(const std::string& job) {
   return out;
 }
 
+absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
+                                               uint64_t step, uint32_t rank) {
+  absl::MutexLock lock(&mu_);  // no vote can commit the step meanwhile
+  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_PEER,
+                           proto::TIER_LOCAL_DISK, proto::TIER_SHARED}) {
+    ASSIGN_OR_RETURN(auto commit, store_->Get(CommitKey(job, step, tier)));
+    if (commit.has_value()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("job ", job, " step ", step, " is already committed at ",
+                       TierName(tier), "; a committed step is never replaced"));
+    }
+  }
+  KvStore::Batch batch;
+  batch.deletes.push_back(VoteKey(job, step, rank));
+  return store_->Write(batch);
+}
+
 absl::Status EmbeddedCoordinator::ForgetStep(const std::string& job,
                                              uint64_t step) {
   absl::MutexLock lock(&mu_);

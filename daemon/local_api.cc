@@ -82,6 +82,15 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ListCommits(grpc::ServerContext*,
+                           const proto::ListCommitsRequest* req,
+                           proto::ListCommitsResponse* resp) override {
+    auto commits = service_->ListCommits(req->job());
+    if (!commits.ok()) return ToGrpc(commits.status());
+    for (proto::CommitRecord& c : *commits) *resp->add_commits() = std::move(c);
+    return grpc::Status::OK;
+  }
+
   grpc::Status GetShard(grpc::ServerContext*, const proto::GetShardRequest* req,
                         proto::GetShardResponse* resp) override {
     auto shard = service_->GetShard(req->shard().job(), req->shard().step(),

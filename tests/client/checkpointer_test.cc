@@ -1,6 +1,6 @@
 // libckpt against a real ckptd process: save, commit and restore; daemon
-// SIGKILL mid-persist; trainer SIGKILL mid-save; foreign uids and planted
-// symlinks; bad names.
+// SIGKILL mid-persist; slot reuse; a corrupt memory copy; foreign uids and
+// planted symlinks; bad names. Trainer SIGKILLs: trainer_kill_test.cc.
 #include "client/checkpointer.h"
 
 #include <signal.h>
@@ -179,42 +179,6 @@ TEST(CheckpointerTest, DaemonKilledMidPersistFinishesAfterRestart) {
   expected.Fill(1, 0);
   ASSERT_TRUE(t.ckpt->Restore(1).ok());
   EXPECT_EQ(t.w, expected.w);
-}
-
-TEST(CheckpointerTest, TrainerKilledMidSaveLeavesNoPartialStep) {
-  uint64_t seed = testing::TestSeed();
-  std::mt19937_64 rng(seed);
-  testing::DaemonProcess daemon;
-  ASSERT_TRUE(daemon.Start()) << daemon.log();
-  for (int round = 0; round < 4; ++round) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      Trainer t(daemon.socket(), 0, 1, 1 << 20);
-      if (!t.ckpt) ::_exit(3);
-      for (uint64_t step = 100 * round + 1;; ++step) {
-        t.Fill(step, 0);
-        auto save = t.ckpt->SaveAsync(step);
-        if (save.ok()) (void)(*save)->WaitStaged();
-      }
-    }
-    ::usleep(200000 + rng() % 300000);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-  }
-  Trainer t(daemon.socket(), 0, 1, 1 << 20);
-  ASSERT_TRUE(t.ckpt);
-  absl::SleepFor(absl::Seconds(1));  // let the daemon finish what was staged
-  auto latest = t.ckpt->LatestCommitted(kMem);
-  ASSERT_TRUE(latest.ok());
-  ASSERT_TRUE(latest->has_value())
-      << "some step was committed before the kills";
-  Trainer expected(daemon.socket(), 0, 1, 1 << 20);
-  expected.Fill(**latest, 0);
-  ASSERT_TRUE(t.ckpt->Restore(**latest).ok());
-  EXPECT_EQ(t.w, expected.w)
-      << "committed step " << **latest << " restores byte-exact";
-  EXPECT_EQ(t.rng, expected.rng);
 }
 
 TEST(CheckpointerTest, AConnectionFromAnotherUidIsRefused) {

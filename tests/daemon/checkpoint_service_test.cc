@@ -68,6 +68,42 @@ TEST_F(CheckpointServiceTest, AStepMissingARankIsNeverCommitted) {
   EXPECT_FALSE(service->LatestCommitted("job", kMem)->has_value());
 }
 
+TEST_F(CheckpointServiceTest, AnUncommittedStepIsReplacedByANewSaveOfIt) {
+  // Rank 0 saved step 2, then the job died before rank 1 did; the restarted
+  // job saves step 2 again, and this time its state differs.
+  auto service = Start(io::DefaultFileSystem(), Options());
+  ASSERT_TRUE(RankState(2, 0).Stage(service.get(), "job", 2, 0, 2).ok());
+  service->WaitIdle();
+  ASSERT_EQ(service->GetShard("job", 2, 0)->state(), proto::SHARD_PERSISTED);
+  const RankState again(102, 0);
+  absl::Status resaved = again.Stage(service.get(), "job", 2, 0, 2);
+  ASSERT_TRUE(resaved.ok()) << resaved;
+  ASSERT_TRUE(RankState(2, 1).Stage(service.get(), "job", 2, 1, 2).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 2, kDisk, absl::Seconds(30)).ok());
+  auto shard = service->GetShard("job", 2, 0);
+  ASSERT_TRUE(shard.ok());
+  EXPECT_TRUE(again.Check(shard->shard_path()).ok()) << "the new save won";
+  // A re-save racing its own persist: replaced as soon as that persist ends.
+  ASSERT_TRUE(RankState(3, 0).Stage(service.get(), "job", 3, 0, 2).ok());
+  ASSERT_TRUE(RankState(103, 0).Stage(service.get(), "job", 3, 0, 2).ok());
+  ASSERT_TRUE(RankState(3, 1).Stage(service.get(), "job", 3, 1, 2).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 3, kDisk, absl::Seconds(30)).ok());
+  EXPECT_TRUE(RankState(103, 0)
+                  .Check(service->GetShard("job", 3, 0)->shard_path())
+                  .ok());
+
+  // A committed step is never replaced, and what was committed stays intact.
+  absl::Status refused = RankState(99, 1).Stage(service.get(), "job", 2, 1, 2);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("step 2 is already committed at"));
+  EXPECT_TRUE(
+      RankState(2, 1).Check(service->GetShard("job", 2, 1)->shard_path()).ok());
+  service->WaitIdle();
+  EXPECT_EQ(service->arena()->used_bytes(), 2 * RankState(1, 0).bytes())
+      << "replaced slots went back to the budget; step 3 is kept in memory";
+}
+
 TEST_F(CheckpointServiceTest, PersistFailureIsReportedAndTheNextSaveSucceeds) {
   io::FaultInjectionFs fs(io::DefaultFileSystem());
   auto service = Start(&fs, Options());
