@@ -88,7 +88,8 @@ class CheckpointService {
       const std::string& job);
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
-  // Blocks until no shard is queued or being persisted.
+  // Blocks until no shard is queued or being persisted and no garbage
+  // collection runs.
   void WaitIdle();
 
   Catalog* catalog() { return catalog_.get(); }
@@ -127,7 +128,8 @@ class CheckpointService {
   std::map<std::pair<std::string, uint32_t>, uint64_t> busy_
       ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) =
-      0;  // bumped on every state change
+      0;                                     // bumped on every state change
+  int gc_running_ ABSL_GUARDED_BY(mu_) = 0;  // threads collecting garbage
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex gc_mu_;  // one garbage collection at a time
   std::vector<std::thread> workers_;
