@@ -233,19 +233,6 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
 absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
   const SlotId id{old.job(), old.step(), old.rank()};
   const std::string what = Describe(id.job, id.step, id.rank);
-  auto refuse_if_committed = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits,
-                     coordinator_->ListCommits(id.job));
-    for (const proto::CommitRecord& c : commits) {
-      if (c.step() == id.step) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            what, ": step ", id.step, " is already committed at ",
-            TierName(c.tier()), "; a committed step is never replaced"));
-      }
-    }
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(refuse_if_committed());
   bool was_queued = false;
   {
     absl::MutexLock lock(&mu_);
@@ -262,9 +249,10 @@ absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
     };
     mu_.Await(absl::Condition(&persisted));
   }
+  // The coordinator refuses atomically if the step is committed anywhere.
   absl::Status withdrawn = coordinator_->WithdrawVote(id.job, id.step, id.rank);
   if (!withdrawn.ok()) {
-    // The other ranks committed the step meanwhile: it stays as it is.
+    // A committed step stays as it is, persist included.
     if (was_queued) Enqueue(id);
     return absl::Status(withdrawn.code(),
                         absl::StrCat(what, ": ", withdrawn.message()));

@@ -13,6 +13,9 @@
 namespace ckpt::daemon {
 namespace {
 
+constexpr proto::Tier kTiers[] = {proto::TIER_MEMORY, proto::TIER_PEER,
+                                  proto::TIER_LOCAL_DISK, proto::TIER_SHARED};
+
 bool ValidTier(proto::Tier t) {
   return t >= proto::TIER_MEMORY && t <= proto::TIER_SHARED;
 }
@@ -67,8 +70,7 @@ absl::StatusOr<std::vector<proto::Tier>> EmbeddedCoordinator::Vote(
   KvStore::Batch batch;
   batch.puts.emplace_back(VoteKey(job, step, rank), mine.SerializeAsString());
   std::vector<proto::Tier> committed;
-  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_PEER,
-                           proto::TIER_LOCAL_DISK, proto::TIER_SHARED}) {
+  for (proto::Tier tier : kTiers) {
     ASSIGN_OR_RETURN(auto commit, store_->Get(CommitKey(job, step, tier)));
     if (commit.has_value()) {
       committed.push_back(tier);
@@ -140,8 +142,7 @@ EmbeddedCoordinator::ListCommits(const std::string& job) {
 absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
                                                uint64_t step, uint32_t rank) {
   absl::MutexLock lock(&mu_);  // no vote can commit the step meanwhile
-  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_PEER,
-                           proto::TIER_LOCAL_DISK, proto::TIER_SHARED}) {
+  for (proto::Tier tier : kTiers) {
     ASSIGN_OR_RETURN(auto commit, store_->Get(CommitKey(job, step, tier)));
     if (commit.has_value()) {
       return absl::AlreadyExistsError(
@@ -157,8 +158,7 @@ absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
 absl::Status EmbeddedCoordinator::ForgetStep(const std::string& job,
                                              uint64_t step) {
   absl::MutexLock lock(&mu_);
-  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_PEER,
-                           proto::TIER_LOCAL_DISK, proto::TIER_SHARED}) {
+  for (proto::Tier tier : kTiers) {
     ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
                      LatestCommitted(job, tier));
     if (latest.has_value() && *latest == step) {
