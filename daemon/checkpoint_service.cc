@@ -311,6 +311,10 @@ absl::Status CheckpointService::StageComplete(
     // missing.
     CKPT_LOG_WARN("{}: memory-tier vote failed: {}", what,
                   committed.status().ToString());
+  } else if (std::find(committed->begin(), committed->end(),
+                       proto::TIER_MEMORY) != committed->end()) {
+    // An older step's slot may leave the memory tier now.
+    RequestGc(job);
   }
   Enqueue({job, step, rank});
   return absl::OkStatus();
@@ -322,31 +326,56 @@ void CheckpointService::Enqueue(const SlotId& id) {
   ++generation_;
 }
 
+void CheckpointService::RequestGc(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  gc_wanted_.insert(job);
+}
+
 void CheckpointService::PersistLoop() {
   while (true) {
     SlotId id;
+    std::string gc_job;
     {
       absl::MutexLock lock(&mu_);
       // The first queued shard whose rank is not already being persisted; later
       // steps of a busy rank wait their turn, so every rank persists in step
-      // order.
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_) return true;
-        for (const SlotId& q : queue_) {
-          if (busy_.count({q.job, q.rank}) == 0) return true;
-        }
-        return false;
+      // order. Persisting goes before garbage collection.
+      auto first_ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return std::find_if(queue_.begin(), queue_.end(),
+                            [this](const SlotId& q) {
+                              mu_.AssertHeld();
+                              return busy_.count({q.job, q.rank}) == 0;
+                            });
+      };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || first_ready() != queue_.end() ||
+               !gc_wanted_.empty();
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
-      auto it =
-          std::find_if(queue_.begin(), queue_.end(), [this](const SlotId& q) {
-            mu_.AssertHeld();
-            return busy_.count({q.job, q.rank}) == 0;
-          });
-      id = *it;
-      queue_.erase(it);
-      busy_[{id.job, id.rank}] = id.step;
+      auto it = first_ready();
+      if (it != queue_.end()) {
+        id = *it;
+        queue_.erase(it);
+        busy_[{id.job, id.rank}] = id.step;
+      } else {
+        gc_job = *gc_wanted_.begin();
+        gc_wanted_.erase(gc_wanted_.begin());
+        ++gc_running_;
+      }
+    }
+    if (!gc_job.empty()) {
+      const absl::Time gc_start = absl::Now();
+      CollectGarbage(gc_job);
+      const absl::Duration gc = absl::Now() - gc_start;
+      if (gc > absl::Milliseconds(100)) {
+        CKPT_LOG_INFO("job {}: garbage collection took {:.1f} ms", gc_job,
+                      absl::ToDoubleMilliseconds(gc));
+      }
+      absl::MutexLock lock(&mu_);
+      --gc_running_;
+      ++generation_;
+      continue;
     }
     absl::StatusOr<absl::optional<proto::ShardRecord>> record =
         catalog_->GetShard(id.job, id.step, id.rank);
@@ -368,32 +397,19 @@ void CheckpointService::PersistLoop() {
                      Describe(id.job, id.step, id.rank),
                      record.status().ToString());
     }
-    {
-      // The rank's next shard may start persisting on another thread while
-      // this one collects garbage (unlinking a large file takes a while).
-      absl::MutexLock lock(&mu_);
-      busy_.erase({id.job, id.rank});
-      ++gc_running_;
-      ++generation_;
-    }
-    const absl::Time gc_start = absl::Now();
-    CollectGarbage(id.job);
-    const absl::Duration gc = absl::Now() - gc_start;
-    if (gc > absl::Milliseconds(100)) {
-      CKPT_LOG_INFO("job {}: garbage collection took {:.1f} ms", id.job,
-                    absl::ToDoubleMilliseconds(gc));
-    }
+    // The rank's next shard may start persisting on one thread while another
+    // collects garbage (unlinking a large file takes a while).
     absl::MutexLock lock(&mu_);
-    --gc_running_;
+    busy_.erase({id.job, id.rank});
+    gc_wanted_.insert(id.job);
     ++generation_;
   }
 }
 
 absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(std::unique_ptr<io::MappedFile> slot,
-                   io::DefaultFileSystem()->MapFile(
-                       r.slot_path(), {.writable = false, .populate = true}));
+  ASSIGN_OR_RETURN(std::shared_ptr<io::MappedFile> slot,
+                   arena_->Map({r.job(), r.step(), r.rank()}));
   if (slot->size() < r.slot_bytes()) {
     return absl::DataLossError(
         absl::StrCat("staging slot ", r.slot_path(), " has ", slot->size(),
@@ -478,21 +494,27 @@ void CheckpointService::CollectGarbage(const std::string& job) {
   const std::vector<uint64_t> memory =
       kept(proto::TIER_MEMORY, options_.keep_memory_steps);
   if (disk.empty()) return;  // nothing is safe on disk yet: keep everything
-  // Only steps older than the oldest kept disk commit are candidates, so the
-  // latest committed step and the one before it are never touched until newer
-  // ones are committed.
+  // Files older than the oldest kept disk commit go, so the latest committed
+  // step and the one before it are never touched until newer ones are
+  // committed. Slots stay for the kept memory commits and for steps newer than
+  // every commit (they may still be committed in memory); a slot leaves as
+  // soon as a newer step is committed in memory, which frees staging memory
+  // for the next save while the disk catches up.
   const uint64_t oldest_disk = disk.back();
-  const uint64_t newest_disk = disk.front();
+  const uint64_t newest =
+      memory.empty() ? disk.front() : std::max(disk.front(), memory.front());
   std::set<uint64_t> dropped_from;  // steps some shard was dropped from
+  // Slots go back to the arena at once, where the next save is waiting for
+  // one; files are unlinked after the loop (a large one takes a while).
+  std::vector<std::string> unlink;
   for (proto::ShardRecord r : *shards) {
     const uint64_t step = r.step();
     if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED) {
       continue;  // never drop what is not safely persisted yet
     }
     bool keep_file = step >= oldest_disk;
-    bool keep_slot =
-        step >= newest_disk ||
-        std::find(memory.begin(), memory.end(), step) != memory.end();
+    bool keep_slot = step > newest || std::find(memory.begin(), memory.end(),
+                                                step) != memory.end();
     std::string file = r.shard_path(), slot = r.slot_path();
     bool changed = false;
     if (!keep_file && !file.empty()) {
@@ -512,14 +534,16 @@ void CheckpointService::CollectGarbage(const std::string& job) {
     if (!s.ok()) {
       CKPT_LOG_WARN("gc of {}: {}", Describe(r.job(), r.step(), r.rank()),
                     s.ToString());
-      return;
+      dropped_from.clear();
+      break;
     }
     CKPT_KILL_POINT("service.gc_after_catalog");
-    if (r.shard_path().empty() && !file.empty()) (void)fs_->Unlink(file);
     if (r.slot_path().empty() && !slot.empty())
       (void)arena_->Release({r.job(), r.step(), r.rank()});
+    if (r.shard_path().empty() && !file.empty()) unlink.push_back(file);
     if (empty) dropped_from.insert(step);
   }
+  for (const std::string& file : unlink) (void)fs_->Unlink(file);
   if (dropped_from.empty()) return;
   // A step none of whose shards is left is forgotten by the coordinator too.
   absl::StatusOr<std::vector<proto::ShardRecord>> left =
@@ -596,7 +620,8 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
 void CheckpointService::WaitIdle() {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && busy_.empty() && gc_running_ == 0;
+    return queue_.empty() && busy_.empty() && gc_running_ == 0 &&
+           gc_wanted_.empty();
   };
   mu_.Await(absl::Condition(&idle));
 }

@@ -102,7 +102,10 @@ class CheckpointService {
   explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
   absl::Status Recover();
   void Enqueue(const SlotId& id);
+  // Persist threads take queued shards first, then garbage collection asked
+  // for a job (after a persist or a memory-tier commit).
   void PersistLoop();
+  void RequestGc(const std::string& job);
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
   void CollectGarbage(const std::string& job);
@@ -130,6 +133,7 @@ class CheckpointService {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) =
       0;                                     // bumped on every state change
   int gc_running_ ABSL_GUARDED_BY(mu_) = 0;  // threads collecting garbage
+  std::set<std::string> gc_wanted_ ABSL_GUARDED_BY(mu_);  // jobs to collect
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex gc_mu_;  // one garbage collection at a time
   std::vector<std::thread> workers_;

@@ -76,7 +76,7 @@ std::string StagingArena::SlotPath(const SlotId& id) const {
 absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
                                                 uint64_t bytes) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(id.job));
-  std::string reuse;
+  FreeSlot reuse;
   std::vector<std::string> evict;
   if (bytes == 0)
     bytes =
@@ -112,10 +112,10 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
       }
     }
     used_ += bytes;
-    slots_[id] = SlotInfo{id, SlotPath(id), bytes};
+    slots_[id] = Slot{SlotInfo{id, SlotPath(id), bytes}, nullptr};
     auto same = free_.find(bytes);
     if (same != free_.end()) {
-      reuse = same->second;
+      reuse = std::move(same->second);
       free_bytes_ -= bytes;
       free_.erase(same);
     }
@@ -123,8 +123,8 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
     while (used_ + free_bytes_ > options_.budget_bytes && !free_.empty()) {
       auto victim = std::prev(free_.end());
       free_bytes_ -= victim->first;
-      evict.push_back(victim->second);
-      free_.erase(victim);
+      evict.push_back(victim->second.path);
+      free_.erase(victim);  // drops the daemon's mapping with it
     }
   }
   for (const std::string& path : evict) (void)fs_->Unlink(path);
@@ -133,15 +133,22 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
   std::string job_dir = io::JoinPath(options_.dir, id.job);
   absl::Status s = fs_->CreateDirs(job_dir);
   if (s.ok()) ::chmod(job_dir.c_str(), 0700);
-  if (s.ok() && !reuse.empty()) {
-    absl::Status renamed = fs_->Rename(reuse, SlotPath(id));
-    if (renamed.ok()) return SlotInfo{id, SlotPath(id), bytes};
-    (void)fs_->Unlink(reuse);  // fall back to a fresh slot
+  std::shared_ptr<io::MappedFile> map;  // stays null for a reused slot the
+                                        // daemon has not mapped yet
+  bool reused = false;
+  if (s.ok() && !reuse.path.empty()) {
+    reused = fs_->Rename(reuse.path, SlotPath(id)).ok();
+    if (reused) {
+      map = std::move(reuse.map);
+    } else {
+      (void)fs_->Unlink(reuse.path);  // fall back to a fresh slot
+    }
   }
-  if (s.ok()) {
-    auto mapped =
+  if (s.ok() && !reused) {
+    absl::StatusOr<std::unique_ptr<io::MappedFile>> mapped =
         fs_->MapFile(SlotPath(id), io::MapOptions{.create_size = bytes});
     s = mapped.status();
+    if (s.ok()) map = *std::move(mapped);
   }
   if (!s.ok()) {
     absl::MutexLock lock(&mu_);
@@ -151,13 +158,14 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
         s.code(),
         absl::StrCat("staging slot for ", Describe(id), ": ", s.message()));
   }
+  absl::MutexLock lock(&mu_);
+  auto it = slots_.find(id);
+  if (it != slots_.end()) it->second.map = std::move(map);
   return SlotInfo{id, SlotPath(id), bytes};
 }
 
 absl::Status StagingArena::Release(const SlotId& id) {
   constexpr size_t kMaxFreeSlots = 4;
-  uint64_t bytes;
-  std::string keep_as;
   {
     absl::MutexLock lock(&mu_);
     auto it = slots_.find(id);
@@ -165,24 +173,22 @@ absl::Status StagingArena::Release(const SlotId& id) {
       return absl::NotFoundError(
           absl::StrCat("no staging slot for ", Describe(id)));
     }
-    bytes = it->second.bytes;
+    const uint64_t bytes = it->second.info.bytes;
+    std::shared_ptr<io::MappedFile> map = std::move(it->second.map);
     slots_.erase(it);
     used_ -= bytes;
     if (free_.size() < kMaxFreeSlots) {
-      keep_as =
+      // Renamed under the lock (a tmpfs rename never waits for a device): an
+      // Allocate racing with this release must find the slot, or it would pay
+      // for a fresh one whose pages the trainer's copy then has to clear.
+      std::string keep_as =
           io::JoinPath(FreeDir(), absl::StrCat(next_free_id_++, kSlotSuffix));
-      free_bytes_ +=
-          bytes;  // reserved now so a concurrent Allocate cannot overcommit
+      if (fs_->Rename(SlotPath(id), keep_as).ok()) {
+        free_.emplace(bytes, FreeSlot{keep_as, std::move(map)});
+        free_bytes_ += bytes;
+        return absl::OkStatus();
+      }
     }
-  }
-  if (!keep_as.empty()) {
-    absl::Status s = fs_->Rename(SlotPath(id), keep_as);
-    absl::MutexLock lock(&mu_);
-    if (s.ok()) {
-      free_.emplace(bytes, keep_as);
-      return absl::OkStatus();
-    }
-    free_bytes_ -= bytes;
   }
   absl::Status s = fs_->Unlink(SlotPath(id));
   if (!s.ok() && s.code() != absl::StatusCode::kNotFound) {
@@ -198,7 +204,23 @@ absl::StatusOr<SlotInfo> StagingArena::Find(const SlotId& id) const {
     return absl::NotFoundError(
         absl::StrCat("no staging slot for ", Describe(id)));
   }
-  return it->second;
+  return it->second.info;
+}
+
+absl::StatusOr<std::shared_ptr<io::MappedFile>> StagingArena::Map(
+    const SlotId& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no staging slot for ", Describe(id)));
+  }
+  if (it->second.map == nullptr) {
+    // mmap without populating is cheap enough to do under the lock.
+    ASSIGN_OR_RETURN(it->second.map,
+                     fs_->MapFile(it->second.info.path, io::MapOptions{}));
+  }
+  return it->second.map;
 }
 
 absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(
@@ -229,7 +251,7 @@ absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(
       info.bytes = *size;
       absl::MutexLock lock(&mu_);
       used_ += info.bytes;
-      slots_[info.id] = info;
+      slots_[info.id] = Slot{info, nullptr};
       adopted.push_back(info);
     }
   }

@@ -67,6 +67,10 @@ class StagingArena {
   // are NotFound.
   absl::Status Release(const SlotId& id);
   absl::StatusOr<SlotInfo> Find(const SlotId& id) const;
+  // The daemon's mapping of a live slot, made on first use and kept with the
+  // slot file, also while it waits in the free list for reuse: a reused slot
+  // is persisted without mapping and faulting in its pages again.
+  absl::StatusOr<std::shared_ptr<io::MappedFile>> Map(const SlotId& id);
 
   // After a restart: every slot file found is adopted when `keep` says so (its
   // bytes count against the budget) and deleted otherwise. Returns the adopted
@@ -89,10 +93,18 @@ class StagingArena {
   mutable absl::Mutex mu_;
   std::string FreeDir() const;
 
+  struct Slot {
+    SlotInfo info;
+    std::shared_ptr<io::MappedFile> map;  // null until first mapped
+  };
+  struct FreeSlot {
+    std::string path;
+    std::shared_ptr<io::MappedFile> map;
+  };
+
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<SlotId, SlotInfo> slots_ ABSL_GUARDED_BY(mu_);
-  std::multimap<uint64_t, std::string> free_
-      ABSL_GUARDED_BY(mu_);  // size -> path
+  std::map<SlotId, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, FreeSlot> free_ ABSL_GUARDED_BY(mu_);  // by size
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_free_id_ ABSL_GUARDED_BY(mu_) = 0;
 };

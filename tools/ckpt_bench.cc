@@ -403,6 +403,18 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
                                {static_cast<int64_t>(state.size())}, {0},
                                {static_cast<int64_t>(state.size())});
     const int warmup = 2, saves = 6;
+    // fio writes the same bytes as the persist phase right before and right
+    // after it; the reference is their mean. This VM's disk drifts by 2x
+    // within minutes, so a reference taken at another time, or a burst
+    // smaller than the phase, says more about the drift than about ckptd.
+    const std::string fio_file = dir + "/ckpt-bench-fio.dat";
+    auto fio_pass = [&] {
+      double v =
+          Fio(fio_file, true, saves * mib, io::PosixFsOptions{}.queue_depth);
+      ::unlink(fio_file.c_str());
+      return v;
+    };
+    const double fio_before = fio_pass();
     auto start = std::chrono::steady_clock::now();
     std::shared_ptr<ckpt::client::SaveHandle> last;
     for (int i = 0; i < warmup + saves; ++i) {
@@ -435,15 +447,11 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
       return 1;
     }
     double persist = saves * static_cast<double>(mib) / Seconds(start);
-    // fio right after, twice; the better pass is the reference (the ratio is
-    // then a lower bound on a noisy disk).
-    double fio = 0;
-    for (int pass = 0; pass < 2; ++pass) {
-      fio = std::max(fio, Fio(dir + "/ckpt-bench-fio.dat", true, mib,
-                              io::PosixFsOptions{}.queue_depth));
-      ::unlink((dir + "/ckpt-bench-fio.dat").c_str());
-    }
+    const double fio_after = fio_pass();
+    const double fio = (fio_before + fio_after) / 2;
     j["persist_mib_s"] = persist;
+    j["fio_write_before_mib_s"] = fio_before;
+    j["fio_write_after_mib_s"] = fio_after;
     j["fio_write_mib_s"] = fio;
     j["persist_vs_fio"] = persist / fio;
   }

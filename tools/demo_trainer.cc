@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   // (the daemon was down), save it again; then wait until every rank has it on
   // disk.
   bool durable = false;
+  int failed_again = 0;
   for (int attempt = 0; attempt < 600 && !durable; ++attempt) {
     auto latest_disk = (*ckpt)->LatestCommitted(proto::TIER_LOCAL_DISK);
     if (latest_disk.ok() && latest_disk->has_value() &&
@@ -122,9 +123,23 @@ int main(int argc, char** argv) {
     auto shard = (*ckpt)->DescribeShard(steps);
     if (!shard.ok() && shard.status().code() == absl::StatusCode::kNotFound) {
       auto save = (*ckpt)->SaveAsync(steps);
-      if (save.ok()) (void)(*save)->WaitStaged();
+      absl::Status staged = save.ok() ? (*save)->WaitStaged() : save.status();
+      if (staged.ok()) staged = (*save)->WaitCommitted(proto::TIER_MEMORY);
+      if (!staged.ok() && (++failed_again <= 3 || failed_again % 100 == 0)) {
+        std::fprintf(stderr, "rank %u: saving step %lu again failed: %s\n",
+                     rank, static_cast<unsigned long>(steps),
+                     std::string(staged.message()).c_str());
+      }
     }
     usleep(100000);
+  }
+  if (!durable) {
+    auto shard = (*ckpt)->DescribeShard(steps);
+    std::fprintf(stderr,
+                 "rank %u: step %lu never became durable; its shard: %s\n",
+                 rank, static_cast<unsigned long>(steps),
+                 shard.ok() ? shard->ShortDebugString().substr(0, 400).c_str()
+                            : std::string(shard.status().message()).c_str());
   }
   std::sort(stalls.begin(), stalls.end());
   std::ofstream(absl::StrCat(out, "/final-rank-", rank, ".bin"),

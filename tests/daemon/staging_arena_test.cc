@@ -133,6 +133,46 @@ TEST_F(StagingArenaTest, ReleasedSlotsAreReusedAndEvictedUnderPressure) {
   EXPECT_EQ(arena->used_bytes(), 900u);
 }
 
+// A slot adopted after a restart has never been mapped by this daemon; once
+// released it must still be reusable (it used to fail with "File exists").
+TEST_F(StagingArenaTest, AdoptedSlotIsReusedAfterRelease) {
+  {
+    auto arena = Open(1 << 20, FullPolicy::kSkip);
+    ASSERT_TRUE(arena->Allocate({"job", 1, 0}, 4096).ok());
+  }
+  auto arena = Open(1 << 20, FullPolicy::kSkip);
+  ASSERT_TRUE(arena->Recover([](const SlotInfo&) { return true; }).ok());
+  ASSERT_TRUE(arena->Release({"job", 1, 0}).ok());
+  auto again = arena->Allocate({"job", 2, 0}, 4096);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto map = arena->Map({"job", 2, 0});
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ((*map)->size(), 4096u);
+}
+
+// The daemon maps a slot once; the mapping follows the slot through the free
+// list into its next use and shows what a writer put into the file.
+TEST_F(StagingArenaTest, MappingIsKeptAcrossReuse) {
+  auto arena = Open(1 << 20, FullPolicy::kSkip);
+  auto slot = arena->Allocate({"job", 1, 0}, 8192);
+  ASSERT_TRUE(slot.ok());
+  auto first = arena->Map({"job", 1, 0});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint8_t* data = (*first)->data();
+  first->reset();
+  ASSERT_TRUE(arena->Release({"job", 1, 0}).ok());
+  auto second = arena->Allocate({"job", 2, 0}, 8192);
+  ASSERT_TRUE(second.ok());
+  auto writer = io::DefaultFileSystem()->MapFile(second->path, {});
+  ASSERT_TRUE(writer.ok());
+  (*writer)->data()[100] = 42;
+  auto map = arena->Map({"job", 2, 0});
+  ASSERT_TRUE(map.ok());
+  EXPECT_EQ((*map)->data(), data) << "not mapped again";
+  EXPECT_EQ((*map)->data()[100], 42);
+  EXPECT_FALSE(arena->Map({"job", 1, 0}).ok()) << "released slots are gone";
+}
+
 TEST_F(StagingArenaTest, RefusesBadNamesAndPlantedSymlinks) {
   auto arena = Open(1 << 20, FullPolicy::kSkip);
   EXPECT_EQ(arena->Allocate({"../etc", 1, 0}, 10).status().code(),
