@@ -608,24 +608,13 @@ absl::Status Checkpointer::VerifySlot(
           "item \"", item->name(), "\" has ", staged->item().raw_size(),
           " bytes in the slot but ", item->raw_size(), " in ", reader.path()));
     }
-    const uint8_t* base = slot + staged->slot_offset();
-    for (int c = 0; c < item->chunks_size(); ++c) {
-      const proto::ChunkInfo& chunk = item->chunks(c);
-      if (chunk.raw_offset() > item->raw_size() ||
-          chunk.raw_size() > item->raw_size() - chunk.raw_offset()) {
-        return absl::DataLossError(
-            absl::StrCat("chunk ", c, " of item \"", item->name(), "\" in ",
-                         reader.path(), " lies outside the item"));
-      }
-      uint64_t sum = snapshot::Checksum(
-          absl::MakeConstSpan(base + chunk.raw_offset(), chunk.raw_size()));
-      if (sum != chunk.raw_xxh3()) {
-        return absl::DataLossError(absl::StrCat(
-            "checksum mismatch in the staging slot: item \"", item->name(),
-            "\" chunk ", c, " (raw bytes ", chunk.raw_offset(), "..",
-            chunk.raw_offset() + chunk.raw_size(), ") differs from ",
-            reader.path()));
-      }
+    std::vector<absl::Status> bad = snapshot::VerifyRawItem(
+        absl::MakeConstSpan(slot + staged->slot_offset(), item->raw_size()),
+        *item, /*max_errors=*/1);
+    if (!bad.empty()) {
+      return absl::DataLossError(absl::StrCat("the staging slot differs from ",
+                                              reader.path(), ": ",
+                                              bad.front().message()));
     }
   }
   return absl::OkStatus();

@@ -52,6 +52,17 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const std::string& dir) {
   return std::unique_ptr<KvStore>(new KvStore(dir, db));
 }
 
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::OpenReadOnly(
+    const std::string& dir) {
+  rocksdb::Options options;
+  options.paranoid_checks = true;
+  options.max_open_files = 256;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, dir, &db);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("open ", dir, " read-only"));
+  return std::unique_ptr<KvStore>(new KvStore(dir, db));
+}
+
 absl::StatusOr<absl::optional<std::string>> KvStore::Get(
     absl::string_view key) {
   std::string value;

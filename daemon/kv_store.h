@@ -29,6 +29,11 @@ class KvStore {
  public:
   // Opens (creating if needed) the database in `dir`.
   static absl::StatusOr<std::unique_ptr<KvStore>> Open(const std::string& dir);
+  // Opens an existing database for reading only, also while a ckptd has it
+  // open (RocksDB takes no lock for this): what it sees is the state as of the
+  // open. Writes fail.
+  static absl::StatusOr<std::unique_ptr<KvStore>> OpenReadOnly(
+      const std::string& dir);
   ~KvStore();
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;

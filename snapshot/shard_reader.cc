@@ -316,4 +316,32 @@ std::vector<absl::Status> VerifyShard(io::FileSystem* fs,
   return (*reader)->VerifyAll();
 }
 
+std::vector<absl::Status> VerifyRawItem(absl::Span<const uint8_t> raw,
+                                        const proto::Item& item,
+                                        size_t max_errors) {
+  std::vector<absl::Status> errors;
+  if (raw.size() != item.raw_size()) {
+    errors.push_back(absl::DataLossError(
+        absl::StrCat("item \"", item.name(), "\" has ", raw.size(),
+                     " bytes here but ", item.raw_size(), " in the manifest")));
+    return errors;
+  }
+  for (int c = 0; c < item.chunks_size() && errors.size() < max_errors; ++c) {
+    const proto::ChunkInfo& chunk = item.chunks(c);
+    if (chunk.raw_offset() > raw.size() ||
+        chunk.raw_size() > raw.size() - chunk.raw_offset()) {
+      errors.push_back(absl::DataLossError(
+          absl::StrCat("chunk ", c, " of item \"", item.name(),
+                       "\" lies outside the item")));
+    } else if (Checksum(raw.subspan(chunk.raw_offset(), chunk.raw_size())) !=
+               chunk.raw_xxh3()) {
+      errors.push_back(absl::DataLossError(absl::StrCat(
+          "item \"", item.name(), "\" chunk ", c, " (raw bytes ",
+          chunk.raw_offset(), "..", chunk.raw_offset() + chunk.raw_size(),
+          "): raw checksum mismatch")));
+    }
+  }
+  return errors;
+}
+
 }  // namespace ckpt::snapshot

@@ -87,6 +87,15 @@ std::vector<absl::Status> VerifyShard(io::FileSystem* fs,
                                       const std::string& path,
                                       const ShardReaderOptions& options = {});
 
+// Checks an item's raw bytes held outside the shard (a memory-tier staging
+// slot) against the per-chunk raw checksums of `item`, taken from a verified
+// manifest. Returns one error per bad chunk, at most `max_errors`, each naming
+// the item, the chunk and its raw byte range; a size that differs from the
+// item's is one error.
+std::vector<absl::Status> VerifyRawItem(absl::Span<const uint8_t> raw,
+                                        const proto::Item& item,
+                                        size_t max_errors = SIZE_MAX);
+
 }  // namespace ckpt::snapshot
 
 #endif  // CKPT_SNAPSHOT_SHARD_READER_H_

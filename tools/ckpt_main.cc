@@ -1,18 +1,29 @@
-// ckpt: the operators' command. This foundation provides `inspect` and `verify`
-// of shard files; the catalog-backed commands (ls, gc, status, export, restore)
-// arrive with the daemon.
+// ckpt: the operators' command. It reads a ckptd data directory directly (the
+// catalog opened read-only, which works whether or not ckptd runs): `ls`,
+// `inspect`, `verify` and `export`; `inspect` and `verify` also take shard
+// files. Exit codes: 0 good, 1 a check found problems or an operation failed,
+// 2 bad usage, 3 what was asked for does not exist (data directory, job, step).
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/coordinator.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
+#include "snapshot/format.h"
 #include "snapshot/shard_reader.h"
+#include "tools/data_dir_view.h"
+#include "tools/export.h"
 
 namespace {
 
@@ -157,32 +168,431 @@ int Verify(const std::vector<std::string>& paths, bool json) {
   return bad_files == 0 ? 0 : 1;
 }
 
+constexpr int kExitProblems = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitNotFound = 3;
+
+int Fail(absl::string_view command, const absl::Status& s) {
+  std::cerr << "ckpt " << command << ": " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kNotFound ? kExitNotFound
+                                                 : kExitProblems;
+}
+
+std::string HumanBytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string Age(int64_t unix_micros) {
+  if (unix_micros <= 0) return "-";
+  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  int64_t s = std::max<int64_t>(0, (now - unix_micros) / 1000000);
+  if (s < 120) return absl::StrCat(s, "s ago");
+  if (s < 7200) return absl::StrCat(s / 60, "m ago");
+  if (s < 2 * 86400) return absl::StrCat(s / 3600, "h ago");
+  return absl::StrCat(s / 86400, "d ago");
+}
+
+// A one-line progress bar on stderr, only when stdout is a terminal (a script
+// reading the output gets none).
+class Progress {
+ public:
+  explicit Progress(std::string label)
+      : label_(std::move(label)), on_(::isatty(STDOUT_FILENO) == 1) {}
+  ~Progress() {
+    if (on_ && shown_) std::fprintf(stderr, "\r\033[K");
+  }
+  void Update(int done, int total) {
+    if (!on_ || total <= 0) return;
+    const int width = 30, filled = width * done / total;
+    std::fprintf(stderr, "\r%s [%s%s] %d/%d", label_.c_str(),
+                 std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), done, total);
+    shown_ = true;
+  }
+
+ private:
+  const std::string label_;
+  const bool on_;
+  bool shown_ = false;
+};
+
+absl::StatusOr<uint64_t> ParseStep(const std::string& text) {
+  uint64_t step;
+  if (!absl::SimpleAtoi(text, &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step \"", text, "\" is not a number"));
+  }
+  return step;
+}
+
+nlohmann::json StepJson(const ckpt::tools::StepSummary& s) {
+  nlohmann::json j;
+  j["step"] = s.step;
+  j["world_size"] = s.world_size;
+  j["ranks_in_memory"] = s.ranks_in_memory;
+  j["ranks_on_disk"] = s.ranks_on_disk;
+  j["ranks_failed"] = s.ranks_failed;
+  std::vector<std::string> tiers;
+  for (proto::Tier t : s.committed) tiers.push_back(ckpt::daemon::TierName(t));
+  j["committed"] = tiers;
+  j["raw_bytes"] = s.raw_bytes;
+  j["stored_bytes"] = s.stored_bytes;
+  j["newest_unix_micros"] = s.newest_unix_micros;
+  return j;
+}
+
+// Per tier: "committed", "k/N" ranks there, or "-".
+std::string TierCell(const ckpt::tools::StepSummary& s, proto::Tier tier,
+                     uint32_t ranks) {
+  for (proto::Tier t : s.committed) {
+    if (t == tier) return "committed";
+  }
+  if (ranks == 0) return "-";
+  return absl::StrCat(ranks, "/", s.world_size);
+}
+
+int Ls(const std::string& data_dir, const std::string& job, bool json) {
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("ls", view.status());
+  std::vector<std::string> jobs;
+  if (job.empty()) {
+    auto records = (*view)->Jobs();
+    if (!records.ok()) return Fail("ls", records.status());
+    for (const proto::JobRecord& r : *records) jobs.push_back(r.job());
+  } else {
+    jobs.push_back(job);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& name : jobs) {
+    auto steps = (*view)->Steps(name);
+    if (!steps.ok()) return Fail("ls", steps.status());
+    nlohmann::json j;
+    j["job"] = name;
+    j["steps"] = nlohmann::json::array();
+    for (const auto& s : *steps) j["steps"].push_back(StepJson(s));
+    if (json) {
+      out.push_back(std::move(j));
+      continue;
+    }
+    if (job.empty()) {
+      // One line per job: how many steps, the newest committed ones.
+      uint64_t latest_memory = 0, latest_disk = 0;
+      bool any_memory = false, any_disk = false;
+      uint32_t world = 0;
+      for (const auto& s : *steps) {
+        world = std::max(world, s.world_size);
+        for (proto::Tier t : s.committed) {
+          if (t == proto::TIER_MEMORY)
+            any_memory = true, latest_memory = s.step;
+          if (t == proto::TIER_LOCAL_DISK)
+            any_disk = true, latest_disk = s.step;
+        }
+      }
+      std::printf(
+          "%-24s world %-5u %4zu steps  latest committed: memory %s, "
+          "disk %s\n",
+          name.c_str(), world, steps->size(),
+          any_memory ? absl::StrCat(latest_memory).c_str() : "-",
+          any_disk ? absl::StrCat(latest_disk).c_str() : "-");
+      continue;
+    }
+    std::printf("job %s (%s)\n", name.c_str(), data_dir.c_str());
+    std::printf("  %10s %6s %-10s %-10s %-7s %10s %10s  %s\n", "step", "world",
+                "memory", "disk", "failed", "raw", "stored", "age");
+    for (const auto& s : *steps) {
+      std::printf(
+          "  %10lu %6u %-10s %-10s %-7s %10s %10s  %s\n",
+          static_cast<unsigned long>(s.step), s.world_size,
+          TierCell(s, proto::TIER_MEMORY, s.ranks_in_memory).c_str(),
+          TierCell(s, proto::TIER_LOCAL_DISK, s.ranks_on_disk).c_str(),
+          s.ranks_failed == 0 ? "-" : absl::StrCat(s.ranks_failed).c_str(),
+          s.ranks_on_disk ? HumanBytes(s.raw_bytes).c_str() : "-",
+          s.ranks_on_disk ? HumanBytes(s.stored_bytes).c_str() : "-",
+          Age(s.newest_unix_micros).c_str());
+    }
+  }
+  if (json) std::cout << (job.empty() ? out : out[0]).dump(2) << "\n";
+  return 0;
+}
+
+// `ckpt inspect JOB STEP`: the step's tensors with how they are sharded.
+int InspectStep(const std::string& data_dir, const std::string& job,
+                const std::string& step_text, bool json) {
+  auto step = ParseStep(step_text);
+  if (!step.ok()) return Fail("inspect", step.status()), kExitUsage;
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("inspect", view.status());
+  auto shards = (*view)->StepShards(job, *step);
+  if (!shards.ok()) return Fail("inspect", shards.status());
+  nlohmann::json j;
+  j["job"] = job;
+  j["step"] = *step;
+  j["world_size"] = shards->front().world_size();
+  j["ranks"] = nlohmann::json::array();
+  for (const proto::ShardRecord& r : *shards) {
+    nlohmann::json rj;
+    rj["rank"] = r.rank();
+    rj["state"] = proto::ShardState_Name(r.state());
+    if (!r.shard_path().empty()) rj["shard_path"] = r.shard_path();
+    if (!r.slot_path().empty()) rj["slot_path"] = r.slot_path();
+    if (!r.error().empty()) rj["error"] = r.error();
+    rj["items"] = nlohmann::json::array();
+    // The persisted manifest has chunk and codec figures; a shard only in
+    // memory has the trainer's description of its items.
+    absl::StatusOr<std::unique_ptr<ShardReader>> reader =
+        r.state() == proto::SHARD_PERSISTED && !r.shard_path().empty()
+            ? ShardReader::Open(ckpt::io::DefaultFileSystem(), r.shard_path())
+            : absl::StatusOr<std::unique_ptr<ShardReader>>(
+                  absl::NotFoundError("not persisted"));
+    if (reader.ok()) {
+      for (const proto::Item& item : (*reader)->manifest().items())
+        rj["items"].push_back(ItemJson(item));
+    } else {
+      if (r.state() == proto::SHARD_PERSISTED)
+        rj["error"] = std::string(reader.status().message());
+      for (const proto::StagedItem& staged : r.items())
+        rj["items"].push_back(ItemJson(staged.item()));
+    }
+    j["ranks"].push_back(std::move(rj));
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("job %s step %lu, world size %u\n", job.c_str(),
+              static_cast<unsigned long>(*step), shards->front().world_size());
+  // Tensors across ranks: name -> rank boxes.
+  std::map<std::string, std::vector<std::string>> boxes;
+  std::map<std::string, std::string> kinds;
+  for (const nlohmann::json& rj : j["ranks"]) {
+    std::printf("  rank %u: %s%s%s\n", rj["rank"].get<uint32_t>(),
+                rj["state"].get<std::string>().c_str(),
+                rj.contains("shard_path") ? ", on disk" : "",
+                rj.contains("slot_path") ? ", in memory" : "");
+    if (rj.contains("error"))
+      std::printf("    error: %s\n", rj["error"].get<std::string>().c_str());
+    for (const nlohmann::json& ij : rj["items"]) {
+      const std::string name = ij["name"];
+      if (ij["kind"] == "tensor") {
+        kinds[name] = absl::StrCat(ij["dtype"].get<std::string>(), " ",
+                                   ij["global_shape"].dump());
+        boxes[name].push_back(absl::StrCat("r", rj["rank"].get<uint32_t>(), ":",
+                                           ij["box_offset"].dump(), "+",
+                                           ij["box_length"].dump()));
+      } else {
+        kinds[name] = "bytes";
+        boxes[name].push_back(
+            absl::StrCat("r", rj["rank"].get<uint32_t>(), ":",
+                         HumanBytes(ij["raw_size"].get<uint64_t>())));
+      }
+      std::printf("    %-36s raw %10s stored %10s chunks %4d %s\n",
+                  name.c_str(),
+                  HumanBytes(ij["raw_size"].get<uint64_t>()).c_str(),
+                  HumanBytes(ij["stored_size"].get<uint64_t>()).c_str(),
+                  ij["chunks"].get<int>(), ij["codecs"].dump().c_str());
+    }
+  }
+  std::printf("  items and their sharding:\n");
+  for (const auto& [name, parts] : boxes) {
+    std::printf("    %-36s %-28s %s\n", name.c_str(), kinds[name].c_str(),
+                absl::StrJoin(parts, " ").c_str());
+  }
+  return 0;
+}
+
+// `ckpt verify JOB [STEP]`: every copy of every shard, on every tier.
+int VerifyJob(const std::string& data_dir, const std::string& job,
+              const std::string& step_text, bool json) {
+  absl::optional<uint64_t> step;
+  if (!step_text.empty()) {
+    auto parsed = ParseStep(step_text);
+    if (!parsed.ok()) return Fail("verify", parsed.status()), kExitUsage;
+    step = *parsed;
+  }
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("verify", view.status());
+  auto shards =
+      step.has_value() ? (*view)->StepShards(job, *step) : (*view)->Shards(job);
+  if (!shards.ok()) return Fail("verify", shards.status());
+  int problems = 0, copies = 0;
+  uint64_t chunks = 0;
+  nlohmann::json out = nlohmann::json::array();
+  Progress progress("verify");
+  int done = 0;
+  for (const proto::ShardRecord& r : *shards) {
+    for (const ckpt::tools::TierCheck& c : (*view)->Verify(r)) {
+      ++copies;
+      chunks += c.chunks;
+      problems += static_cast<int>(c.problems.size());
+      nlohmann::json cj;
+      cj["tier"] = c.tier;
+      cj["step"] = c.step;
+      cj["rank"] = c.rank;
+      cj["path"] = c.path;
+      cj["chunks"] = c.chunks;
+      cj["problems"] = c.problems;
+      out.push_back(std::move(cj));
+      if (!json) {
+        for (const std::string& p : c.problems) {
+          std::printf("BAD %s step %lu rank %u: %s\n", c.tier.c_str(),
+                      static_cast<unsigned long>(c.step), c.rank, p.c_str());
+        }
+      }
+    }
+    progress.Update(++done, static_cast<int>(shards->size()));
+  }
+  if (json) {
+    nlohmann::json j;
+    j["job"] = job;
+    if (step.has_value()) j["step"] = *step;
+    j["ok"] = problems == 0;
+    j["copies"] = out;
+    std::cout << j.dump(2) << "\n";
+  } else if (problems == 0) {
+    std::printf("OK  job %s%s: %d shard copies, %lu chunks verified\n",
+                job.c_str(),
+                step.has_value() ? absl::StrCat(" step ", *step).c_str() : "",
+                copies, static_cast<unsigned long>(chunks));
+  } else {
+    std::printf("%d problem(s) in job %s\n", problems, job.c_str());
+  }
+  return problems == 0 ? 0 : kExitProblems;
+}
+
+int Export(const std::string& data_dir, const std::string& job,
+           const std::string& step_text, const std::string& format,
+           const std::string& out, bool json) {
+  auto step = ParseStep(step_text);
+  if (!step.ok()) return Fail("export", step.status()), kExitUsage;
+  if (format != "safetensors") {
+    std::cerr << "ckpt export: unknown format \"" << format
+              << "\" (supported: safetensors)\n";
+    return kExitUsage;
+  }
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("export", view.status());
+  Progress progress("export");
+  auto stats = ckpt::tools::ExportSafetensors(
+      **view, job, *step, out,
+      [&](int done, int total) { progress.Update(done, total); });
+  if (!stats.ok()) return Fail("export", stats.status());
+  if (json) {
+    nlohmann::json j;
+    j["job"] = job;
+    j["step"] = *step;
+    j["path"] = out;
+    j["tensors"] = stats->tensors;
+    j["bytes"] = stats->bytes;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("exported job %s step %lu: %d tensors, %s -> %s\n", job.c_str(),
+                static_cast<unsigned long>(*step), stats->tensors,
+                HumanBytes(stats->bytes).c_str(), out.c_str());
+  }
+  return 0;
+}
+
+// A shard file argument rather than a job id: named like one, or an existing
+// file.
+bool IsShardFile(const std::string& arg) {
+  if (absl::EndsWith(arg, ckpt::snapshot::kShardSuffix)) return true;
+  absl::StatusOr<bool> exists = ckpt::io::DefaultFileSystem()->Exists(arg);
+  return exists.ok() && *exists;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt: inspect and verify checkpoint shards"};
+  CLI::App app{
+      "ckpt: list, inspect, verify and export the checkpoints of a ckptd data "
+      "directory\n(exit codes: 0 good, 1 problems found or the operation "
+      "failed, 2 bad usage, 3 not found)"};
   app.require_subcommand(1);
   bool json = false;
+  const char* env_dir = std::getenv("CKPT_DATA_DIR");
+  std::string data_dir = env_dir != nullptr
+                             ? env_dir
+                             : absl::StrCat("/tmp/ckpt-", ::getuid(), "/data");
+  app.add_option("--data-dir", data_dir,
+                 "ckptd's data directory (env CKPT_DATA_DIR)")
+      ->capture_default_str();
 
-  std::string inspect_path;
-  CLI::App* inspect =
-      app.add_subcommand("inspect", "show what a shard file holds");
-  inspect->add_option("path", inspect_path, "shard file")->required();
+  std::string ls_job;
+  CLI::App* ls = app.add_subcommand(
+      "ls", "jobs, or the steps of JOB with their state per tier and sizes");
+  ls->add_option("job", ls_job, "job id");
+  ls->add_flag("--json", json, "print JSON");
+
+  std::vector<std::string> inspect_args;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect",
+      "JOB STEP: tensors, dtypes, shapes, how they are sharded, chunks and "
+      "codecs; or PATH.shard: one shard file");
+  inspect->add_option("target", inspect_args, "JOB STEP, or PATH.shard")
+      ->required()
+      ->expected(1, 2);
   inspect->add_flag("--json", json, "print one JSON object");
 
-  std::vector<std::string> verify_paths;
+  std::vector<std::string> verify_args;
   CLI::App* verify = app.add_subcommand(
       "verify",
-      "check every chunk of shard files; exit 1 and a line per bad chunk");
-  verify->add_option("paths", verify_paths, "shard files")->required();
+      "JOB [STEP]: check every chunk of every copy on every tier; or "
+      "PATH.shard...: shard files. Exit 1 and a line per problem");
+  verify->add_option("target", verify_args, "JOB [STEP], or shard files")
+      ->required();
   verify->add_flag("--json", json, "print JSON");
+
+  std::string export_job, export_step, format = "safetensors", export_out;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export",
+      "JOB STEP OUT: assemble full tensors from the shards of a committed "
+      "step and write them in a format the ecosystem reads");
+  export_cmd->add_option("job", export_job, "job id")->required();
+  export_cmd->add_option("step", export_step, "committed step")->required();
+  export_cmd->add_option("out", export_out, "output file")->required();
+  export_cmd->add_option("--format", format, "safetensors")
+      ->capture_default_str();
+  export_cmd->add_flag("--json", json, "print JSON");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? 0 : kExitUsage;
   }
-  if (*inspect) return Inspect(inspect_path, json);
-  if (*verify) return Verify(verify_paths, json);
-  return 2;
+  if (*ls) return Ls(data_dir, ls_job, json);
+  if (*inspect) {
+    if (inspect_args.size() == 1) {
+      if (!IsShardFile(inspect_args[0])) {
+        std::cerr << "ckpt inspect: " << inspect_args[0]
+                  << " is no file; give JOB STEP, or a shard file\n";
+        return kExitUsage;
+      }
+      return Inspect(inspect_args[0], json);
+    }
+    return InspectStep(data_dir, inspect_args[0], inspect_args[1], json);
+  }
+  if (*verify) {
+    if (IsShardFile(verify_args[0])) return Verify(verify_args, json);
+    if (verify_args.size() > 2) {
+      std::cerr << "ckpt verify: give JOB [STEP], or shard files\n";
+      return kExitUsage;
+    }
+    return VerifyJob(data_dir, verify_args[0],
+                     verify_args.size() == 2 ? verify_args[1] : "", json);
+  }
+  if (*export_cmd) {
+    return Export(data_dir, export_job, export_step, format, export_out, json);
+  }
+  return kExitUsage;
 }

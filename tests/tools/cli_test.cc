@@ -14,30 +14,12 @@
 #include "nlohmann/json.hpp"
 #include "tests/snapshot/sample_shard.h"
 #include "tests/test_util.h"
+#include "tests/tools/run_cli.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct Result {
-  int exit_code;
-  std::string out;
-};
-
-Result RunCli(const std::string& args, const std::string& env = "") {
-  std::string cmd =
-      env + (env.empty() ? "" : " ") + CKPT_CLI + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 class CliTest : public ::testing::Test {
  protected:

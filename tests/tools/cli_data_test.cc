@@ -1,0 +1,281 @@
+// `ckpt ls / inspect / verify / export` on real data: a real ckptd, two ranks
+// saving sharded tensors through libckpt, and the command reading ckptd's data
+// directory while the daemon runs. The safetensors file is checked by a reader
+// written here from the format's specification, independent of the exporter.
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/checkpointer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/client/daemon_process.h"
+#include "tests/test_util.h"
+#include "tests/tools/run_cli.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kRows = 6, kCols = 5, kBias = 7;
+
+// The global state of step `step` (what an unsharded trainer would hold).
+struct GlobalState {
+  std::vector<float> w;       // [kRows, kCols], rows split 3 + 3
+  std::vector<int64_t> bias;  // [kBias], split 4 + 3
+  std::string rng[2];         // a byte item per rank
+};
+
+GlobalState StateOf(uint64_t seed, uint64_t step) {
+  std::mt19937_64 rng(seed * 1000 + step);
+  GlobalState s;
+  for (int i = 0; i < kRows * kCols; ++i)
+    s.w.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+  for (int i = 0; i < kBias; ++i) s.bias.push_back(static_cast<int64_t>(rng()));
+  for (auto& r : s.rng) r = std::to_string(rng()) + "/" + std::to_string(step);
+  return s;
+}
+
+// A safetensors reader written from the specification: 8-byte little-endian
+// header size N, N bytes of JSON, then the data; every tensor's data_offsets
+// are relative to the data, in bounds, and the data is fully covered.
+struct SafetensorsFile {
+  nlohmann::json header;
+  std::string data;
+  static SafetensorsFile Read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    SafetensorsFile f;
+    EXPECT_GE(all.size(), 8u);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i)
+      n = (n << 8) | static_cast<uint8_t>(all[static_cast<size_t>(i)]);
+    EXPECT_LE(8 + n, all.size());
+    EXPECT_EQ((8 + n) % 8, 0u) << "data should start 8-aligned";
+    f.header = nlohmann::json::parse(all.substr(8, n));
+    f.data = all.substr(8 + n);
+    uint64_t covered = 0;
+    for (auto& [name, t] : f.header.items()) {
+      if (name == "__metadata__") continue;
+      uint64_t b = t["data_offsets"][0], e = t["data_offsets"][1];
+      EXPECT_LE(b, e) << name;
+      EXPECT_LE(e, f.data.size()) << name;
+      covered += e - b;
+    }
+    EXPECT_EQ(covered, f.data.size()) << "every data byte belongs to a tensor";
+    return f;
+  }
+  std::string Bytes(const std::string& name) const {
+    const nlohmann::json& t = header.at(name);
+    uint64_t b = t["data_offsets"][0], e = t["data_offsets"][1];
+    return data.substr(b, e - b);
+  }
+};
+
+class CliDataTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    seed_ = testing::TestSeed();
+    daemon_ =
+        new testing::DaemonProcess({"--keep-disk", "5", "--keep-memory", "2"});
+    ASSERT_TRUE(daemon_->Start()) << daemon_->log();
+    std::unique_ptr<client::Checkpointer> ranks[2];
+    std::vector<float> w[2];
+    std::vector<int64_t> bias[2];
+    std::string rng[2];
+    const int64_t bias_off[2] = {0, 4}, bias_len[2] = {4, 3};
+    for (uint32_t r = 0; r < 2; ++r) {
+      auto c = client::Checkpointer::Connect({"job", r, 2, daemon_->socket()});
+      ASSERT_TRUE(c.ok()) << c.status();
+      ranks[r] = *std::move(c);
+      w[r].resize(3 * kCols);
+      bias[r].resize(bias_len[r]);
+      ASSERT_TRUE(ranks[r]
+                      ->RegisterTensor("model/w", proto::DTYPE_FLOAT32,
+                                       w[r].data(), {kRows, kCols}, {3 * r, 0},
+                                       {3, kCols})
+                      .ok());
+      ASSERT_TRUE(ranks[r]
+                      ->RegisterTensor("model/bias", proto::DTYPE_INT64,
+                                       bias[r].data(), {kBias}, {bias_off[r]},
+                                       {bias_len[r]})
+                      .ok());
+      ASSERT_TRUE(ranks[r]->RegisterBytes("rng", &rng[r]).ok());
+    }
+    for (uint64_t step = 1; step <= 3; ++step) {
+      GlobalState s = StateOf(seed_, step);
+      std::vector<std::shared_ptr<client::SaveHandle>> saves;
+      for (uint32_t r = 0; r < 2; ++r) {
+        std::copy_n(s.w.begin() + 3 * kCols * r, 3 * kCols, w[r].begin());
+        std::copy_n(s.bias.begin() + bias_off[r], bias_len[r], bias[r].begin());
+        rng[r] = s.rng[r];
+        auto save = ranks[r]->SaveAsync(step);
+        ASSERT_TRUE(save.ok()) << save.status();
+        saves.push_back(*save);
+      }
+      for (auto& save : saves) {
+        ASSERT_TRUE(save->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+      }
+    }
+  }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+
+  std::string Cli(const std::string& args) {
+    return "--data-dir " + daemon_->data_dir() + " " + args;
+  }
+  nlohmann::json Json(const std::string& args) {
+    Result r = RunCli(Cli(args));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  }
+  // Flips one byte of a file, or flips it back.
+  static void Flip(const std::string& path, uint64_t at) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c;
+    f.get(c);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+
+  static uint64_t seed_;
+  static testing::DaemonProcess* daemon_;
+  testing::TempDir dir_;
+};
+
+uint64_t CliDataTest::seed_ = 0;
+testing::DaemonProcess* CliDataTest::daemon_ = nullptr;
+
+TEST_F(CliDataTest, LsShowsJobsAndStepsPerTier) {
+  Result jobs = RunCli(Cli("ls"));
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.out;
+  EXPECT_THAT(jobs.out, HasSubstr("job"));
+  EXPECT_THAT(jobs.out, HasSubstr("disk 3"));
+  nlohmann::json j = Json("ls job --json");
+  ASSERT_EQ(j["steps"].size(), 3u) << j.dump();
+  for (const nlohmann::json& s : j["steps"]) {
+    EXPECT_EQ(s["world_size"], 2);
+    EXPECT_EQ(s["ranks_on_disk"], 2);
+    EXPECT_THAT(s["committed"].dump(), HasSubstr("local_disk"));
+    EXPECT_GT(s["raw_bytes"].get<uint64_t>(), 0u);
+  }
+  EXPECT_EQ(j["steps"][2]["ranks_in_memory"], 2) << "the newest step is kept "
+                                                    "in memory";
+  Result human = RunCli(Cli("ls job"));
+  EXPECT_EQ(human.exit_code, 0);
+  EXPECT_THAT(human.out, HasSubstr("committed"));
+}
+
+TEST_F(CliDataTest, InspectShowsTensorsAndTheirSharding) {
+  nlohmann::json j = Json("inspect job 3 --json");
+  EXPECT_EQ(j["world_size"], 2);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  const nlohmann::json& items = j["ranks"][1]["items"];
+  bool found = false;
+  for (const nlohmann::json& item : items) {
+    if (item["name"] != "model/w") continue;
+    found = true;
+    EXPECT_EQ(item["dtype"], "float32");
+    EXPECT_EQ(item["global_shape"].dump(), "[6,5]");
+    EXPECT_EQ(item["box_offset"].dump(), "[3,0]");
+    EXPECT_GE(item["chunks"].get<int>(), 1);
+  }
+  EXPECT_TRUE(found) << j.dump();
+  Result human = RunCli(Cli("inspect job 3"));
+  EXPECT_EQ(human.exit_code, 0) << human.out;
+  EXPECT_THAT(human.out, HasSubstr("r1:[3,0]+[3,5]"));
+}
+
+TEST_F(CliDataTest, VerifyChecksDiskAndMemoryTiersAndNamesWhatIsBad) {
+  Result ok = RunCli(Cli("verify job"));
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_THAT(ok.out, HasSubstr("OK"));
+  nlohmann::json j = Json("inspect job 3 --json");
+  const std::string file = j["ranks"][1]["shard_path"];
+  const std::string slot = j["ranks"][0]["slot_path"];
+
+  Flip(file, 64 + 3);  // inside the first chunk's stored bytes
+  Result disk = RunCli(Cli("verify job 3"));
+  Flip(file, 64 + 3);
+  EXPECT_EQ(disk.exit_code, 1) << disk.out;
+  EXPECT_THAT(disk.out, HasSubstr("BAD local_disk step 3 rank 1"));
+  EXPECT_THAT(disk.out, HasSubstr(file));
+
+  Flip(slot, 5);  // the first item's bytes in the staging slot
+  Result memory = RunCli(Cli("verify job 3 --json"));
+  Flip(slot, 5);
+  EXPECT_EQ(memory.exit_code, 1) << memory.out;
+  nlohmann::json mj = nlohmann::json::parse(memory.out);
+  EXPECT_FALSE(mj["ok"].get<bool>());
+  int bad = 0;
+  for (const nlohmann::json& c : mj["copies"]) {
+    if (c["problems"].empty()) continue;
+    ++bad;
+    EXPECT_EQ(c["tier"], "memory");
+    EXPECT_EQ(c["rank"], 0);
+    EXPECT_THAT(c["problems"][0].get<std::string>(),
+                HasSubstr("raw checksum mismatch"));
+  }
+  EXPECT_EQ(bad, 1);
+  EXPECT_EQ(RunCli(Cli("verify job")).exit_code, 0) << "restored";
+}
+
+TEST_F(CliDataTest, ExportWritesFullTensorsAnIndependentReaderAccepts) {
+  const std::string out = dir_.File("step2.safetensors");
+  Result r = RunCli(Cli("export job 2 --format safetensors " + out));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  SafetensorsFile f = SafetensorsFile::Read(out);
+  const GlobalState want = StateOf(seed_, 2);
+
+  EXPECT_EQ(f.header["model/w"]["dtype"], "F32");
+  EXPECT_EQ(f.header["model/w"]["shape"].dump(), "[6,5]");
+  std::string w = f.Bytes("model/w");
+  ASSERT_EQ(w.size(), want.w.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(w.data(), want.w.data(), w.size()), 0);
+
+  EXPECT_EQ(f.header["model/bias"]["dtype"], "I64");
+  EXPECT_EQ(f.header["model/bias"]["shape"].dump(), "[7]");
+  std::string bias = f.Bytes("model/bias");
+  ASSERT_EQ(bias.size(), want.bias.size() * sizeof(int64_t));
+  EXPECT_EQ(std::memcmp(bias.data(), want.bias.data(), bias.size()), 0);
+
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string name = "rng@rank" + std::to_string(rank);
+    EXPECT_EQ(f.header[name]["dtype"], "U8");
+    EXPECT_EQ(f.Bytes(name), want.rng[rank]);
+  }
+  EXPECT_EQ(f.header["__metadata__"]["ckpt.step"], "2");
+}
+
+TEST_F(CliDataTest, MissingThingsGetClearErrorsAndExitCodes) {
+  Result job = RunCli(Cli("ls nope"));
+  EXPECT_EQ(job.exit_code, 3) << job.out;
+  EXPECT_THAT(job.out, HasSubstr("no job \"nope\""));
+  EXPECT_THAT(job.out, HasSubstr("jobs: job"));
+  Result step = RunCli(Cli("inspect job 99"));
+  EXPECT_EQ(step.exit_code, 3) << step.out;
+  EXPECT_THAT(step.out, HasSubstr("job job has no step 99 (steps: 1, 2, 3)"));
+  Result export_step =
+      RunCli(Cli("export job 99 --format safetensors " + dir_.File("x")));
+  EXPECT_EQ(export_step.exit_code, 3) << export_step.out;
+  Result format = RunCli(Cli("export job 2 --format npz " + dir_.File("x")));
+  EXPECT_EQ(format.exit_code, 2) << format.out;
+  EXPECT_THAT(format.out, HasSubstr("unknown format \"npz\""));
+  Result dir = RunCli("--data-dir " + dir_.File("none") + " ls");
+  EXPECT_EQ(dir.exit_code, 3) << dir.out;
+  EXPECT_THAT(dir.out, HasSubstr("no ckptd catalog in"));
+  Result bad_step = RunCli(Cli("verify job two"));
+  EXPECT_EQ(bad_step.exit_code, 2) << bad_step.out;
+  EXPECT_THAT(bad_step.out, HasSubstr("step \"two\" is not a number"));
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -1,0 +1,34 @@
+// Runs the `ckpt` command as operators do: a real process, its exit code and
+// its output (stdout and stderr together).
+#ifndef CKPT_TESTS_TOOLS_RUN_CLI_H_
+#define CKPT_TESTS_TOOLS_RUN_CLI_H_
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace ckpt {
+
+struct Result {
+  int exit_code;
+  std::string out;
+};
+
+inline Result RunCli(const std::string& args, const std::string& env = "") {
+  std::string cmd =
+      env + (env.empty() ? "" : " ") + CKPT_CLI + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace ckpt
+
+#endif  // CKPT_TESTS_TOOLS_RUN_CLI_H_

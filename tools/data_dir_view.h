@@ -1,0 +1,84 @@
+// DataDirView is how the `ckpt` command reads a ckptd data directory: the
+// catalog and commit records opened read-only (RocksDB takes no lock for that,
+// so it works while ckptd runs and sees the state as of the open), the step
+// summaries `ckpt ls` prints, and the checks of every tier that holds a shard
+// (`ckpt verify`). Errors for a missing directory, job or step name what was
+// asked for and what exists.
+//
+// Thread-safety: one thread at a time.
+#ifndef CKPT_TOOLS_DATA_DIR_VIEW_H_
+#define CKPT_TOOLS_DATA_DIR_VIEW_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/catalog.h"
+#include "daemon/embedded_coordinator.h"
+#include "daemon/kv_store.h"
+#include "proto/catalog.pb.h"
+
+namespace ckpt::tools {
+
+// One step of a job as `ckpt ls` shows it.
+struct StepSummary {
+  uint64_t step = 0;
+  uint32_t world_size = 0;
+  uint32_t ranks_in_memory = 0;  // shards with a staging slot
+  uint32_t ranks_on_disk = 0;    // persisted shard files
+  uint32_t ranks_failed = 0;
+  std::vector<proto::Tier> committed;  // tiers with a commit record
+  uint64_t raw_bytes = 0;              // of the persisted shards
+  uint64_t stored_bytes = 0;
+  int64_t newest_unix_micros = 0;  // last staged, persisted or committed
+};
+
+// One problem `ckpt verify` found, or one shard copy it checked.
+struct TierCheck {
+  std::string tier;  // "memory" or "local_disk"
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  std::string path;
+  uint64_t chunks = 0;                // checked
+  std::vector<std::string> problems;  // empty: intact
+};
+
+class DataDirView {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataDirView>> Open(
+      const std::string& data_dir);
+
+  const std::string& data_dir() const { return data_dir_; }
+  absl::StatusOr<std::vector<proto::JobRecord>> Jobs();
+  // NotFound naming the job and the jobs there are.
+  absl::StatusOr<proto::JobRecord> Job(const std::string& job);
+  absl::StatusOr<std::vector<proto::ShardRecord>> Shards(
+      const std::string& job);
+  absl::StatusOr<std::vector<proto::CommitRecord>> Commits(
+      const std::string& job);
+  absl::StatusOr<std::vector<StepSummary>> Steps(const std::string& job);
+  // The shards of one step by rank; NotFound naming the job, the step and the
+  // steps there are.
+  absl::StatusOr<std::vector<proto::ShardRecord>> StepShards(
+      const std::string& job, uint64_t step);
+
+  // Checks every copy of a shard: the persisted file chunk by chunk, and the
+  // memory-tier slot against the file's per-chunk checksums (a slot whose
+  // shard is not persisted yet has nothing to be checked against and is
+  // reported with 0 chunks checked).
+  std::vector<TierCheck> Verify(const proto::ShardRecord& shard);
+
+ private:
+  DataDirView(std::string data_dir, std::unique_ptr<daemon::KvStore> store);
+
+  const std::string data_dir_;
+  std::unique_ptr<daemon::KvStore> store_;
+  daemon::Catalog catalog_;
+  daemon::EmbeddedCoordinator coordinator_;
+};
+
+}  // namespace ckpt::tools
+
+#endif  // CKPT_TOOLS_DATA_DIR_VIEW_H_
