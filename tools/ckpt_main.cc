@@ -3,10 +3,13 @@
 // `inspect`, `verify` and `export`; `inspect` and `verify` also take shard
 // files. Exit codes: 0 good, 1 a check found problems or an operation failed,
 // 2 bad usage, 3 what was asked for does not exist (data directory, job, step).
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <string>
@@ -503,6 +506,99 @@ int Export(const std::string& data_dir, const std::string& job,
   return 0;
 }
 
+// True when something accepts connections on the unix socket.
+bool Accepting(const std::string& socket_path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  bool ok =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// `ckpt status`: is ckptd up, what the tiers hold, saves in flight, the last
+// commit of every job.
+int Status(const std::string& data_dir, const std::string& socket_path,
+           bool json) {
+  nlohmann::json j;
+  j["data_dir"] = data_dir;
+  j["socket"] = socket_path;
+  j["daemon_accepting"] = Accepting(socket_path);
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("status", view.status());
+  auto jobs = (*view)->Jobs();
+  if (!jobs.ok()) return Fail("status", jobs.status());
+  ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
+  uint64_t memory = 0, disk = 0;
+  int staging = 0, staged = 0, failed = 0;
+  j["jobs"] = nlohmann::json::array();
+  for (const proto::JobRecord& job : *jobs) {
+    auto shards = (*view)->Shards(job.job());
+    auto commits = (*view)->Commits(job.job());
+    if (!shards.ok()) return Fail("status", shards.status());
+    if (!commits.ok()) return Fail("status", commits.status());
+    for (const proto::ShardRecord& r : *shards) {
+      if (!r.slot_path().empty()) memory += r.slot_bytes();
+      if (!r.shard_path().empty()) {
+        auto size = fs->FileSize(r.shard_path());
+        if (size.ok()) disk += *size;
+      }
+      staging += r.state() == proto::SHARD_STAGING;
+      staged += r.state() == proto::SHARD_STAGED;
+      failed += r.state() == proto::SHARD_FAILED;
+    }
+    nlohmann::json jj;
+    jj["job"] = job.job();
+    jj["world_size"] = job.world_size();
+    for (const proto::CommitRecord& c : *commits) {  // by step: last wins
+      nlohmann::json cj;
+      cj["step"] = c.step();
+      cj["committed_unix_micros"] = c.committed_unix_micros();
+      jj["latest"][ckpt::daemon::TierName(c.tier())] = cj;
+    }
+    j["jobs"].push_back(std::move(jj));
+  }
+  j["memory_tier_bytes"] = memory;
+  j["disk_tier_bytes"] = disk;
+  auto free_space = fs->FreeSpace(data_dir);
+  if (free_space.ok()) j["disk_free_bytes"] = *free_space;
+  j["shards_being_staged"] = staging;
+  j["shards_waiting_to_persist"] = staged;
+  j["shards_failed"] = failed;
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("ckptd      %s (%s)\n",
+              j["daemon_accepting"].get<bool>() ? "up" : "NOT RUNNING",
+              socket_path.c_str());
+  std::printf("data       %s\n", data_dir.c_str());
+  std::printf("memory     %s in staging slots\n", HumanBytes(memory).c_str());
+  std::printf("disk       %s in shard files, %s free\n",
+              HumanBytes(disk).c_str(),
+              free_space.ok() ? HumanBytes(*free_space).c_str() : "?");
+  std::printf("in flight  %d being staged, %d waiting to persist, %d failed\n",
+              staging, staged, failed);
+  for (const nlohmann::json& jj : j["jobs"]) {
+    std::string latest;
+    if (jj.contains("latest")) {
+      for (auto& [tier, c] : jj["latest"].items()) {
+        absl::StrAppend(&latest, latest.empty() ? "" : ", ", tier, " step ",
+                        c["step"].get<uint64_t>(), " (",
+                        Age(c["committed_unix_micros"].get<int64_t>()), ")");
+      }
+    }
+    std::printf("job %-20s world %-5u last commit: %s\n",
+                jj["job"].get<std::string>().c_str(),
+                jj["world_size"].get<uint32_t>(),
+                latest.empty() ? "none" : latest.c_str());
+  }
+  return 0;
+}
+
 // A shard file argument rather than a job id: named like one, or an existing
 // file.
 bool IsShardFile(const std::string& arg) {
@@ -565,12 +661,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   export_cmd->add_flag("--json", json, "print JSON");
 
+  std::string socket_path =
+      absl::StrCat("/tmp/ckpt-", ::getuid(), "/ckptd.sock");
+  CLI::App* status = app.add_subcommand(
+      "status",
+      "ckptd up or not, memory and disk use, saves in flight, last commit "
+      "per job");
+  status->add_option("--socket", socket_path, "ckptd's socket")
+      ->capture_default_str();
+  status->add_flag("--json", json, "print one JSON object");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   if (*ls) return Ls(data_dir, ls_job, json);
+  if (*status) return Status(data_dir, socket_path, json);
   if (*inspect) {
     if (inspect_args.size() == 1) {
       if (!IsShardFile(inspect_args[0])) {

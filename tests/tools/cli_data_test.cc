@@ -255,6 +255,20 @@ TEST_F(CliDataTest, ExportWritesFullTensorsAnIndependentReaderAccepts) {
   EXPECT_EQ(f.header["__metadata__"]["ckpt.step"], "2");
 }
 
+TEST_F(CliDataTest, StatusReportsTheDaemonTiersAndLastCommits) {
+  nlohmann::json j = Json("status --json --socket " + daemon_->socket());
+  EXPECT_TRUE(j["daemon_accepting"].get<bool>()) << j.dump();
+  EXPECT_GT(j["memory_tier_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["disk_tier_bytes"].get<uint64_t>(), 0u);
+  ASSERT_EQ(j["jobs"].size(), 1u);
+  EXPECT_EQ(j["jobs"][0]["latest"]["local_disk"]["step"], 3);
+  EXPECT_EQ(j["jobs"][0]["latest"]["memory"]["step"], 3);
+  Result down = RunCli(Cli("status --socket " + dir_.File("no.sock")));
+  EXPECT_EQ(down.exit_code, 0) << down.out;
+  EXPECT_THAT(down.out, HasSubstr("NOT RUNNING"));
+  EXPECT_THAT(down.out, HasSubstr("memory step 3"));
+}
+
 TEST_F(CliDataTest, MissingThingsGetClearErrorsAndExitCodes) {
   Result job = RunCli(Cli("ls nope"));
   EXPECT_EQ(job.exit_code, 3) << job.out;
