@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "client/daemon_admin.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
 #include "io/kill_point.h"
@@ -24,14 +25,6 @@
 
 namespace ckpt::client {
 namespace {
-
-// The one place where a gRPC status becomes an absl::Status (the codes are the
-// same numbers).
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
 
 constexpr uint64_t kItemAlignment =
     64;  // items start cache-line aligned in the slot

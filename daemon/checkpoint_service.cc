@@ -472,92 +472,65 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
 }
 
 void CheckpointService::CollectGarbage(const std::string& job) {
+  absl::StatusOr<RetentionPlan> done = CollectGarbage(
+      job, {options_.keep_disk_steps, options_.keep_memory_steps});
+  if (!done.ok()) {
+    CKPT_LOG_WARN("gc of job {}: {}", job, done.status().ToString());
+  }
+}
+
+absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
+    const std::string& job, const RetentionPolicy& policy, bool dry_run) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  if (policy.keep_disk_steps < 1 || policy.keep_memory_steps < 1) {
+    return absl::InvalidArgumentError(
+        "retention must keep at least one step per tier");
+  }
   absl::MutexLock gc(&gc_mu_);
-  absl::StatusOr<std::vector<proto::CommitRecord>> commits =
-      coordinator_->ListCommits(job);
-  absl::StatusOr<std::vector<proto::ShardRecord>> shards =
-      catalog_->ListShards(job);
-  if (!commits.ok() || !shards.ok()) return;
-  // Steps committed per tier, newest first; a tier keeps its newest `keep` of
-  // them.
-  auto kept = [&](proto::Tier tier, int keep) {
-    std::vector<uint64_t> steps;
-    for (const auto& c : *commits) {
-      if (c.tier() == tier) steps.push_back(c.step());
-    }
-    std::sort(steps.rbegin(), steps.rend());
-    if (steps.size() > static_cast<size_t>(keep)) steps.resize(keep);
-    return steps;
-  };
-  const std::vector<uint64_t> disk =
-      kept(proto::TIER_LOCAL_DISK, options_.keep_disk_steps);
-  const std::vector<uint64_t> memory =
-      kept(proto::TIER_MEMORY, options_.keep_memory_steps);
-  if (disk.empty()) return;  // nothing is safe on disk yet: keep everything
-  // Files older than the oldest kept disk commit go, so the latest committed
-  // step and the one before it are never touched until newer ones are
-  // committed. Slots stay for the kept memory commits and for steps newer than
-  // every commit (they may still be committed in memory); a slot leaves as
-  // soon as a newer step is committed in memory, which frees staging memory
-  // for the next save while the disk catches up.
-  const uint64_t oldest_disk = disk.back();
-  const uint64_t newest =
-      memory.empty() ? disk.front() : std::max(disk.front(), memory.front());
-  std::set<uint64_t> dropped_from;  // steps some shard was dropped from
+  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits,
+                   coordinator_->ListCommits(job));
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   catalog_->ListShards(job));
+  RetentionPlan plan = PlanRetention(commits, shards, policy);
+  if (dry_run) return plan;
+  std::set<uint64_t> dropped_from;  // steps some shard was forgotten from
   // Slots go back to the arena at once, where the next save is waiting for
   // one; files are unlinked after the loop (a large one takes a while).
   std::vector<std::string> unlink;
-  for (proto::ShardRecord r : *shards) {
-    const uint64_t step = r.step();
-    if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED) {
-      continue;  // never drop what is not safely persisted yet
-    }
-    bool keep_file = step >= oldest_disk;
-    bool keep_slot = step > newest || std::find(memory.begin(), memory.end(),
-                                                step) != memory.end();
-    std::string file = r.shard_path(), slot = r.slot_path();
-    bool changed = false;
-    if (!keep_file && !file.empty()) {
-      r.clear_shard_path();
-      changed = true;
-    }
-    if (!keep_slot && !slot.empty()) {
-      r.clear_slot_path();
-      changed = true;
-    }
-    if (!changed) continue;
+  absl::Status failed;
+  size_t applied = 0;
+  for (const RetentionAction& a : plan.actions) {
+    proto::ShardRecord r = a.shard;
+    if (a.drop_file) r.clear_shard_path();
+    if (a.drop_slot) r.clear_slot_path();
     // The catalog forgets first: a crash in between leaves an unreferenced
     // file, which the next start deletes; never a reference to a deleted file.
-    bool empty = r.shard_path().empty() && r.slot_path().empty();
-    absl::Status s = empty ? catalog_->DeleteShard(r.job(), r.step(), r.rank())
-                           : catalog_->PutShard(r);
-    if (!s.ok()) {
-      CKPT_LOG_WARN("gc of {}: {}", Describe(r.job(), r.step(), r.rank()),
-                    s.ToString());
-      dropped_from.clear();
-      break;
-    }
+    failed = a.forget() ? catalog_->DeleteShard(r.job(), r.step(), r.rank())
+                        : catalog_->PutShard(r);
+    if (!failed.ok()) break;
+    ++applied;
     CKPT_KILL_POINT("service.gc_after_catalog");
-    if (r.slot_path().empty() && !slot.empty())
-      (void)arena_->Release({r.job(), r.step(), r.rank()});
-    if (r.shard_path().empty() && !file.empty()) unlink.push_back(file);
-    if (empty) dropped_from.insert(step);
+    if (a.drop_slot) (void)arena_->Release({r.job(), r.step(), r.rank()});
+    if (a.drop_file) unlink.push_back(a.shard.shard_path());
+    if (a.forget()) dropped_from.insert(r.step());
   }
   for (const std::string& file : unlink) (void)fs_->Unlink(file);
-  if (dropped_from.empty()) return;
+  plan.actions.resize(applied);
+  if (!failed.ok()) return failed;
+  if (dropped_from.empty()) return plan;
   // A step none of whose shards is left is forgotten by the coordinator too.
-  absl::StatusOr<std::vector<proto::ShardRecord>> left =
-      catalog_->ListShards(job);
-  if (!left.ok()) return;
-  for (const proto::ShardRecord& r : *left) dropped_from.erase(r.step());
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> left,
+                   catalog_->ListShards(job));
+  for (const proto::ShardRecord& r : left) dropped_from.erase(r.step());
   for (uint64_t step : dropped_from) {
-    if (step < oldest_disk) {
+    if (step < plan.oldest_kept_disk_step) {
       absl::Status s = coordinator_->ForgetStep(job, step);
       if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
         CKPT_LOG_WARN("gc of job {} step {}: {}", job, step, s.ToString());
       }
     }
   }
+  return plan;
 }
 
 absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(

@@ -31,6 +31,7 @@
 #include "daemon/catalog.h"
 #include "daemon/embedded_coordinator.h"
 #include "daemon/kv_store.h"
+#include "daemon/retention.h"
 #include "daemon/staging_arena.h"
 #include "io/file_system.h"
 #include "snapshot/shard_writer.h"
@@ -88,10 +89,16 @@ class CheckpointService {
       const std::string& job);
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
+  // Applies retention to a job now with `policy` (what ckpt gc asks for);
+  // with `dry_run` only says what it would drop. Returns the copies dropped.
+  absl::StatusOr<RetentionPlan> CollectGarbage(const std::string& job,
+                                               const RetentionPolicy& policy,
+                                               bool dry_run = false);
   // Blocks until no shard is queued or being persisted and no garbage
   // collection runs.
   void WaitIdle();
 
+  const ServiceOptions& options() const { return options_; }
   Catalog* catalog() { return catalog_.get(); }
   Coordinator* coordinator() { return coordinator_.get(); }
   StagingArena* arena() { return arena_.get(); }
@@ -108,6 +115,7 @@ class CheckpointService {
   void RequestGc(const std::string& job);
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
+  // Retention with the configured policy, after a persist or a memory commit.
   void CollectGarbage(const std::string& job);
   // Makes way for a new save of a step this rank saved before without the
   // step getting committed (the job restarted from an earlier step): takes

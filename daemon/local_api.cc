@@ -100,6 +100,26 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status CollectGarbage(grpc::ServerContext*,
+                              const proto::CollectGarbageRequest* req,
+                              proto::CollectGarbageResponse* resp) override {
+    RetentionPolicy policy{static_cast<int>(req->keep_disk()),
+                           req->keep_memory() == 0
+                               ? service_->options().keep_memory_steps
+                               : static_cast<int>(req->keep_memory())};
+    auto plan = service_->CollectGarbage(req->job(), policy, req->dry_run());
+    if (!plan.ok()) return ToGrpc(plan.status());
+    for (const RetentionAction& a : plan->actions) {
+      proto::DroppedCopy* d = resp->add_dropped();
+      d->set_step(a.shard.step());
+      d->set_rank(a.shard.rank());
+      if (a.drop_file) d->set_shard_path(a.shard.shard_path());
+      if (a.drop_slot) d->set_slot_path(a.shard.slot_path());
+      d->set_forgotten(a.forget());
+    }
+    return grpc::Status::OK;
+  }
+
  private:
   CheckpointService* const service_;
 };

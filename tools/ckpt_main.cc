@@ -19,7 +19,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/daemon_admin.h"
 #include "daemon/coordinator.h"
+#include "daemon/retention.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
@@ -599,6 +601,81 @@ int Status(const std::string& data_dir, const std::string& socket_path,
   return 0;
 }
 
+// `ckpt gc JOB --keep N`: retention through the daemon that owns the catalog,
+// with its rules (daemon/retention.h). --dry-run works without a daemon: the
+// same planner over the catalog read-only.
+int Gc(const std::string& data_dir, const std::string& socket_path,
+       const std::string& job, int keep, int keep_memory, bool dry_run,
+       bool json) {
+  if (keep < 1 || keep_memory < 0) {
+    std::cerr << "ckpt gc: --keep must be at least 1 (the latest committed "
+                 "step is never deleted)\n";
+    return kExitUsage;
+  }
+  proto::CollectGarbageResponse dropped;
+  const bool daemon_up = Accepting(socket_path);
+  if (daemon_up) {
+    proto::CollectGarbageRequest req;
+    req.set_job(job);
+    req.set_keep_disk(keep);
+    req.set_keep_memory(keep_memory);
+    req.set_dry_run(dry_run);
+    auto resp = ckpt::client::CollectGarbage(socket_path, req);
+    if (!resp.ok()) return Fail("gc", resp.status());
+    dropped = *std::move(resp);
+  } else if (dry_run) {
+    auto view = ckpt::tools::DataDirView::Open(data_dir);
+    if (!view.ok()) return Fail("gc", view.status());
+    auto shards = (*view)->Shards(job);
+    auto commits = (*view)->Commits(job);
+    if (!shards.ok()) return Fail("gc", shards.status());
+    if (!commits.ok()) return Fail("gc", commits.status());
+    ckpt::daemon::RetentionPlan plan = ckpt::daemon::PlanRetention(
+        *commits, *shards, {keep, keep_memory == 0 ? 1 : keep_memory});
+    for (const ckpt::daemon::RetentionAction& a : plan.actions) {
+      proto::DroppedCopy* d = dropped.add_dropped();
+      d->set_step(a.shard.step());
+      d->set_rank(a.shard.rank());
+      if (a.drop_file) d->set_shard_path(a.shard.shard_path());
+      if (a.drop_slot) d->set_slot_path(a.shard.slot_path());
+      d->set_forgotten(a.forget());
+    }
+  } else {
+    std::cerr << "ckpt gc: no ckptd accepts on " << socket_path
+              << "; the daemon owns the catalog, so start it (or pass "
+                 "--socket), or use --dry-run to see what would go\n";
+    return kExitProblems;
+  }
+  if (json) {
+    nlohmann::json j;
+    j["job"] = job;
+    j["dry_run"] = dry_run;
+    j["dropped"] = nlohmann::json::array();
+    for (const proto::DroppedCopy& d : dropped.dropped()) {
+      j["dropped"].push_back({{"step", d.step()},
+                              {"rank", d.rank()},
+                              {"shard_path", d.shard_path()},
+                              {"slot_path", d.slot_path()},
+                              {"forgotten", d.forgotten()}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  const char* verb = dry_run ? "would drop" : "dropped";
+  for (const proto::DroppedCopy& d : dropped.dropped()) {
+    std::printf("%s step %lu rank %u:%s%s%s\n", verb,
+                static_cast<unsigned long>(d.step()), d.rank(),
+                d.shard_path().empty() ? "" : " disk",
+                d.slot_path().empty() ? "" : " memory",
+                d.forgotten() ? " (nothing left of it)" : "");
+  }
+  std::printf(
+      "job %s: %s %d shard cop%s%s\n", job.c_str(), verb,
+      dropped.dropped_size(), dropped.dropped_size() == 1 ? "y" : "ies",
+      !daemon_up ? " (planned from the catalog; ckptd is not running)" : "");
+  return 0;
+}
+
 // A shard file argument rather than a job id: named like one, or an existing
 // file.
 bool IsShardFile(const std::string& arg) {
@@ -671,6 +748,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   status->add_flag("--json", json, "print one JSON object");
 
+  std::string gc_job;
+  int keep = 0, keep_memory = 0;
+  bool dry_run = false;
+  CLI::App* gc = app.add_subcommand(
+      "gc",
+      "apply retention to JOB now with ckptd's rules: keep the newest N steps "
+      "committed on disk (the latest and the one before are never dropped "
+      "early)");
+  gc->add_option("job", gc_job, "job id")->required();
+  gc->add_option("--keep", keep, "committed steps kept on disk")->required();
+  gc->add_option("--keep-memory", keep_memory,
+                 "committed steps kept in memory (default: ckptd's)");
+  gc->add_flag("--dry-run", dry_run, "only say what would be dropped");
+  gc->add_option("--socket", socket_path, "ckptd's socket")
+      ->capture_default_str();
+  gc->add_flag("--json", json, "print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -678,6 +772,9 @@ int main(int argc, char** argv) {
   }
   if (*ls) return Ls(data_dir, ls_job, json);
   if (*status) return Status(data_dir, socket_path, json);
+  if (*gc) {
+    return Gc(data_dir, socket_path, gc_job, keep, keep_memory, dry_run, json);
+  }
   if (*inspect) {
     if (inspect_args.size() == 1) {
       if (!IsShardFile(inspect_args[0])) {

@@ -291,5 +291,66 @@ TEST_F(CliDataTest, MissingThingsGetClearErrorsAndExitCodes) {
   EXPECT_THAT(bad_step.out, HasSubstr("step \"two\" is not a number"));
 }
 
+// `ckpt gc` goes through the daemon that owns the catalog, with its retention
+// rules; --dry-run also works with no daemon running.
+TEST(CliGcTest, GcDropsOldStepsThroughTheDaemonAndDryRunOnlyPlans) {
+  testing::DaemonProcess daemon({"--keep-disk", "10", "--keep-memory", "1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  std::vector<std::string> files;
+  {
+    auto c = client::Checkpointer::Connect({"gcjob", 0, 1, daemon.socket()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::string state;
+    ASSERT_TRUE((*c)->RegisterBytes("state", &state).ok());
+    for (uint64_t step = 1; step <= 4; ++step) {
+      state = std::string(10000, static_cast<char>('a' + step));
+      auto save = (*c)->SaveAsync(step);
+      ASSERT_TRUE(save.ok());
+      ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+      auto shard = (*c)->DescribeShard(step);
+      ASSERT_TRUE(shard.ok());
+      files.push_back(shard->shard_path());
+    }
+  }
+  const std::string base = "--data-dir " + daemon.data_dir() +
+                           " gc gcjob --keep 2 --socket " + daemon.socket();
+  Result plan = RunCli(base + " --dry-run --json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.out;
+  nlohmann::json j = nlohmann::json::parse(plan.out);
+  ASSERT_EQ(j["dropped"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["dropped"][0]["step"], 1);
+  EXPECT_EQ(j["dropped"][1]["step"], 2);
+  for (const std::string& f : files)
+    EXPECT_TRUE(*io::DefaultFileSystem()->Exists(f))
+        << "a dry run drops nothing";
+
+  daemon.Stop();
+  Result offline = RunCli(base + " --dry-run");
+  EXPECT_EQ(offline.exit_code, 0) << offline.out;
+  EXPECT_THAT(offline.out, HasSubstr("would drop 2 shard copies"));
+  EXPECT_THAT(offline.out, HasSubstr("ckptd is not running"));
+  Result refused = RunCli(base);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_THAT(refused.out, HasSubstr("no ckptd accepts"));
+
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Result applied = RunCli(base);
+  ASSERT_EQ(applied.exit_code, 0) << applied.out;
+  EXPECT_THAT(applied.out, HasSubstr("dropped 2 shard copies"));
+  for (size_t i = 0; i < files.size(); ++i) {
+    EXPECT_EQ(*io::DefaultFileSystem()->Exists(files[i]), i >= 2) << files[i];
+  }
+  Result ls = RunCli("--data-dir " + daemon.data_dir() + " ls gcjob --json");
+  ASSERT_EQ(ls.exit_code, 0) << ls.out;
+  nlohmann::json steps = nlohmann::json::parse(ls.out)["steps"];
+  ASSERT_EQ(steps.size(), 2u) << steps.dump();
+  EXPECT_EQ(steps[0]["step"], 3);
+  EXPECT_EQ(
+      RunCli("--data-dir " + daemon.data_dir() + " verify gcjob").exit_code, 0);
+  Result zero = RunCli("--data-dir " + daemon.data_dir() +
+                       " gc gcjob --keep 0 --socket " + daemon.socket());
+  EXPECT_EQ(zero.exit_code, 2) << zero.out;
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -1,0 +1,31 @@
+#include "client/daemon_admin.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "proto/daemon.grpc.pb.h"
+
+namespace ckpt::client {
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
+    const std::string& socket_path, const proto::CollectGarbageRequest& req) {
+  auto stub = proto::CkptDaemon::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix://", socket_path),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::minutes(5));
+  proto::CollectGarbageResponse resp;
+  absl::Status s = FromGrpc(stub->CollectGarbage(&context, req, &resp),
+                            absl::StrCat("ckptd at ", socket_path));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+}  // namespace ckpt::client

@@ -1,0 +1,29 @@
+// Operators' calls to a node's ckptd over its local socket (what the `ckpt`
+// command asks of a running daemon), and the one conversion of gRPC statuses
+// into absl::Status that libckpt and these calls share.
+//
+// Thread-safety: the functions are thread-safe.
+#ifndef CKPT_CLIENT_DAEMON_ADMIN_H_
+#define CKPT_CLIENT_DAEMON_ADMIN_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/daemon.pb.h"
+
+namespace ckpt::client {
+
+// The gRPC status as an absl::Status (the codes are the same numbers), its
+// message prefixed by `what`.
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what);
+
+// Retention now, through the daemon that owns the catalog.
+absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
+    const std::string& socket_path, const proto::CollectGarbageRequest& req);
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_DAEMON_ADMIN_H_

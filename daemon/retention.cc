@@ -1,0 +1,46 @@
+#include "daemon/retention.h"
+
+#include <algorithm>
+
+namespace ckpt::daemon {
+
+RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
+                            const std::vector<proto::ShardRecord>& shards,
+                            const RetentionPolicy& policy) {
+  // Steps committed per tier, newest first; a tier keeps its newest `keep`.
+  auto kept = [&](proto::Tier tier, int keep) {
+    std::vector<uint64_t> steps;
+    for (const auto& c : commits) {
+      if (c.tier() == tier) steps.push_back(c.step());
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    if (steps.size() > static_cast<size_t>(std::max(keep, 1)))
+      steps.resize(std::max(keep, 1));
+    return steps;
+  };
+  const std::vector<uint64_t> disk =
+      kept(proto::TIER_LOCAL_DISK, policy.keep_disk_steps);
+  const std::vector<uint64_t> memory =
+      kept(proto::TIER_MEMORY, policy.keep_memory_steps);
+  RetentionPlan plan;
+  if (disk.empty()) return plan;  // nothing is safe on disk yet
+  plan.oldest_kept_disk_step = disk.back();
+  const uint64_t newest =
+      memory.empty() ? disk.front() : std::max(disk.front(), memory.front());
+  for (const proto::ShardRecord& r : shards) {
+    if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED)
+      continue;
+    const uint64_t step = r.step();
+    RetentionAction a;
+    a.drop_file = !r.shard_path().empty() && step < plan.oldest_kept_disk_step;
+    a.drop_slot = !r.slot_path().empty() && step <= newest &&
+                  std::find(memory.begin(), memory.end(), step) == memory.end();
+    if (!a.drop_file && !a.drop_slot) continue;
+    a.shard = r;
+    plan.actions.push_back(std::move(a));
+  }
+  return plan;
+}
+
+}  // namespace ckpt::daemon

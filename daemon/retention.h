@@ -1,0 +1,53 @@
+// Retention: which copies of a job's shards garbage collection may drop, as a
+// pure function of the commit records and the catalog, so that ckptd and
+// `ckpt gc --dry-run` apply exactly the same rules:
+//  - nothing is dropped before some step is committed on disk, and nothing
+//    that is not persisted yet (STAGING, STAGED);
+//  - shard files go only for steps older than the oldest of the newest
+//    `keep_disk` disk commits, so the latest committed step and the one before
+//    it stay until newer ones are committed;
+//  - a staging slot stays for the newest `keep_memory` memory commits and for
+//    steps newer than every commit (they may still be committed); it leaves
+//    as soon as a newer step is committed in memory;
+//  - a shard with neither copy left is forgotten, and a step with no shard
+//    left older than the kept disk commits loses its commit records.
+#ifndef CKPT_DAEMON_RETENTION_H_
+#define CKPT_DAEMON_RETENTION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/catalog.pb.h"
+
+namespace ckpt::daemon {
+
+struct RetentionPolicy {
+  int keep_disk_steps = 2;
+  int keep_memory_steps = 1;
+};
+
+struct RetentionAction {
+  proto::ShardRecord shard;  // as found
+  bool drop_file = false;
+  bool drop_slot = false;
+  // Neither copy is left: the catalog forgets the shard.
+  bool forget() const {
+    return (drop_file || shard.shard_path().empty()) &&
+           (drop_slot || shard.slot_path().empty());
+  }
+};
+
+struct RetentionPlan {
+  std::vector<RetentionAction> actions;
+  // Steps below this may have their commit records forgotten once no shard of
+  // theirs is left; 0 when nothing is committed on disk.
+  uint64_t oldest_kept_disk_step = 0;
+};
+
+RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
+                            const std::vector<proto::ShardRecord>& shards,
+                            const RetentionPolicy& policy);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_RETENTION_H_
