@@ -1,0 +1,91 @@
+#include "daemon/retention.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ckpt::daemon {
+namespace {
+
+proto::CommitRecord Commit(uint64_t step, proto::Tier tier) {
+  proto::CommitRecord c;
+  c.set_job("j");
+  c.set_step(step);
+  c.set_tier(tier);
+  return c;
+}
+
+proto::ShardRecord Shard(uint64_t step, proto::ShardState state, bool file,
+                         bool slot) {
+  proto::ShardRecord r;
+  r.set_job("j");
+  r.set_step(step);
+  r.set_state(state);
+  if (file) r.set_shard_path("f" + std::to_string(step));
+  if (slot) r.set_slot_path("s" + std::to_string(step));
+  return r;
+}
+
+constexpr auto kMem = proto::TIER_MEMORY;
+constexpr auto kDisk = proto::TIER_LOCAL_DISK;
+constexpr auto kPersisted = proto::SHARD_PERSISTED;
+
+// What the plan does to each step: "F" file dropped, "S" slot dropped, "x"
+// forgotten.
+std::string Describe(const RetentionPlan& plan) {
+  std::string out;
+  for (const RetentionAction& a : plan.actions) {
+    out += std::to_string(a.shard.step()) + ":" + (a.drop_file ? "F" : "") +
+           (a.drop_slot ? "S" : "") + (a.forget() ? "x" : "") + " ";
+  }
+  return out;
+}
+
+TEST(RetentionTest, NothingGoesBeforeADiskCommit) {
+  RetentionPlan plan = PlanRetention(
+      {Commit(1, kMem), Commit(2, kMem)},
+      {Shard(1, kPersisted, true, true), Shard(2, kPersisted, true, true)},
+      {1, 1});
+  EXPECT_EQ(Describe(plan), "");
+}
+
+TEST(RetentionTest, KeepsTheNewestDiskCommitsAndMemoryCommits) {
+  std::vector<proto::CommitRecord> commits;
+  std::vector<proto::ShardRecord> shards;
+  for (uint64_t s = 1; s <= 4; ++s) {
+    commits.push_back(Commit(s, kMem));
+    commits.push_back(Commit(s, kDisk));
+    shards.push_back(Shard(s, kPersisted, true, true));
+  }
+  // Step 5 is committed in memory only and still being persisted; step 6 is
+  // persisted but not committed anywhere yet.
+  commits.push_back(Commit(5, kMem));
+  shards.push_back(Shard(5, proto::SHARD_STAGED, false, true));
+  shards.push_back(Shard(6, kPersisted, true, true));
+  RetentionPlan plan = PlanRetention(commits, shards, {2, 1});
+  EXPECT_EQ(plan.oldest_kept_disk_step, 3u);
+  // Files of steps 1, 2 go (disk keeps 3, 4); slots go up to 4 (memory keeps
+  // 5, the newest memory commit); step 6 may still be committed: kept.
+  EXPECT_EQ(Describe(plan), "1:FSx 2:FSx 3:S 4:S ");
+}
+
+TEST(RetentionTest, ThePreviousMemoryCommitStaysUntilANewerOne) {
+  RetentionPlan plan = PlanRetention(
+      {Commit(1, kMem), Commit(1, kDisk), Commit(2, kMem)},
+      {Shard(1, kPersisted, true, true), Shard(2, kPersisted, true, true)},
+      {1, 2});
+  EXPECT_EQ(Describe(plan), "") << "memory keeps 2 steps, disk keeps step 1";
+}
+
+TEST(RetentionTest, FailedShardsLoseTheirSlotOnceOlderThanTheCommits) {
+  RetentionPlan plan =
+      PlanRetention({Commit(2, kMem), Commit(2, kDisk)},
+                    {Shard(1, proto::SHARD_FAILED, false, true),
+                     Shard(2, kPersisted, true, true)},
+                    {1, 1});
+  EXPECT_EQ(Describe(plan), "1:Sx ");
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
