@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   }
   std::unique_ptr<CheckpointService> service(
       new CheckpointService(fs, std::move(options)));
+  service->DeclareMetrics();
   const ServiceOptions& o = service->options_;
   RETURN_IF_ERROR(fs->CreateDirs(io::JoinPath(o.data_dir, "shards")));
   ASSIGN_OR_RETURN(service->store_,
@@ -161,6 +162,7 @@ absl::Status CheckpointService::Recover() {
     }
     CKPT_LOG_INFO("recovery: adopting staged {}",
                   Describe(r.job(), r.step(), r.rank()));
+    metrics_.Add("ckpt_recovered_shards_total", {{"job", r.job()}});
     Enqueue({r.job(), r.step(), r.rank()});
   }
   // Shard files the catalog does not reference: temporaries of an interrupted
@@ -205,7 +207,20 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
       RETURN_IF_ERROR(Supersede(*existing));
     }
   }
-  ASSIGN_OR_RETURN(SlotInfo slot, arena_->Allocate({job, step, rank}, bytes));
+  const absl::Time begun = absl::Now();
+  absl::StatusOr<SlotInfo> allocated =
+      arena_->Allocate({job, step, rank}, bytes);
+  if (!allocated.ok()) {
+    if (allocated.status().code() == absl::StatusCode::kResourceExhausted)
+      metrics_.Add("ckpt_steps_skipped_total", {{"job", job}});
+    return allocated.status();
+  }
+  const SlotInfo& slot = *allocated;
+  {
+    absl::MutexLock lock(&mu_);
+    begun_[{job, step, rank}] = begun;
+    first_begun_.emplace(std::make_pair(job, step), begun);  // keeps the first
+  }
   proto::JobRecord job_record;
   job_record.set_job(job);
   job_record.set_world_size(world_size);
@@ -304,8 +319,23 @@ absl::Status CheckpointService::StageComplete(
   CKPT_KILL_POINT("service.before_staged_record");
   RETURN_IF_ERROR(catalog_->PutShard(*record));
   CKPT_KILL_POINT("service.after_staged_record");
+  {
+    absl::MutexLock lock(&mu_);
+    auto b = begun_.find({job, step, rank});
+    if (b != begun_.end()) {
+      metrics_.Observe("ckpt_staging_seconds", {{"job", job}},
+                       absl::ToDoubleSeconds(absl::Now() - b->second));
+      begun_.erase(b);
+    }
+  }
+  uint64_t staged_bytes = 0;
+  for (const proto::StagedItem& item : items)
+    staged_bytes += item.item().raw_size();
+  metrics_.Add("ckpt_staged_bytes_total", {{"job", job}},
+               static_cast<double>(staged_bytes));
   absl::StatusOr<std::vector<proto::Tier>> committed = coordinator_->Vote(
       job, step, rank, record->world_size(), {proto::TIER_MEMORY});
+  if (committed.ok()) Committed(job, step, *committed);
   if (!committed.ok()) {
     // The shard is staged and will persist; only the memory-tier vote is
     // missing.
@@ -324,6 +354,93 @@ void CheckpointService::Enqueue(const SlotId& id) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(id);
   ++generation_;
+}
+
+void CheckpointService::Committed(const std::string& job, uint64_t step,
+                                  const std::vector<proto::Tier>& tiers) {
+  if (tiers.empty()) return;
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  auto first = first_begun_.find({job, step});
+  for (proto::Tier tier : tiers) {
+    const Labels labels = {{"job", job}, {"tier", TierName(tier)}};
+    auto [last, fresh] = last_commit_.try_emplace({job, tier}, step, now);
+    if (!fresh) {
+      if (last->second.first >= step) continue;  // latest never goes back
+      last->second = {step, now};
+    }
+    metrics_.Set("ckpt_last_committed_step", labels, static_cast<double>(step));
+    if (first != first_begun_.end()) {
+      metrics_.Observe("ckpt_commit_latency_seconds", labels,
+                       absl::ToDoubleSeconds(now - first->second));
+    }
+  }
+  // The first BeginStage of older steps is not needed once a step is on disk.
+  if (std::find(tiers.begin(), tiers.end(), proto::TIER_LOCAL_DISK) !=
+      tiers.end()) {
+    first_begun_.erase(first_begun_.lower_bound({job, 0}),
+                       first_begun_.upper_bound({job, step}));
+  }
+}
+
+void CheckpointService::DeclareMetrics() {
+  using T = Metrics::Type;
+  const std::vector<double> seconds = Metrics::SecondsBuckets();
+  metrics_.Declare("ckpt_staging_seconds", T::kHistogram,
+                   "time from BeginStage to StageComplete of a shard: the "
+                   "trainer's copy into its slot",
+                   seconds);
+  metrics_.Declare("ckpt_staged_bytes_total", T::kCounter,
+                   "bytes handed to ckptd in staging slots");
+  metrics_.Declare("ckpt_persisted_bytes_total", T::kCounter,
+                   "raw bytes persisted to local disk");
+  metrics_.Declare("ckpt_persisted_stored_bytes_total", T::kCounter,
+                   "bytes written to local disk for them (after compression)");
+  metrics_.Declare("ckpt_persist_seconds", T::kHistogram,
+                   "time to persist one shard (encode, write, sync, vote)",
+                   seconds);
+  metrics_.Declare("ckpt_compression_ratio", T::kGauge,
+                   "stored/raw bytes of the last persisted shard");
+  metrics_.Declare("ckpt_persist_failures_total", T::kCounter,
+                   "shards that failed to persist (ENOSPC, EIO, ...)");
+  metrics_.Declare("ckpt_steps_skipped_total", T::kCounter,
+                   "saves refused for lack of staging memory");
+  metrics_.Declare("ckpt_recovered_shards_total", T::kCounter,
+                   "staged shards adopted after a daemon restart");
+  metrics_.Declare("ckpt_commit_latency_seconds", T::kHistogram,
+                   "time from a step's first BeginStage to its commit at a "
+                   "tier",
+                   seconds);
+  metrics_.Declare("ckpt_last_committed_step", T::kGauge,
+                   "newest step committed at a tier since ckptd started");
+  metrics_.Declare("ckpt_last_commit_age_seconds", T::kGauge,
+                   "seconds since that commit: the work at risk should the "
+                   "tier be all that is left");
+  metrics_.Declare("ckpt_memory_tier_bytes", T::kGauge,
+                   "bytes of live staging slots");
+  metrics_.Declare("ckpt_memory_tier_free_slot_bytes", T::kGauge,
+                   "bytes of released slots kept for reuse");
+  metrics_.Declare("ckpt_memory_budget_bytes", T::kGauge,
+                   "the staging memory budget (--memory-budget)");
+  metrics_.OnScrape([this](Metrics& m) {
+    m.Set("ckpt_memory_tier_bytes", {},
+          static_cast<double>(arena_->used_bytes()));
+    m.Set("ckpt_memory_tier_free_slot_bytes", {},
+          static_cast<double>(arena_->free_bytes()));
+    m.Set("ckpt_memory_budget_bytes", {},
+          static_cast<double>(arena_->budget_bytes()));
+    std::vector<std::pair<Labels, double>> ages;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (const auto& [key, last] : last_commit_) {
+        ages.push_back({{{"job", key.first}, {"tier", TierName(key.second)}},
+                        absl::ToDoubleSeconds(now - last.second)});
+      }
+    }
+    for (const auto& [labels, age] : ages)
+      m.Set("ckpt_last_commit_age_seconds", labels, age);
+  });
 }
 
 void CheckpointService::RequestGc(const std::string& job) {
@@ -386,6 +503,7 @@ void CheckpointService::PersistLoop() {
       if (!s.ok()) {
         CKPT_LOG_ERROR("{}: persist failed: {}",
                        Describe(id.job, id.step, id.rank), s.ToString());
+        metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
         r.set_state(proto::SHARD_FAILED);
         r.set_error(std::string(s.message()));
         absl::Status put = catalog_->PutShard(r);
@@ -454,10 +572,22 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   r.set_persisted_unix_micros(NowMicros());
   RETURN_IF_ERROR(catalog_->PutShard(r));
   CKPT_KILL_POINT("service.after_persisted_record");
-  RETURN_IF_ERROR(coordinator_
-                      ->Vote(r.job(), r.step(), r.rank(), r.world_size(),
-                             {proto::TIER_LOCAL_DISK})
-                      .status());
+  ASSIGN_OR_RETURN(
+      std::vector<proto::Tier> committed,
+      coordinator_->Vote(r.job(), r.step(), r.rank(), r.world_size(),
+                         {proto::TIER_LOCAL_DISK}));
+  const Labels job_label = {{"job", r.job()}};
+  metrics_.Add("ckpt_persisted_bytes_total", job_label,
+               static_cast<double>(raw));
+  metrics_.Add("ckpt_persisted_stored_bytes_total", job_label,
+               static_cast<double>(stored));
+  metrics_.Observe("ckpt_persist_seconds", job_label,
+                   absl::ToDoubleSeconds(absl::Now() - start));
+  if (raw > 0) {
+    metrics_.Set("ckpt_compression_ratio", job_label,
+                 static_cast<double>(stored) / static_cast<double>(raw));
+  }
+  Committed(r.job(), r.step(), committed);
   const absl::Time end = absl::Now();
   const double seconds = absl::ToDoubleSeconds(end - start);
   CKPT_LOG_INFO(

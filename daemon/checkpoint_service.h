@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "daemon/catalog.h"
 #include "daemon/embedded_coordinator.h"
 #include "daemon/kv_store.h"
+#include "daemon/metrics.h"
 #include "daemon/retention.h"
 #include "daemon/staging_arena.h"
 #include "io/file_system.h"
@@ -99,6 +101,8 @@ class CheckpointService {
   void WaitIdle();
 
   const ServiceOptions& options() const { return options_; }
+  // What the /metrics endpoint serves.
+  Metrics* metrics() { return &metrics_; }
   Catalog* catalog() { return catalog_.get(); }
   Coordinator* coordinator() { return coordinator_.get(); }
   StagingArena* arena() { return arena_.get(); }
@@ -113,6 +117,10 @@ class CheckpointService {
   // for a job (after a persist or a memory-tier commit).
   void PersistLoop();
   void RequestGc(const std::string& job);
+  void DeclareMetrics();
+  // A vote committed `step` at `tiers`: commit latency and last-commit gauges.
+  void Committed(const std::string& job, uint64_t step,
+                 const std::vector<proto::Tier>& tiers);
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
   // Retention with the configured policy, after a persist or a memory commit.
@@ -143,6 +151,15 @@ class CheckpointService {
   int gc_running_ ABSL_GUARDED_BY(mu_) = 0;  // threads collecting garbage
   std::set<std::string> gc_wanted_ ABSL_GUARDED_BY(mu_);  // jobs to collect
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // When each shard's BeginStage came (staging time) and each step's first
+  // one (commit latency); the newest commit per (job, tier) and when.
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, absl::Time> begun_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, uint64_t>, absl::Time> first_begun_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, proto::Tier>, std::pair<uint64_t, absl::Time>>
+      last_commit_ ABSL_GUARDED_BY(mu_);
+  Metrics metrics_;
   absl::Mutex gc_mu_;  // one garbage collection at a time
   std::vector<std::thread> workers_;
 };

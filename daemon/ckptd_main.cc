@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/local_api.h"
+#include "daemon/metrics_server.h"
 #include "io/logging.h"
 
 namespace {
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
   double wait_timeout_s = 60;
   int keep_disk = 2, keep_memory = 1, persist_threads = 2, zstd_level = 1;
   std::string node_id;
+  std::string metrics_address;
+  bool metrics_allow_remote = false;
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) node_id = host;
 
@@ -97,6 +100,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--node-id", node_id, "this node's name")
       ->capture_default_str();
+  app.add_option("--metrics-address", metrics_address,
+                 "serve Prometheus metrics at http://HOST:PORT/metrics (off "
+                 "when empty; port 0 picks one)");
+  app.add_flag("--metrics-allow-remote", metrics_allow_remote,
+               "allow a non-loopback --metrics-address");
   CLI11_PARSE(app, argc, argv);
 
   ckpt::daemon::ServiceOptions options;
@@ -131,6 +139,19 @@ int main(int argc, char** argv) {
                  std::string(service.status().message()).c_str());
     return 1;
   }
+  std::unique_ptr<ckpt::daemon::MetricsServer> metrics;
+  if (!metrics_address.empty()) {
+    auto started = ckpt::daemon::MetricsServer::Start(
+        (*service)->metrics(), metrics_address, metrics_allow_remote);
+    if (!started.ok()) {
+      std::fprintf(stderr, "ckptd: %s\n",
+                   std::string(started.status().message()).c_str());
+      return 1;
+    }
+    metrics = *std::move(started);
+    CKPT_LOG_INFO("ckptd: metrics on http://{}:{}/metrics", metrics->host(),
+                  metrics->port());
+  }
   auto server =
       ckpt::daemon::LocalApiServer::Start(service->get(), {socket_path});
   if (!server.ok()) {
@@ -144,6 +165,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   CKPT_LOG_INFO("ckptd: signal {}, shutting down", sig);
+  metrics.reset();
   server->reset();
   service->reset();
   return 0;

@@ -1,0 +1,106 @@
+// ckptd's /metrics endpoint scraped with a real HTTP client while a job saves:
+// every metric is present and well-formed, and the figures move as the run
+// proceeds.
+#include <httplib.h>
+
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "client/checkpointer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/client/daemon_process.h"
+
+namespace ckpt {
+namespace {
+
+// Sample lines by series ("name{labels}"), after checking every line against
+// the text format.
+std::map<std::string, double> Scrape(int port, std::set<std::string>* typed) {
+  httplib::Client http("127.0.0.1", port);
+  auto res = http.Get("/metrics");
+  EXPECT_TRUE(res) << "no answer on port " << port;
+  std::map<std::string, double> samples;
+  if (!res) return samples;
+  EXPECT_EQ(res->status, 200);
+  EXPECT_THAT(res->get_header_value("Content-Type"),
+              ::testing::HasSubstr("text/plain"));
+  static const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})?) (\S+)$)");
+  static const std::regex type(
+      R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram)$)");
+  std::istringstream in(res->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, type)) {
+      typed->insert(m[1]);
+    } else if (line.rfind("# HELP ", 0) == 0) {
+      continue;
+    } else {
+      EXPECT_TRUE(std::regex_match(line, m, sample)) << "bad line: " << line;
+      if (!m.empty()) samples[m[1]] = std::stod(m[4]);
+    }
+  }
+  return samples;
+}
+
+TEST(MetricsEndpointTest, MetricsArePresentWellFormedAndMoveWithTheRun) {
+  testing::DaemonProcess daemon({"--metrics-address", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  std::smatch m;
+  std::string log = daemon.log();
+  ASSERT_TRUE(std::regex_search(
+      log, m, std::regex(R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)")))
+      << log;
+  const int port = std::stoi(m[1]);
+
+  std::set<std::string> typed;
+  std::map<std::string, double> before = Scrape(port, &typed);
+  for (const char* name :
+       {"ckpt_staging_seconds", "ckpt_staged_bytes_total",
+        "ckpt_persisted_bytes_total", "ckpt_persist_seconds",
+        "ckpt_compression_ratio", "ckpt_commit_latency_seconds",
+        "ckpt_last_committed_step", "ckpt_last_commit_age_seconds",
+        "ckpt_steps_skipped_total", "ckpt_persist_failures_total",
+        "ckpt_memory_tier_bytes", "ckpt_memory_budget_bytes",
+        "ckpt_recovered_shards_total"}) {
+    EXPECT_EQ(typed.count(name), 1u) << name << " is not declared";
+  }
+  EXPECT_EQ(before["ckpt_memory_budget_bytes"], 256.0 * (1 << 20));
+
+  auto c = client::Checkpointer::Connect({"m", 0, 1, daemon.socket()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> w(1 << 16, 1.5f);
+  ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32, w.data(),
+                                   {static_cast<int64_t>(w.size())}, {0},
+                                   {static_cast<int64_t>(w.size())})
+                  .ok());
+  for (uint64_t step = 1; step <= 3; ++step) {
+    auto save = (*c)->SaveAsync(step);
+    ASSERT_TRUE(save.ok());
+    ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+    std::map<std::string, double> now = Scrape(port, &typed);
+    const std::string job = "{job=\"m\"}";
+    EXPECT_EQ(now["ckpt_staged_bytes_total" + job], step * w.size() * 4.0);
+    EXPECT_EQ(now["ckpt_staging_seconds_count" + job], step)
+        << "the histogram counts saves";
+    EXPECT_EQ(now["ckpt_persisted_bytes_total" + job], step * w.size() * 4.0);
+    EXPECT_EQ(now["ckpt_persist_seconds_count" + job], step);
+    EXPECT_LT(now["ckpt_compression_ratio" + job], 0.5) << "constant floats";
+    EXPECT_EQ(now["ckpt_last_committed_step{job=\"m\",tier=\"local_disk\"}"],
+              step);
+    EXPECT_EQ(now["ckpt_commit_latency_seconds_count{job=\"m\",tier="
+                  "\"memory\"}"],
+              step);
+    EXPECT_GE(now["ckpt_last_commit_age_seconds{job=\"m\",tier=\"memory\"}"],
+              0);
+    EXPECT_GT(now["ckpt_memory_tier_bytes"], 0) << "the newest step's slot";
+  }
+}
+
+}  // namespace
+}  // namespace ckpt
