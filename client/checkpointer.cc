@@ -17,6 +17,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
+#include "snapshot/box.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/dtype.h"
 #include "snapshot/format.h"
@@ -43,8 +44,9 @@ struct Checkpointer::MappedSlot {
 
 struct Checkpointer::Registered {
   proto::Item item;
-  void* tensor = nullptr;        // tensors
+  void* tensor = nullptr;        // tensors (null for an empty one)
   std::string* bytes = nullptr;  // byte items
+  bool is_tensor() const { return bytes == nullptr; }
 };
 
 // The gRPC stub and the deadline every call gets.
@@ -281,7 +283,7 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   auto copy_tensors = [this,
                        base](const std::vector<proto::StagedItem>& layout) {
     for (size_t i = 0; i < items_.size(); ++i) {
-      if (items_[i].tensor == nullptr) continue;
+      if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
       RETURN_IF_ERROR(device_->CopyToHost(items_[i].tensor,
                                           base + layout[i].slot_offset(),
                                           items_[i].item.raw_size()));
@@ -470,11 +472,15 @@ absl::Status Checkpointer::Restore(uint64_t step) {
   proto::ListCommitsResponse commits;
   RETURN_IF_ERROR(
       rpc_->Call(&proto::CkptDaemon::Stub::ListCommits, list, &commits, what));
-  if (std::none_of(
-          commits.commits().begin(), commits.commits().end(),
-          [step](const proto::CommitRecord& c) { return c.step() == step; })) {
+  auto commit = std::find_if(
+      commits.commits().begin(), commits.commits().end(),
+      [step](const proto::CommitRecord& c) { return c.step() == step; });
+  if (commit == commits.commits().end()) {
     return absl::NotFoundError(
         absl::StrCat(what, ": step ", step, " is not committed at any tier"));
+  }
+  if (commit->world_size() != options_.world_size) {
+    return RestoreResharded(step, commit->world_size(), what);
   }
   ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
   if (shard.state() != proto::SHARD_STAGED &&
@@ -494,7 +500,21 @@ absl::Status Checkpointer::Restore(uint64_t step) {
       return absl::NotFoundError(
           absl::StrCat(what, ": \"", r.item.name(), "\" was not saved"));
     }
-    if (r.tensor != nullptr &&
+    if (r.is_tensor() && found->item().dtype() == r.item.dtype() &&
+        std::equal(found->item().global_shape().begin(),
+                   found->item().global_shape().end(),
+                   r.item.global_shape().begin(),
+                   r.item.global_shape().end()) &&
+        (!std::equal(found->item().box_offset().begin(),
+                     found->item().box_offset().end(),
+                     r.item.box_offset().begin(), r.item.box_offset().end()) ||
+         !std::equal(found->item().box_length().begin(),
+                     found->item().box_length().end(),
+                     r.item.box_length().begin(), r.item.box_length().end()))) {
+      // Same world, other boxes: the tensors are resharded.
+      return RestoreResharded(step, commit->world_size(), what);
+    }
+    if (r.is_tensor() &&
         (found->item().dtype() != r.item.dtype() ||
          !std::equal(found->item().global_shape().begin(),
                      found->item().global_shape().end(),
@@ -541,7 +561,7 @@ absl::Status Checkpointer::Restore(uint64_t step) {
       for (size_t i = 0; i < items_.size(); ++i) {
         const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
         uint64_t n = sources[i]->item().raw_size();
-        if (items_[i].tensor != nullptr) {
+        if (items_[i].is_tensor()) {
           RETURN_IF_ERROR(device_->CopyFromHost(src, items_[i].tensor, n));
         } else {
           items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
@@ -568,11 +588,11 @@ absl::Status Checkpointer::Restore(uint64_t step) {
   std::vector<uint8_t> host;
   for (Registered& r : items_) {
     ASSIGN_OR_RETURN(const proto::Item* item, reader->FindItem(r.item.name()));
-    if (r.tensor != nullptr && device_->host_resident()) {
+    if (r.is_tensor() && device_->host_resident()) {
       RETURN_IF_ERROR(reader->ReadItem(
           r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
                                              r.item.raw_size())));
-    } else if (r.tensor != nullptr) {
+    } else if (r.is_tensor()) {
       host.resize(r.item.raw_size());
       RETURN_IF_ERROR(reader->ReadItem(r.item.name(), absl::MakeSpan(host)));
       RETURN_IF_ERROR(
@@ -585,6 +605,189 @@ absl::Status Checkpointer::Restore(uint64_t step) {
           absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
                               value.size())));
       *r.bytes = std::move(value);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One saved rank's shard of the step being restored onto another layout: its
+// description always, its bytes (a verified slot, else the file) once a
+// registered item overlaps it.
+struct Checkpointer::SavedRank {
+  proto::ShardRecord shard;
+  bool opened = false;
+  std::unique_ptr<snapshot::ShardReader> reader;
+  std::unique_ptr<io::MappedFile> slot;  // usable: verified, or not persisted
+
+  const proto::StagedItem* Find(const std::string& name) const {
+    for (const proto::StagedItem& s : shard.items()) {
+      if (s.item().name() == name) return &s;
+    }
+    return nullptr;
+  }
+};
+
+absl::Status Checkpointer::OpenSavedRank(SavedRank& saved,
+                                         const std::string& what) {
+  if (saved.opened) return absl::OkStatus();
+  saved.opened = true;
+  const proto::ShardRecord& shard = saved.shard;
+  absl::Status reader_status = absl::NotFoundError("no shard file");
+  if (!shard.shard_path().empty()) {
+    auto opened = snapshot::ShardReader::Open(io::DefaultFileSystem(),
+                                              shard.shard_path());
+    reader_status = opened.status();
+    if (opened.ok()) saved.reader = *std::move(opened);
+  }
+  if (!shard.slot_path().empty()) {
+    auto slot = io::DefaultFileSystem()->MapFile(shard.slot_path(),
+                                                 {.writable = false});
+    absl::Status usable = slot.status();
+    if (usable.ok() && (*slot)->size() < shard.slot_bytes()) {
+      usable = absl::DataLossError(
+          absl::StrCat("staging slot ", shard.slot_path(), " is short"));
+    }
+    if (usable.ok() && saved.reader != nullptr) {
+      std::vector<const proto::StagedItem*> all;
+      for (const proto::StagedItem& s : shard.items()) all.push_back(&s);
+      usable = VerifySlot((*slot)->data(), all, *saved.reader);
+    }
+    if (usable.ok()) {
+      saved.slot = *std::move(slot);
+      return absl::OkStatus();
+    }
+    if (saved.reader == nullptr) {
+      return absl::Status(usable.code(),
+                          absl::StrCat(what, ": saved rank ", shard.rank(),
+                                       ": memory tier: ", usable.message()));
+    }
+    CKPT_LOG_WARN("{}: saved rank {}: memory tier unusable ({}); reading {}",
+                  what, shard.rank(), usable.ToString(), shard.shard_path());
+  }
+  if (saved.reader == nullptr) {
+    return absl::Status(
+        reader_status.code(),
+        absl::StrCat(what, ": saved rank ", shard.rank(), ": ",
+                     shard.shard_path().empty()
+                         ? "neither a slot nor a shard file is left"
+                         : reader_status.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
+                                            const std::string& what) {
+  std::vector<SavedRank> saved(saved_world);
+  for (uint32_t o = 0; o < saved_world; ++o) {
+    proto::GetShardRequest req;
+    req.mutable_shard()->set_job(options_.job);
+    req.mutable_shard()->set_step(step);
+    req.mutable_shard()->set_rank(o);
+    proto::GetShardResponse resp;
+    RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
+                               absl::StrCat(what, ": saved rank ", o)));
+    if (resp.shard().state() != proto::SHARD_STAGED &&
+        resp.shard().state() != proto::SHARD_PERSISTED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": saved rank ", o, "'s shard is ",
+                       proto::ShardState_Name(resp.shard().state())));
+    }
+    saved[o].shard = resp.shard();
+  }
+  std::vector<uint8_t> host, part;
+  for (Registered& r : items_) {
+    if (!r.is_tensor()) {
+      // Byte items are per rank (RNG states, loader positions): a rank takes
+      // the one of the saved rank with its number, else saved rank 0's.
+      SavedRank& src = saved[options_.rank < saved_world ? options_.rank : 0];
+      const proto::StagedItem* staged = src.Find(r.item.name());
+      if (staged == nullptr) {
+        return absl::NotFoundError(absl::StrCat(what, ": \"", r.item.name(),
+                                                "\" was not saved by rank ",
+                                                src.shard.rank()));
+      }
+      RETURN_IF_ERROR(OpenSavedRank(src, what));
+      std::string value(staged->item().raw_size(), '\0');
+      if (src.slot != nullptr) {
+        std::memcpy(value.data(), src.slot->data() + staged->slot_offset(),
+                    value.size());
+      } else {
+        RETURN_IF_ERROR(src.reader->ReadItem(
+            r.item.name(),
+            absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                                value.size())));
+      }
+      *r.bytes = std::move(value);
+      continue;
+    }
+    const size_t width = snapshot::DTypeSize(r.item.dtype());
+    const snapshot::Box want{
+        {r.item.box_offset().begin(), r.item.box_offset().end()},
+        {r.item.box_length().begin(), r.item.box_length().end()}};
+    absl::Span<uint8_t> dst;
+    if (device_->host_resident()) {
+      dst = absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                r.item.raw_size());
+    } else {
+      host.resize(r.item.raw_size());
+      dst = absl::MakeSpan(host);
+    }
+    int64_t covered = 0;
+    std::vector<uint32_t> holders;
+    for (SavedRank& src : saved) {
+      const proto::StagedItem* staged = src.Find(r.item.name());
+      if (staged == nullptr) continue;
+      const proto::Item& had = staged->item();
+      if (had.dtype() != r.item.dtype() ||
+          !std::equal(had.global_shape().begin(), had.global_shape().end(),
+                      r.item.global_shape().begin(),
+                      r.item.global_shape().end())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": tensor \"", r.item.name(), "\" was saved by rank ",
+            src.shard.rank(), " as ", snapshot::DTypeName(had.dtype()),
+            " with another global shape"));
+      }
+      const snapshot::Box box{
+          {had.box_offset().begin(), had.box_offset().end()},
+          {had.box_length().begin(), had.box_length().end()}};
+      const snapshot::Box common = snapshot::Intersect(box, want);
+      if (common.elements() == 0) continue;
+      RETURN_IF_ERROR(OpenSavedRank(src, what));
+      holders.push_back(src.shard.rank());
+      const uint8_t* bytes;
+      if (src.slot != nullptr) {
+        bytes = src.slot->data() + staged->slot_offset();
+      } else {
+        // Only the byte range spanning the overlap is read (and only the
+        // chunks under it decoded).
+        auto flat = [&](bool last) {
+          int64_t i = 0;
+          for (size_t d = 0; d < box.offset.size(); ++d) {
+            int64_t at = common.offset[d] + (last ? common.length[d] - 1 : 0);
+            i = i * box.length[d] + (at - box.offset[d]);
+          }
+          return static_cast<uint64_t>(i);
+        };
+        const uint64_t lo = flat(false) * width, hi = (flat(true) + 1) * width;
+        part.resize(had.raw_size());
+        RETURN_IF_ERROR(src.reader->ReadItemRange(
+            r.item.name(), lo, absl::MakeSpan(part.data() + lo, hi - lo)));
+        bytes = part.data();
+      }
+      covered += snapshot::CopyBoxIntersection(
+          absl::MakeConstSpan(bytes, had.raw_size()), box, dst, want, width);
+    }
+    if (covered != want.elements()) {
+      return absl::NotFoundError(absl::StrCat(
+          what, ": tensor \"", r.item.name(), "\": the shards saved by ",
+          saved_world, " rank(s) cover ", covered, " of the ", want.elements(),
+          " elements of this rank's box",
+          covered > want.elements() ? " (saved boxes overlap)" : ""));
+    }
+    if (!device_->host_resident()) {
+      RETURN_IF_ERROR(
+          device_->CopyFromHost(host.data(), r.tensor, host.size()));
+      RETURN_IF_ERROR(device_->Synchronize());
     }
   }
   return absl::OkStatus();

@@ -125,12 +125,15 @@ class Checkpointer {
   // oldest first.
   absl::StatusOr<std::vector<uint64_t>> ListCommitted(
       proto::Tier tier = proto::TIER_LOCAL_DISK);
-  // Restores every registered item from `step` (same world size and boxes as
-  // saved), from the memory tier when the slot is still there, else from the
-  // persisted shard (verified). Once the shard is persisted, the slot's bytes
-  // are checked against the manifest's checksums first, and a mismatch falls
-  // back to the file; a shard restored before its persist finished is copied
-  // from the slot as the trainer wrote it.
+  // Restores every registered item from `step`, from the memory tier when the
+  // slot is still there, else from the persisted shard (verified). Once the
+  // shard is persisted, the slot's bytes are checked against the manifest's
+  // checksums first, and a mismatch falls back to the file; a shard restored
+  // before its persist finished is copied from the slot as the trainer wrote
+  // it. When the step was saved by another number of ranks, or with other
+  // boxes, each tensor's box is assembled from the saved boxes it overlaps
+  // (only their overlapping byte ranges are read from files); byte items come
+  // from the saved rank with this rank's number, else from saved rank 0.
   absl::Status Restore(uint64_t step);
 
   // What the daemon knows about this rank's shard of `step` (state, sizes,
@@ -144,6 +147,7 @@ class Checkpointer {
   friend class SaveHandle;
   struct Registered;
   struct MappedSlot;
+  struct SavedRank;
   class Rpc;
   explicit Checkpointer(const CheckpointerOptions& options);
   void RecordFailure(const absl::Status& status);
@@ -157,6 +161,12 @@ class Checkpointer {
   absl::Status VerifySlot(const uint8_t* slot,
                           const std::vector<const proto::StagedItem*>& sources,
                           const snapshot::ShardReader& reader) const;
+  // Restore onto a layout other than the saved one (`saved_world` ranks).
+  absl::Status RestoreResharded(uint64_t step, uint32_t saved_world,
+                                const std::string& what);
+  // Opens a saved rank's bytes: its slot if it verifies (or is not persisted
+  // yet), else its shard file.
+  absl::Status OpenSavedRank(SavedRank& saved, const std::string& what);
   // Gives back the slot of a save that failed before its copy started (the
   // abort is queued behind earlier hand-overs); returns the error to report.
   absl::Status Abandon(uint64_t step, absl::Status status);
