@@ -24,6 +24,7 @@
 #include "daemon/retention.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
+#include "snapshot/box.h"
 #include "snapshot/dtype.h"
 #include "snapshot/format.h"
 #include "snapshot/shard_reader.h"
@@ -676,6 +677,137 @@ int Gc(const std::string& data_dir, const std::string& socket_path,
   return 0;
 }
 
+// `ckpt restore-plan JOB STEP --world M`: which saved shard and tier each
+// piece of a restore onto M ranks would come from, each tensor split along
+// --split-dim into M near-equal boxes (rank r gets [e*r/M, e*(r+1)/M)), as
+// libckpt's Restore reads them: the memory-tier slot when it is there, else
+// the shard file.
+int RestorePlan(const std::string& data_dir, const std::string& job,
+                const std::string& step_text, uint32_t world, int split_dim,
+                bool json) {
+  auto step = ParseStep(step_text);
+  if (!step.ok()) return Fail("restore-plan", step.status()), kExitUsage;
+  if (world == 0) {
+    std::cerr << "ckpt restore-plan: --world must be at least 1\n";
+    return kExitUsage;
+  }
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("restore-plan", view.status());
+  auto shards = (*view)->StepShards(job, *step);
+  if (!shards.ok()) return Fail("restore-plan", shards.status());
+  ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
+  auto exists = [fs](const std::string& p) {
+    auto e = fs->Exists(p);
+    return !p.empty() && e.ok() && *e;
+  };
+  // Tensors by name: their global shape, dtype and the saved pieces.
+  struct Saved {
+    uint32_t rank;
+    ckpt::snapshot::Box box;
+    std::string source, path;
+  };
+  std::map<std::string, std::pair<proto::Item, std::vector<Saved>>> tensors;
+  for (const proto::ShardRecord& r : *shards) {
+    std::string source, path;
+    if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_FAILED) {
+      // not restorable
+    } else if (exists(r.slot_path())) {
+      source = "memory", path = r.slot_path();
+    } else if (r.state() == proto::SHARD_PERSISTED && exists(r.shard_path())) {
+      source = "local_disk", path = r.shard_path();
+    }
+    for (const proto::StagedItem& s : r.items()) {
+      const proto::Item& item = s.item();
+      if (item.kind() != proto::ITEM_KIND_TENSOR) continue;
+      auto& t = tensors[item.name()];
+      t.first = item;
+      t.second.push_back(
+          {r.rank(),
+           {{item.box_offset().begin(), item.box_offset().end()},
+            {item.box_length().begin(), item.box_length().end()}},
+           source,
+           path});
+    }
+  }
+  nlohmann::json out;
+  out["job"] = job;
+  out["step"] = *step;
+  out["world"] = world;
+  out["ranks"] = nlohmann::json::array();
+  int missing = 0;
+  for (uint32_t rank = 0; rank < world; ++rank) {
+    nlohmann::json rj;
+    rj["rank"] = rank;
+    rj["tensors"] = nlohmann::json::array();
+    for (const auto& [name, t] : tensors) {
+      const proto::Item& item = t.first;
+      std::vector<int64_t> shape(item.global_shape().begin(),
+                                 item.global_shape().end());
+      ckpt::snapshot::Box want{std::vector<int64_t>(shape.size(), 0), shape};
+      if (!shape.empty()) {
+        const size_t d = std::min<size_t>(split_dim, shape.size() - 1);
+        want.offset[d] = shape[d] * rank / world;
+        want.length[d] = shape[d] * (rank + 1) / world - want.offset[d];
+      }
+      nlohmann::json tj;
+      tj["name"] = name;
+      tj["box_offset"] = want.offset;
+      tj["box_length"] = want.length;
+      tj["pieces"] = nlohmann::json::array();
+      int64_t covered = 0;
+      for (const Saved& piece : t.second) {
+        const int64_t n = ckpt::snapshot::Intersect(piece.box, want).elements();
+        if (n == 0) continue;
+        nlohmann::json pj;
+        pj["saved_rank"] = piece.rank;
+        pj["elements"] = n;
+        pj["bytes"] = n * ckpt::snapshot::DTypeSize(item.dtype());
+        pj["source"] = piece.source.empty() ? "none" : piece.source;
+        if (!piece.path.empty()) pj["path"] = piece.path;
+        if (!piece.source.empty()) covered += n;
+        tj["pieces"].push_back(std::move(pj));
+      }
+      tj["missing_elements"] = want.elements() - covered;
+      if (want.elements() != covered) ++missing;
+      rj["tensors"].push_back(std::move(tj));
+    }
+    out["ranks"].push_back(std::move(rj));
+  }
+  out["complete"] = missing == 0;
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf(
+        "restore of job %s step %lu onto %u ranks (split along dim %d)\n",
+        job.c_str(), static_cast<unsigned long>(*step), world, split_dim);
+    for (const nlohmann::json& rj : out["ranks"]) {
+      std::printf("  rank %u\n", rj["rank"].get<uint32_t>());
+      for (const nlohmann::json& tj : rj["tensors"]) {
+        std::string pieces;
+        for (const nlohmann::json& pj : tj["pieces"]) {
+          absl::StrAppend(&pieces, pieces.empty() ? "" : ", ", "r",
+                          pj["saved_rank"].get<uint32_t>(), " ",
+                          pj["source"].get<std::string>(), " ",
+                          HumanBytes(pj["bytes"].get<uint64_t>()));
+        }
+        std::printf(
+            "    %-32s %s+%s <- %s%s\n", tj["name"].get<std::string>().c_str(),
+            tj["box_offset"].dump().c_str(), tj["box_length"].dump().c_str(),
+            pieces.empty() ? "nothing" : pieces.c_str(),
+            tj["missing_elements"].get<int64_t>() > 0
+                ? absl::StrCat("  MISSING ",
+                               tj["missing_elements"].get<int64_t>(),
+                               " elements")
+                      .c_str()
+                : "");
+      }
+    }
+    if (missing > 0)
+      std::printf("%d tensor box(es) cannot be restored\n", missing);
+  }
+  return missing == 0 ? 0 : kExitProblems;
+}
+
 // A shard file argument rather than a job id: named like one, or an existing
 // file.
 bool IsShardFile(const std::string& arg) {
@@ -765,6 +897,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gc->add_flag("--json", json, "print JSON");
 
+  std::string plan_job, plan_step;
+  uint32_t plan_world = 0;
+  int split_dim = 0;
+  CLI::App* restore_plan = app.add_subcommand(
+      "restore-plan",
+      "JOB STEP --world M: a dry run of restoring STEP onto M ranks: which "
+      "saved shard and tier each piece comes from");
+  restore_plan->add_option("job", plan_job, "job id")->required();
+  restore_plan->add_option("step", plan_step, "committed step")->required();
+  restore_plan->add_option("--world", plan_world, "ranks to restore onto")
+      ->required();
+  restore_plan
+      ->add_option("--split-dim", split_dim,
+                   "dimension the tensors are split along")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  restore_plan->add_flag("--json", json, "print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -772,6 +922,10 @@ int main(int argc, char** argv) {
   }
   if (*ls) return Ls(data_dir, ls_job, json);
   if (*status) return Status(data_dir, socket_path, json);
+  if (*restore_plan) {
+    return RestorePlan(data_dir, plan_job, plan_step, plan_world, split_dim,
+                       json);
+  }
   if (*gc) {
     return Gc(data_dir, socket_path, gc_job, keep, keep_memory, dry_run, json);
   }

@@ -269,6 +269,35 @@ TEST_F(CliDataTest, StatusReportsTheDaemonTiersAndLastCommits) {
   EXPECT_THAT(down.out, HasSubstr("memory step 3"));
 }
 
+TEST_F(CliDataTest, RestorePlanNamesTheSourceOfEveryPiece) {
+  nlohmann::json j = Json("restore-plan job 3 --world 3 --json");
+  EXPECT_TRUE(j["complete"].get<bool>()) << j.dump();
+  ASSERT_EQ(j["ranks"].size(), 3u);
+  // New rank 1 of 3 holds rows [2, 4) of model/w: row 2 from saved rank 0,
+  // row 3 from saved rank 1, both still in memory (step 3 is the newest).
+  const nlohmann::json& rank1 = j["ranks"][1]["tensors"];
+  bool found = false;
+  for (const nlohmann::json& t : rank1) {
+    if (t["name"] != "model/w") continue;
+    found = true;
+    EXPECT_EQ(t["box_offset"].dump(), "[2,0]");
+    EXPECT_EQ(t["box_length"].dump(), "[2,5]");
+    ASSERT_EQ(t["pieces"].size(), 2u) << t.dump();
+    EXPECT_EQ(t["pieces"][0]["saved_rank"], 0);
+    EXPECT_EQ(t["pieces"][0]["elements"], 5);
+    EXPECT_EQ(t["pieces"][0]["source"], "memory");
+    EXPECT_EQ(t["pieces"][1]["saved_rank"], 1);
+    EXPECT_EQ(t["missing_elements"], 0);
+  }
+  EXPECT_TRUE(found);
+  // Step 1 left the memory tier (keep-memory 2): it comes from disk.
+  nlohmann::json old = Json("restore-plan job 1 --world 1 --json");
+  EXPECT_EQ(old["ranks"][0]["tensors"][0]["pieces"][0]["source"], "local_disk");
+  Result human = RunCli(Cli("restore-plan job 3 --world 3"));
+  EXPECT_EQ(human.exit_code, 0) << human.out;
+  EXPECT_THAT(human.out, HasSubstr("r0 memory"));
+}
+
 TEST_F(CliDataTest, MissingThingsGetClearErrorsAndExitCodes) {
   Result job = RunCli(Cli("ls nope"));
   EXPECT_EQ(job.exit_code, 3) << job.out;
