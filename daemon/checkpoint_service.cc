@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/match.h"
@@ -145,6 +146,19 @@ absl::Status CheckpointService::Recover() {
     if (!r.shard_path().empty()) keep_files.insert(r.shard_path());
     if (r.state() == proto::SHARD_STAGED) to_persist.push_back(r);
   }
+  {
+    std::set<std::string> jobs;
+    for (const proto::ShardRecord& r : shards) jobs.insert(r.job());
+    absl::MutexLock lock(&mu_);
+    for (const std::string& job : jobs) {
+      // Jobs with shards when ckptd starts: it went down under them.
+      metrics_.Add("ckpt_failures_detected_total",
+                   {{"job", job}, {"kind", "daemon_restart"}});
+      JobHealth& health = health_[job];
+      health.since = absl::Now();
+      ++health.failures;
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<SlotInfo> adopted,
                    arena_->Recover([&](const SlotInfo& s) {
                      return keep_slots.count(s.path) > 0;
@@ -196,6 +210,7 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
         absl::StrCat(Describe(job, step, rank), ": rank is outside world size ",
                      world_size));
   }
+  if (rank == 0) SawSave(job, step);
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> existing,
                    catalog_->GetShard(job, step, rank));
   if (existing.has_value()) {
@@ -323,8 +338,11 @@ absl::Status CheckpointService::StageComplete(
     absl::MutexLock lock(&mu_);
     auto b = begun_.find({job, step, rank});
     if (b != begun_.end()) {
-      metrics_.Observe("ckpt_staging_seconds", {{"job", job}},
-                       absl::ToDoubleSeconds(absl::Now() - b->second));
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - b->second);
+      metrics_.Observe("ckpt_staging_seconds", {{"job", job}}, seconds);
+      JobHealth& health = health_[job];
+      health.staging_seconds += seconds;
+      ++health.stagings;
       begun_.erase(b);
     }
   }
@@ -383,6 +401,28 @@ void CheckpointService::Committed(const std::string& job, uint64_t step,
   }
 }
 
+void CheckpointService::SawSave(const std::string& job, uint64_t step) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  JobHealth& h = health_[job];
+  if (h.since == absl::InfinitePast()) h.since = now;
+  if (h.last_save != absl::InfinitePast()) {
+    if (step <= h.last_step) {
+      // Rank 0 saves a step it saved before: the job restarted from an
+      // earlier checkpoint.
+      metrics_.Add("ckpt_failures_detected_total",
+                   {{"job", job}, {"kind", "job_restart"}});
+      ++h.failures;
+    } else {
+      const double dt = absl::ToDoubleSeconds(now - h.last_save);
+      h.interval = h.intervals == 0 ? dt : 0.8 * h.interval + 0.2 * dt;
+      ++h.intervals;
+    }
+  }
+  h.last_save = now;
+  h.last_step = step;
+}
+
 void CheckpointService::DeclareMetrics() {
   using T = Metrics::Type;
   const std::vector<double> seconds = Metrics::SecondsBuckets();
@@ -422,6 +462,40 @@ void CheckpointService::DeclareMetrics() {
                    "bytes of released slots kept for reuse");
   metrics_.Declare("ckpt_memory_budget_bytes", T::kGauge,
                    "the staging memory budget (--memory-budget)");
+  metrics_.Declare("ckpt_failures_detected_total", T::kCounter,
+                   "failures seen: job_restart (rank 0 saved a step again), "
+                   "daemon_restart (ckptd started with the job's shards)");
+  metrics_.Declare("ckpt_save_interval_seconds", T::kGauge,
+                   "the interval between saves in use (moving average)");
+  metrics_.Declare("ckpt_save_cost_seconds", T::kGauge,
+                   "mean staging time per save: what a save costs the trainer");
+  metrics_.Declare("ckpt_mtbf_seconds", T::kGauge,
+                   "observed mean time between failures of the job (once one "
+                   "was seen)");
+  metrics_.Declare("ckpt_young_daly_interval_seconds", T::kGauge,
+                   "the save interval Young/Daly's formula sqrt(2 * cost * "
+                   "MTBF) suggests from the measured cost and failure rate");
+  metrics_.OnScrape([this](Metrics& m) {
+    std::vector<std::pair<std::string, JobHealth>> jobs;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [job, h] : health_) jobs.push_back({job, h});
+    }
+    const absl::Time now = absl::Now();
+    for (const auto& [job, h] : jobs) {
+      const Labels labels = {{"job", job}};
+      if (h.intervals > 0)
+        m.Set("ckpt_save_interval_seconds", labels, h.interval);
+      if (h.stagings == 0) continue;
+      const double cost = h.staging_seconds / h.stagings;
+      m.Set("ckpt_save_cost_seconds", labels, cost);
+      if (h.failures == 0 || h.since == absl::InfinitePast()) continue;
+      const double mtbf = absl::ToDoubleSeconds(now - h.since) / h.failures;
+      m.Set("ckpt_mtbf_seconds", labels, mtbf);
+      m.Set("ckpt_young_daly_interval_seconds", labels,
+            std::sqrt(2 * cost * mtbf));
+    }
+  });
   metrics_.OnScrape([this](Metrics& m) {
     m.Set("ckpt_memory_tier_bytes", {},
           static_cast<double>(arena_->used_bytes()));

@@ -118,6 +118,9 @@ class CheckpointService {
   void PersistLoop();
   void RequestGc(const std::string& job);
   void DeclareMetrics();
+  // Rank 0 began saving `step`: the save interval, and a job restart when
+  // the step is not newer than its last.
+  void SawSave(const std::string& job, uint64_t step);
   // A vote committed `step` at `tiers`: commit latency and last-commit gauges.
   void Committed(const std::string& job, uint64_t step,
                  const std::vector<proto::Tier>& tiers);
@@ -159,6 +162,18 @@ class CheckpointService {
       ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, proto::Tier>, std::pair<uint64_t, absl::Time>>
       last_commit_ ABSL_GUARDED_BY(mu_);
+  // What the Young/Daly estimate needs, per job, since ckptd started.
+  struct JobHealth {
+    absl::Time since = absl::InfinitePast();      // first seen (or restart)
+    absl::Time last_save = absl::InfinitePast();  // rank 0's last BeginStage
+    uint64_t last_step = 0;
+    double interval = 0;  // moving average of the save interval, seconds
+    int intervals = 0;
+    double staging_seconds = 0;
+    uint64_t stagings = 0;
+    int failures = 0;
+  };
+  std::map<std::string, JobHealth> health_ ABSL_GUARDED_BY(mu_);
   Metrics metrics_;
   absl::Mutex gc_mu_;  // one garbage collection at a time
   std::vector<std::thread> workers_;

@@ -67,7 +67,8 @@ TEST(MetricsEndpointTest, MetricsArePresentWellFormedAndMoveWithTheRun) {
         "ckpt_last_committed_step", "ckpt_last_commit_age_seconds",
         "ckpt_steps_skipped_total", "ckpt_persist_failures_total",
         "ckpt_memory_tier_bytes", "ckpt_memory_budget_bytes",
-        "ckpt_recovered_shards_total"}) {
+        "ckpt_recovered_shards_total", "ckpt_failures_detected_total",
+        "ckpt_save_interval_seconds", "ckpt_young_daly_interval_seconds"}) {
     EXPECT_EQ(typed.count(name), 1u) << name << " is not declared";
   }
   EXPECT_EQ(before["ckpt_memory_budget_bytes"], 256.0 * (1 << 20));
@@ -100,6 +101,17 @@ TEST(MetricsEndpointTest, MetricsArePresentWellFormedAndMoveWithTheRun) {
               0);
     EXPECT_GT(now["ckpt_memory_tier_bytes"], 0) << "the newest step's slot";
   }
+  // The job "restarts" from step 1: rank 0 saves step 2 again (refused, it is
+  // committed), which ckptd counts as a failure; the Young/Daly interval then
+  // appears next to the interval in use.
+  EXPECT_FALSE((*c)->SaveAsync(2).ok());
+  std::map<std::string, double> after = Scrape(port, &typed);
+  EXPECT_EQ(
+      after["ckpt_failures_detected_total{job=\"m\",kind=\"job_restart\"}"], 1);
+  EXPECT_GT(after["ckpt_save_interval_seconds{job=\"m\"}"], 0);
+  EXPECT_GT(after["ckpt_save_cost_seconds{job=\"m\"}"], 0);
+  EXPECT_GT(after["ckpt_mtbf_seconds{job=\"m\"}"], 0);
+  EXPECT_GT(after["ckpt_young_daly_interval_seconds{job=\"m\"}"], 0);
 }
 
 }  // namespace
