@@ -110,12 +110,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
     auto plan = service_->CollectGarbage(req->job(), policy, req->dry_run());
     if (!plan.ok()) return ToGrpc(plan.status());
     for (const RetentionAction& a : plan->actions) {
-      proto::DroppedCopy* d = resp->add_dropped();
-      d->set_step(a.shard.step());
-      d->set_rank(a.shard.rank());
-      if (a.drop_file) d->set_shard_path(a.shard.shard_path());
-      if (a.drop_slot) d->set_slot_path(a.shard.slot_path());
-      d->set_forgotten(a.forget());
+      *resp->add_dropped() = ToProto(a);
     }
     return grpc::Status::OK;
   }

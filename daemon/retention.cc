@@ -4,6 +4,16 @@
 
 namespace ckpt::daemon {
 
+proto::DroppedCopy ToProto(const RetentionAction& a) {
+  proto::DroppedCopy d;
+  d.set_step(a.shard.step());
+  d.set_rank(a.shard.rank());
+  if (a.drop_file) d.set_shard_path(a.shard.shard_path());
+  if (a.drop_slot) d.set_slot_path(a.shard.slot_path());
+  d.set_forgotten(a.forget());
+  return d;
+}
+
 RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
                             const std::vector<proto::ShardRecord>& shards,
                             const RetentionPolicy& policy) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "proto/catalog.pb.h"
+#include "proto/daemon.pb.h"
 
 namespace ckpt::daemon {
 
@@ -43,6 +44,9 @@ struct RetentionPlan {
   // theirs is left; 0 when nothing is committed on disk.
   uint64_t oldest_kept_disk_step = 0;
 };
+
+// What `ckpt gc` prints for one action.
+proto::DroppedCopy ToProto(const RetentionAction& action);
 
 RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
                             const std::vector<proto::ShardRecord>& shards,

@@ -634,12 +634,7 @@ int Gc(const std::string& data_dir, const std::string& socket_path,
     ckpt::daemon::RetentionPlan plan = ckpt::daemon::PlanRetention(
         *commits, *shards, {keep, keep_memory == 0 ? 1 : keep_memory});
     for (const ckpt::daemon::RetentionAction& a : plan.actions) {
-      proto::DroppedCopy* d = dropped.add_dropped();
-      d->set_step(a.shard.step());
-      d->set_rank(a.shard.rank());
-      if (a.drop_file) d->set_shard_path(a.shard.shard_path());
-      if (a.drop_slot) d->set_slot_path(a.shard.slot_path());
-      d->set_forgotten(a.forget());
+      *dropped.add_dropped() = ckpt::daemon::ToProto(a);
     }
   } else {
     std::cerr << "ckpt gc: no ckptd accepts on " << socket_path

@@ -2,11 +2,13 @@
 // saving sharded tensors through libckpt, and the command reading ckptd's data
 // directory while the daemon runs. The safetensors file is checked by a reader
 // written here from the format's specification, independent of the exporter.
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/checkpointer.h"
@@ -291,8 +293,14 @@ TEST_F(CliDataTest, RestorePlanNamesTheSourceOfEveryPiece) {
   }
   EXPECT_TRUE(found);
   // Step 1 left the memory tier (keep-memory 2): it comes from disk.
-  nlohmann::json old = Json("restore-plan job 1 --world 1 --json");
-  EXPECT_EQ(old["ranks"][0]["tensors"][0]["pieces"][0]["source"], "local_disk");
+  // (Garbage collection runs after the commit is announced: allow it time.)
+  std::string source;
+  for (int i = 0; i < 250 && source != "local_disk"; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    nlohmann::json old = Json("restore-plan job 1 --world 1 --json");
+    source = old["ranks"][0]["tensors"][0]["pieces"][0]["source"];
+  }
+  EXPECT_EQ(source, "local_disk");
   Result human = RunCli(Cli("restore-plan job 3 --world 3"));
   EXPECT_EQ(human.exit_code, 0) << human.out;
   EXPECT_THAT(human.out, HasSubstr("r0 memory"));
