@@ -353,16 +353,17 @@ absl::Status CheckpointService::StageComplete(
                static_cast<double>(staged_bytes));
   absl::StatusOr<std::vector<proto::Tier>> committed = coordinator_->Vote(
       job, step, rank, record->world_size(), {proto::TIER_MEMORY});
-  if (committed.ok()) Committed(job, step, *committed);
   if (!committed.ok()) {
     // The shard is staged and will persist; only the memory-tier vote is
     // missing.
     CKPT_LOG_WARN("{}: memory-tier vote failed: {}", what,
                   committed.status().ToString());
-  } else if (std::find(committed->begin(), committed->end(),
-                       proto::TIER_MEMORY) != committed->end()) {
+  } else {
+    Committed(job, step, *committed);
     // An older step's slot may leave the memory tier now.
-    RequestGc(job);
+    if (std::find(committed->begin(), committed->end(), proto::TIER_MEMORY) !=
+        committed->end())
+      RequestGc(job);
   }
   Enqueue({job, step, rank});
   return absl::OkStatus();
