@@ -462,6 +462,26 @@ void Checkpointer::DrainHandovers() {
 }
 
 absl::Status Checkpointer::Restore(uint64_t step) {
+  report_ = RestoreReport();
+  absl::Status restored = RestoreFrom(step);
+  if (restored.ok()) {
+    // Best effort: the figures are for the metrics, the restore is done.
+    proto::ReportRestoreRequest req;
+    req.mutable_shard()->set_job(options_.job);
+    req.mutable_shard()->set_step(step);
+    req.mutable_shard()->set_rank(options_.rank);
+    req.set_memory_bytes(report_.memory_bytes);
+    req.set_local_disk_bytes(report_.disk_bytes);
+    req.set_checksum_mismatches(report_.mismatches);
+    req.set_fallbacks(report_.fallbacks);
+    proto::ReportRestoreResponse ignored;
+    (void)rpc_->Call(&proto::CkptDaemon::Stub::ReportRestore, req, &ignored,
+                     "reporting a restore");
+  }
+  return restored;
+}
+
+absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   DrainHandovers();
   const std::string what = absl::StrCat(
       "restoring job ", options_.job, " step ", step, " rank ", options_.rank);
@@ -561,6 +581,7 @@ absl::Status Checkpointer::Restore(uint64_t step) {
       for (size_t i = 0; i < items_.size(); ++i) {
         const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
         uint64_t n = sources[i]->item().raw_size();
+        report_.memory_bytes += n;
         if (items_[i].is_tensor()) {
           RETURN_IF_ERROR(device_->CopyFromHost(src, items_[i].tensor, n));
         } else {
@@ -576,6 +597,8 @@ absl::Status Checkpointer::Restore(uint64_t step) {
     }
     CKPT_LOG_WARN("{}: memory tier unusable ({}); reading the shard file", what,
                   usable.ToString());
+    if (usable.code() == absl::StatusCode::kDataLoss) ++report_.mismatches;
+    ++report_.fallbacks;
   }
   if (reader == nullptr) {
     if (shard.shard_path().empty()) {
@@ -588,6 +611,7 @@ absl::Status Checkpointer::Restore(uint64_t step) {
   std::vector<uint8_t> host;
   for (Registered& r : items_) {
     ASSIGN_OR_RETURN(const proto::Item* item, reader->FindItem(r.item.name()));
+    report_.disk_bytes += item->raw_size();
     if (r.is_tensor() && device_->host_resident()) {
       RETURN_IF_ERROR(reader->ReadItem(
           r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
@@ -663,6 +687,8 @@ absl::Status Checkpointer::OpenSavedRank(SavedRank& saved,
     }
     CKPT_LOG_WARN("{}: saved rank {}: memory tier unusable ({}); reading {}",
                   what, shard.rank(), usable.ToString(), shard.shard_path());
+    if (usable.code() == absl::StatusCode::kDataLoss) ++report_.mismatches;
+    ++report_.fallbacks;
   }
   if (saved.reader == nullptr) {
     return absl::Status(
@@ -708,6 +734,8 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
       }
       RETURN_IF_ERROR(OpenSavedRank(src, what));
       std::string value(staged->item().raw_size(), '\0');
+      (src.slot != nullptr ? report_.memory_bytes : report_.disk_bytes) +=
+          value.size();
       if (src.slot != nullptr) {
         std::memcpy(value.data(), src.slot->data() + staged->slot_offset(),
                     value.size());
@@ -774,6 +802,8 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
             r.item.name(), lo, absl::MakeSpan(part.data() + lo, hi - lo)));
         bytes = part.data();
       }
+      (src.slot != nullptr ? report_.memory_bytes : report_.disk_bytes) +=
+          common.elements() * width;
       covered += snapshot::CopyBoxIntersection(
           absl::MakeConstSpan(bytes, had.raw_size()), box, dst, want, width);
     }

@@ -161,6 +161,8 @@ class Checkpointer {
   absl::Status VerifySlot(const uint8_t* slot,
                           const std::vector<const proto::StagedItem*>& sources,
                           const snapshot::ShardReader& reader) const;
+  // Restore minus the report to the daemon.
+  absl::Status RestoreFrom(uint64_t step);
   // Restore onto a layout other than the saved one (`saved_world` ranks).
   absl::Status RestoreResharded(uint64_t step, uint32_t saved_world,
                                 const std::string& what);
@@ -190,6 +192,12 @@ class Checkpointer {
   // Most recently used first; touched only by the thread driving the
   // Checkpointer (the copier holds its own reference to the slot it fills).
   std::vector<std::shared_ptr<MappedSlot>> mapped_;
+  // What the restore in progress read, reported to ckptd when it succeeds.
+  struct RestoreReport {
+    uint64_t memory_bytes = 0, disk_bytes = 0;
+    uint32_t mismatches = 0, fallbacks = 0;
+  };
+  RestoreReport report_;  // touched only by the thread calling Restore
   mutable absl::Mutex mu_;
   absl::Status last_failure_ ABSL_GUARDED_BY(mu_);
   CheckpointerStats stats_ ABSL_GUARDED_BY(mu_);

@@ -402,6 +402,26 @@ void CheckpointService::Committed(const std::string& job, uint64_t step,
   }
 }
 
+absl::Status CheckpointService::ReportRestore(
+    const proto::ReportRestoreRequest& report) {
+  const std::string& job = report.shard().job();
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  for (const auto& [tier, bytes] :
+       {std::make_pair(proto::TIER_MEMORY, report.memory_bytes()),
+        std::make_pair(proto::TIER_LOCAL_DISK, report.local_disk_bytes())}) {
+    if (bytes == 0) continue;
+    const Labels labels = {{"job", job}, {"source", TierName(tier)}};
+    metrics_.Add("ckpt_restores_total", labels);
+    metrics_.Add("ckpt_restored_bytes_total", labels,
+                 static_cast<double>(bytes));
+  }
+  metrics_.Add("ckpt_checksum_mismatches_total", {{"job", job}},
+               report.checksum_mismatches());
+  metrics_.Add("ckpt_restore_fallbacks_total", {{"job", job}},
+               report.fallbacks());
+  return absl::OkStatus();
+}
+
 void CheckpointService::SawSave(const std::string& job, uint64_t step) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
@@ -463,6 +483,16 @@ void CheckpointService::DeclareMetrics() {
                    "bytes of released slots kept for reuse");
   metrics_.Declare("ckpt_memory_budget_bytes", T::kGauge,
                    "the staging memory budget (--memory-budget)");
+  metrics_.Declare("ckpt_restores_total", T::kCounter,
+                   "restores by rank that read from a source tier (a "
+                   "resharded restore may count for two)");
+  metrics_.Declare("ckpt_restored_bytes_total", T::kCounter,
+                   "bytes restores read, by source tier");
+  metrics_.Declare("ckpt_checksum_mismatches_total", T::kCounter,
+                   "memory-tier copies whose bytes did not match the "
+                   "persisted checksums at restore");
+  metrics_.Declare("ckpt_restore_fallbacks_total", T::kCounter,
+                   "restores that gave up a source for the next one");
   metrics_.Declare("ckpt_failures_detected_total", T::kCounter,
                    "failures seen: job_restart (rank 0 saved a step again), "
                    "daemon_restart (ckptd started with the job's shards)");

@@ -36,6 +36,7 @@
 #include "daemon/retention.h"
 #include "daemon/staging_arena.h"
 #include "io/file_system.h"
+#include "proto/daemon.pb.h"
 #include "snapshot/shard_writer.h"
 
 namespace ckpt::daemon {
@@ -91,6 +92,9 @@ class CheckpointService {
       const std::string& job);
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
+  // Counts a finished restore: bytes per source tier, checksum mismatches,
+  // fallbacks.
+  absl::Status ReportRestore(const proto::ReportRestoreRequest& report);
   // Applies retention to a job now with `policy` (what ckpt gc asks for);
   // with `dry_run` only says what it would drop. Returns the copies dropped.
   absl::StatusOr<RetentionPlan> CollectGarbage(const std::string& job,

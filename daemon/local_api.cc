@@ -100,6 +100,12 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ReportRestore(grpc::ServerContext*,
+                             const proto::ReportRestoreRequest* req,
+                             proto::ReportRestoreResponse*) override {
+    return ToGrpc(service_->ReportRestore(*req));
+  }
+
   grpc::Status CollectGarbage(grpc::ServerContext*,
                               const proto::CollectGarbageRequest* req,
                               proto::CollectGarbageResponse* resp) override {

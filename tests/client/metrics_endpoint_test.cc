@@ -12,6 +12,7 @@
 #include "client/checkpointer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/file_system.h"
 #include "tests/client/daemon_process.h"
 
 namespace ckpt {
@@ -101,6 +102,28 @@ TEST(MetricsEndpointTest, MetricsArePresentWellFormedAndMoveWithTheRun) {
               0);
     EXPECT_GT(now["ckpt_memory_tier_bytes"], 0) << "the newest step's slot";
   }
+  // Restores by source tier; a damaged memory-tier copy is a checksum
+  // mismatch and a fallback to the file.
+  ASSERT_TRUE((*c)->Restore(3).ok());
+  auto shard = (*c)->DescribeShard(3);
+  ASSERT_TRUE(shard.ok() && !shard->slot_path().empty());
+  {
+    auto slot = io::DefaultFileSystem()->MapFile(shard->slot_path(), {});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    (*slot)->data()[7] ^= 0x40;
+  }
+  ASSERT_TRUE((*c)->Restore(3).ok());
+  EXPECT_EQ(w[1], 1.5f) << "the damaged element came from the file";
+  std::map<std::string, double> restored = Scrape(port, &typed);
+  const double bytes = w.size() * 4.0;
+  EXPECT_EQ(restored["ckpt_restores_total{job=\"m\",source=\"memory\"}"], 1);
+  EXPECT_EQ(restored["ckpt_restored_bytes_total{job=\"m\",source=\"memory\"}"],
+            bytes);
+  EXPECT_EQ(restored["ckpt_restores_total{job=\"m\",source=\"local_disk\"}"],
+            1);
+  EXPECT_EQ(restored["ckpt_checksum_mismatches_total{job=\"m\"}"], 1);
+  EXPECT_EQ(restored["ckpt_restore_fallbacks_total{job=\"m\"}"], 1);
+
   // The job "restarts" from step 1: rank 0 saves step 2 again (refused, it is
   // committed), which ckptd counts as a failure; the Young/Daly interval then
   // appears next to the interval in use.
