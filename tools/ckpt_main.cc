@@ -184,6 +184,11 @@ int Fail(absl::string_view command, const absl::Status& s) {
                                                  : kExitProblems;
 }
 
+int UsageError(absl::string_view command, const absl::Status& s) {
+  std::cerr << "ckpt " << command << ": " << s.message() << "\n";
+  return kExitUsage;
+}
+
 std::string HumanBytes(uint64_t n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = static_cast<double>(n);
@@ -299,10 +304,14 @@ int Ls(const std::string& data_dir, const std::string& job, bool json) {
       for (const auto& s : *steps) {
         world = std::max(world, s.world_size);
         for (proto::Tier t : s.committed) {
-          if (t == proto::TIER_MEMORY)
-            any_memory = true, latest_memory = s.step;
-          if (t == proto::TIER_LOCAL_DISK)
-            any_disk = true, latest_disk = s.step;
+          if (t == proto::TIER_MEMORY) {
+            any_memory = true;
+            latest_memory = s.step;
+          }
+          if (t == proto::TIER_LOCAL_DISK) {
+            any_disk = true;
+            latest_disk = s.step;
+          }
         }
       }
       std::printf(
@@ -336,7 +345,7 @@ int Ls(const std::string& data_dir, const std::string& job, bool json) {
 int InspectStep(const std::string& data_dir, const std::string& job,
                 const std::string& step_text, bool json) {
   auto step = ParseStep(step_text);
-  if (!step.ok()) return Fail("inspect", step.status()), kExitUsage;
+  if (!step.ok()) return UsageError("inspect", step.status());
   auto view = ckpt::tools::DataDirView::Open(data_dir);
   if (!view.ok()) return Fail("inspect", view.status());
   auto shards = (*view)->StepShards(job, *step);
@@ -423,7 +432,7 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
   absl::optional<uint64_t> step;
   if (!step_text.empty()) {
     auto parsed = ParseStep(step_text);
-    if (!parsed.ok()) return Fail("verify", parsed.status()), kExitUsage;
+    if (!parsed.ok()) return UsageError("verify", parsed.status());
     step = *parsed;
   }
   auto view = ckpt::tools::DataDirView::Open(data_dir);
@@ -480,7 +489,7 @@ int Export(const std::string& data_dir, const std::string& job,
            const std::string& step_text, const std::string& format,
            const std::string& out, bool json) {
   auto step = ParseStep(step_text);
-  if (!step.ok()) return Fail("export", step.status()), kExitUsage;
+  if (!step.ok()) return UsageError("export", step.status());
   if (format != "safetensors") {
     std::cerr << "ckpt export: unknown format \"" << format
               << "\" (supported: safetensors)\n";
@@ -681,7 +690,7 @@ int RestorePlan(const std::string& data_dir, const std::string& job,
                 const std::string& step_text, uint32_t world, int split_dim,
                 bool json) {
   auto step = ParseStep(step_text);
-  if (!step.ok()) return Fail("restore-plan", step.status()), kExitUsage;
+  if (!step.ok()) return UsageError("restore-plan", step.status());
   if (world == 0) {
     std::cerr << "ckpt restore-plan: --world must be at least 1\n";
     return kExitUsage;
