@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -50,11 +51,13 @@ struct Checkpointer::Registered {
 };
 
 // The gRPC stub and the deadline every call gets.
-class Checkpointer::Rpc {
+class CheckpointerRpc {
  public:
-  Rpc(std::shared_ptr<grpc::Channel> channel, absl::Duration timeout)
+  CheckpointerRpc(std::shared_ptr<grpc::Channel> channel,
+                  absl::Duration timeout, std::string socket_path)
       : stub_(proto::CkptDaemon::NewStub(std::move(channel))),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        socket_path_(std::move(socket_path)) {}
 
   template <typename Request, typename Response, typename Method>
   absl::Status Call(Method method, const Request& request, Response* response,
@@ -62,12 +65,14 @@ class Checkpointer::Rpc {
                     absl::Duration extra = absl::ZeroDuration()) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_ + extra));
-    return FromGrpc((stub_.get()->*method)(&context, request, response), what);
+    return FromGrpc((stub_.get()->*method)(&context, request, response), what,
+                    socket_path_);
   }
 
  private:
   std::unique_ptr<proto::CkptDaemon::Stub> stub_;
   const absl::Duration timeout_;
+  const std::string socket_path_;
 };
 
 void SaveHandle::Copied(absl::Status status) {
@@ -100,15 +105,15 @@ absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
     RETURN_IF_ERROR(status_);
   }
   proto::WaitCommittedRequest req;
-  req.set_job(owner_->options_.job);
+  req.set_job(job_);
   req.set_step(step_);
   req.set_tier(tier);
   req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
   proto::WaitCommittedResponse resp;
-  absl::Status s = owner_->rpc_->Call(
+  absl::Status s = rpc_->Call(
       &proto::CkptDaemon::Stub::WaitCommitted, req, &resp,
       absl::StrCat("waiting for step ", step_, " to commit"), timeout);
-  if (!s.ok()) owner_->RecordFailure(s);
+  if (!s.ok()) failures_->Record(s);
   return s;
 }
 
@@ -135,6 +140,11 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   // anyway.
   struct stat st;
   if (::stat(options.socket_path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::UnavailableError(
+          absl::StrCat("ckptd socket ", options.socket_path,
+                       " does not exist (is ckptd running, as this user?)"));
+    }
     return io::ErrnoToStatus(
         errno, absl::StrCat("ckptd socket ", options.socket_path,
                             " (is ckptd running, as this user?)"));
@@ -168,10 +178,10 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
     }
     ckpt->device_ = *std::move(cuda);
   }
-  ckpt->rpc_ = std::make_unique<Rpc>(
+  ckpt->rpc_ = std::make_shared<Rpc>(
       grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),
                                 grpc::InsecureChannelCredentials(), args),
-      options.rpc_timeout);
+      options.rpc_timeout, options.socket_path);
   // A first call proves the daemon accepted us (it drops connections of other
   // uids).
   proto::LatestCommittedRequest probe;
@@ -226,15 +236,7 @@ absl::Status Checkpointer::RegisterBytes(const std::string& name,
   return absl::OkStatus();
 }
 
-void Checkpointer::RecordFailure(const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
-  last_failure_ = status;
-}
-
-absl::Status Checkpointer::LastSaveError() {
-  absl::MutexLock lock(&mu_);
-  return std::exchange(last_failure_, absl::OkStatus());
-}
+absl::Status Checkpointer::LastSaveError() { return failures_->Take(); }
 
 absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     uint64_t step) {
@@ -263,7 +265,7 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   absl::Status s = rpc_->Call(&proto::CkptDaemon::Stub::BeginStage, req, &resp,
                               absl::StrCat("saving step ", step));
   if (!s.ok()) {
-    RecordFailure(s);
+    failures_->Record(s);
     return s;
   }
   CKPT_KILL_POINT("client.after_begin_stage");
@@ -313,7 +315,8 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     }
     copied = *std::move(event);
   }
-  auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
+  auto handle = std::shared_ptr<SaveHandle>(
+      new SaveHandle(rpc_, failures_, options_.job, step));
   copier_ = std::thread([this, handle, step, layout = std::move(layout), slot,
                          copied, copy_tensors]() mutable {
     absl::Status status =
@@ -353,7 +356,7 @@ void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,
                      "abort");
   }
   CKPT_KILL_POINT("client.after_stage_complete");
-  if (!status.ok()) RecordFailure(status);
+  if (!status.ok()) failures_->Record(status);
   handle->Finish(status);
 }
 
@@ -361,7 +364,8 @@ absl::Status Checkpointer::Abandon(uint64_t step, absl::Status status) {
   status = absl::Status(status.code(), absl::StrCat("saving step ", step, ": ",
                                                     status.message()));
   // In save order with the hand-overs before it; the abort gives the slot back.
-  auto handle = std::shared_ptr<SaveHandle>(new SaveHandle(this, step));
+  auto handle = std::shared_ptr<SaveHandle>(
+      new SaveHandle(rpc_, failures_, options_.job, step));
   handover_->Schedule(
       [this, handle, step, status] { HandOver(handle, step, {}, status); });
   return status;
@@ -600,38 +604,61 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
     if (usable.code() == absl::StatusCode::kDataLoss) ++report_.mismatches;
     ++report_.fallbacks;
   }
-  if (reader == nullptr) {
-    if (shard.shard_path().empty()) {
-      return absl::NotFoundError(
-          absl::StrCat(what, ": neither a slot nor a shard file is left"));
+  auto read_file = [&]() -> absl::Status {
+    if (reader == nullptr) {
+      if (shard.shard_path().empty()) {
+        return absl::NotFoundError(
+            absl::StrCat(what, ": neither a slot nor a shard file is left"));
+      }
+      return reader_status;
     }
-    return reader_status;
-  }
-  // Tensors in device memory are read into host memory first.
-  std::vector<uint8_t> host;
-  for (Registered& r : items_) {
-    ASSIGN_OR_RETURN(const proto::Item* item, reader->FindItem(r.item.name()));
-    report_.disk_bytes += item->raw_size();
-    if (r.is_tensor() && device_->host_resident()) {
-      RETURN_IF_ERROR(reader->ReadItem(
-          r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
-                                             r.item.raw_size())));
-    } else if (r.is_tensor()) {
-      host.resize(r.item.raw_size());
-      RETURN_IF_ERROR(reader->ReadItem(r.item.name(), absl::MakeSpan(host)));
-      RETURN_IF_ERROR(
-          device_->CopyFromHost(host.data(), r.tensor, host.size()));
-      RETURN_IF_ERROR(device_->Synchronize());
-    } else {
-      std::string value(item->raw_size(), '\0');
-      RETURN_IF_ERROR(reader->ReadItem(
-          r.item.name(),
-          absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
-                              value.size())));
-      *r.bytes = std::move(value);
+    // Tensors in device memory are read into host memory first.
+    std::vector<uint8_t> host;
+    for (Registered& r : items_) {
+      ASSIGN_OR_RETURN(const proto::Item* item,
+                       reader->FindItem(r.item.name()));
+      report_.disk_bytes += item->raw_size();
+      if (r.is_tensor() && device_->host_resident()) {
+        RETURN_IF_ERROR(reader->ReadItem(
+            r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                               r.item.raw_size())));
+      } else if (r.is_tensor()) {
+        host.resize(r.item.raw_size());
+        RETURN_IF_ERROR(reader->ReadItem(r.item.name(), absl::MakeSpan(host)));
+        RETURN_IF_ERROR(
+            device_->CopyFromHost(host.data(), r.tensor, host.size()));
+        RETURN_IF_ERROR(device_->Synchronize());
+      } else {
+        std::string value(item->raw_size(), '\0');
+        RETURN_IF_ERROR(reader->ReadItem(
+            r.item.name(),
+            absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                                value.size())));
+        *r.bytes = std::move(value);
+      }
     }
+    return absl::OkStatus();
+  };
+  absl::Status from_file = read_file();
+  if (from_file.ok() || options_.world_size == 1 ||
+      (from_file.code() != absl::StatusCode::kDataLoss &&
+       from_file.code() != absl::StatusCode::kNotFound)) {
+    return from_file;
   }
-  return absl::OkStatus();
+  // This rank's copy is lost; other ranks may have saved the same boxes
+  // (replicated, data-parallel state).
+  absl::Status from_replicas =
+      RestoreResharded(step, commit->world_size(), what);
+  if (from_replicas.ok()) {
+    CKPT_LOG_WARN("{} (restored from other ranks' replicas)",
+                  from_file.ToString());
+    ++report_.fallbacks;
+    return from_replicas;
+  }
+  return absl::Status(
+      from_file.code(),
+      absl::StrCat(from_file.message(), "; no other rank saved a replica: ",
+                   from_replicas.message()));
 }
 
 // One saved rank's shard of the step being restored onto another layout: its
@@ -640,6 +667,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
 struct Checkpointer::SavedRank {
   proto::ShardRecord shard;
   bool opened = false;
+  absl::Status open_status;  // of the first OpenSavedRank
   std::unique_ptr<snapshot::ShardReader> reader;
   std::unique_ptr<io::MappedFile> slot;  // usable: verified, or not persisted
 
@@ -653,8 +681,15 @@ struct Checkpointer::SavedRank {
 
 absl::Status Checkpointer::OpenSavedRank(SavedRank& saved,
                                          const std::string& what) {
-  if (saved.opened) return absl::OkStatus();
-  saved.opened = true;
+  if (!saved.opened) {
+    saved.opened = true;
+    saved.open_status = OpenSavedRankOnce(saved, what);
+  }
+  return saved.open_status;
+}
+
+absl::Status Checkpointer::OpenSavedRankOnce(SavedRank& saved,
+                                             const std::string& what) {
   const proto::ShardRecord& shard = saved.shard;
   absl::Status reader_status = absl::NotFoundError("no shard file");
   if (!shard.shard_path().empty()) {
@@ -724,28 +759,47 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
   for (Registered& r : items_) {
     if (!r.is_tensor()) {
       // Byte items are per rank (RNG states, loader positions): a rank takes
-      // the one of the saved rank with its number, else saved rank 0's.
-      SavedRank& src = saved[options_.rank < saved_world ? options_.rank : 0];
-      const proto::StagedItem* staged = src.Find(r.item.name());
-      if (staged == nullptr) {
-        return absl::NotFoundError(absl::StrCat(what, ": \"", r.item.name(),
-                                                "\" was not saved by rank ",
-                                                src.shard.rank()));
+      // the one of the saved rank with its number, else saved rank 0's; when
+      // that copy is lost, another rank's (replicated state).
+      std::vector<uint32_t> order;
+      if (options_.rank < saved_world) order.push_back(options_.rank);
+      for (uint32_t o = 0; o < saved_world; ++o) {
+        if (o != options_.rank) order.push_back(o);
       }
-      RETURN_IF_ERROR(OpenSavedRank(src, what));
-      std::string value(staged->item().raw_size(), '\0');
-      (src.slot != nullptr ? report_.memory_bytes : report_.disk_bytes) +=
-          value.size();
-      if (src.slot != nullptr) {
-        std::memcpy(value.data(), src.slot->data() + staged->slot_offset(),
-                    value.size());
-      } else {
-        RETURN_IF_ERROR(src.reader->ReadItem(
-            r.item.name(),
-            absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
-                                value.size())));
+      absl::Status read;
+      for (size_t k = 0; k < order.size(); ++k) {
+        SavedRank& src = saved[order[k]];
+        const proto::StagedItem* staged = src.Find(r.item.name());
+        if (staged == nullptr) {
+          read = absl::NotFoundError(absl::StrCat(what, ": \"", r.item.name(),
+                                                  "\" was not saved by rank ",
+                                                  src.shard.rank()));
+        } else {
+          read = OpenSavedRank(src, what);
+        }
+        std::string value;
+        if (read.ok()) {
+          value.assign(staged->item().raw_size(), '\0');
+          if (src.slot != nullptr) {
+            std::memcpy(value.data(), src.slot->data() + staged->slot_offset(),
+                        value.size());
+          } else {
+            read = src.reader->ReadItem(
+                r.item.name(),
+                absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                                    value.size()));
+          }
+        }
+        if (read.ok()) {
+          (src.slot != nullptr ? report_.memory_bytes : report_.disk_bytes) +=
+              value.size();
+          *r.bytes = std::move(value);
+          break;
+        }
+        if (read.code() != absl::StatusCode::kDataLoss) return read;
+        if (k + 1 < order.size()) ++report_.fallbacks;
       }
-      *r.bytes = std::move(value);
+      RETURN_IF_ERROR(read);
       continue;
     }
     const size_t width = snapshot::DTypeSize(r.item.dtype());
@@ -760,8 +814,16 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
       host.resize(r.item.raw_size());
       dst = absl::MakeSpan(host);
     }
-    int64_t covered = 0;
-    std::vector<uint32_t> holders;
+    // The saved boxes overlapping this rank's box, grouped by box: the ranks
+    // of one group are replicas (data-parallel state saved by every rank).
+    // One replica of each group is read, the next one if it fails.
+    struct Source {
+      SavedRank* rank;
+      const proto::StagedItem* staged;
+    };
+    std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>,
+             std::vector<Source>>
+        groups;
     for (SavedRank& src : saved) {
       const proto::StagedItem* staged = src.Find(r.item.name());
       if (staged == nullptr) continue;
@@ -775,16 +837,24 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
             src.shard.rank(), " as ", snapshot::DTypeName(had.dtype()),
             " with another global shape"));
       }
+      snapshot::Box box{{had.box_offset().begin(), had.box_offset().end()},
+                        {had.box_length().begin(), had.box_length().end()}};
+      if (snapshot::Intersect(box, want).elements() == 0) continue;
+      groups[{std::move(box.offset), std::move(box.length)}].push_back(
+          {&src, staged});
+    }
+    // Copies the overlap of one saved box; returns the elements copied.
+    auto copy_from = [&](const Source& source) -> absl::StatusOr<int64_t> {
+      SavedRank& src = *source.rank;
+      const proto::Item& had = source.staged->item();
       const snapshot::Box box{
           {had.box_offset().begin(), had.box_offset().end()},
           {had.box_length().begin(), had.box_length().end()}};
       const snapshot::Box common = snapshot::Intersect(box, want);
-      if (common.elements() == 0) continue;
       RETURN_IF_ERROR(OpenSavedRank(src, what));
-      holders.push_back(src.shard.rank());
       const uint8_t* bytes;
       if (src.slot != nullptr) {
-        bytes = src.slot->data() + staged->slot_offset();
+        bytes = src.slot->data() + source.staged->slot_offset();
       } else {
         // Only the byte range spanning the overlap is read (and only the
         // chunks under it decoded).
@@ -804,8 +874,31 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
       }
       (src.slot != nullptr ? report_.memory_bytes : report_.disk_bytes) +=
           common.elements() * width;
-      covered += snapshot::CopyBoxIntersection(
+      return snapshot::CopyBoxIntersection(
           absl::MakeConstSpan(bytes, had.raw_size()), box, dst, want, width);
+    };
+    int64_t covered = 0;
+    for (auto& [box, replicas] : groups) {
+      // Spread the reads of replicated state over the saved ranks: this rank
+      // starts with the replica of its own number when there is one.
+      std::stable_sort(replicas.begin(), replicas.end(),
+                       [&](const Source& a, const Source& b) {
+                         return (a.rank->shard.rank() == options_.rank) >
+                                (b.rank->shard.rank() == options_.rank);
+                       });
+      if (replicas.front().rank->shard.rank() != options_.rank) {
+        std::rotate(replicas.begin(),
+                    replicas.begin() + options_.rank % replicas.size(),
+                    replicas.end());
+      }
+      absl::StatusOr<int64_t> copied;
+      for (size_t i = 0; i < replicas.size(); ++i) {
+        copied = copy_from(replicas[i]);
+        if (copied.ok()) break;
+        if (i + 1 < replicas.size()) report_.fallbacks++;  // another replica
+      }
+      if (!copied.ok()) return copied.status();
+      covered += *copied;
     }
     if (covered != want.elements()) {
       return absl::NotFoundError(absl::StrCat(

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -69,6 +70,29 @@ struct CheckpointerStats {
   uint64_t slots_reused = 0;  // saves that found their slot already mapped
 };
 
+// The connection to ckptd (defined in checkpointer.cc).
+class CheckpointerRpc;
+
+// The most recent failure of a save, shared by a Checkpointer and its
+// SaveHandles (which may outlive it).
+class FailureLog {
+ public:
+  void Record(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    last_ = std::move(status);
+  }
+  absl::Status Take() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(last_, absl::OkStatus());
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status last_ ABSL_GUARDED_BY(mu_);
+};
+
+// A save in flight. It may be waited on after its Checkpointer is gone: it
+// shares the connection to ckptd.
 class SaveHandle {
  public:
   uint64_t step() const { return step_; }
@@ -81,12 +105,19 @@ class SaveHandle {
 
  private:
   friend class Checkpointer;
-  SaveHandle(class Checkpointer* owner, uint64_t step)
-      : owner_(owner), step_(step) {}
+  SaveHandle(std::shared_ptr<CheckpointerRpc> rpc,
+             std::shared_ptr<FailureLog> failures, std::string job,
+             uint64_t step)
+      : rpc_(std::move(rpc)),
+        failures_(std::move(failures)),
+        job_(std::move(job)),
+        step_(step) {}
   void Copied(absl::Status status);
   void Finish(absl::Status status);
 
-  class Checkpointer* const owner_;
+  const std::shared_ptr<CheckpointerRpc> rpc_;
+  const std::shared_ptr<FailureLog> failures_;
+  const std::string job_;
   const uint64_t step_;
   absl::Mutex mu_;
   bool copied_ ABSL_GUARDED_BY(mu_) = false;
@@ -148,9 +179,8 @@ class Checkpointer {
   struct Registered;
   struct MappedSlot;
   struct SavedRank;
-  class Rpc;
+  using Rpc = CheckpointerRpc;
   explicit Checkpointer(const CheckpointerOptions& options);
-  void RecordFailure(const absl::Status& status);
   // Tells the daemon that the copy of `step` is done (StageComplete) or
   // failed (AbortStage), and finishes the handle. Runs on `handover_`.
   void HandOver(const std::shared_ptr<SaveHandle>& handle, uint64_t step,
@@ -169,6 +199,7 @@ class Checkpointer {
   // Opens a saved rank's bytes: its slot if it verifies (or is not persisted
   // yet), else its shard file.
   absl::Status OpenSavedRank(SavedRank& saved, const std::string& what);
+  absl::Status OpenSavedRankOnce(SavedRank& saved, const std::string& what);
   // Gives back the slot of a save that failed before its copy started (the
   // abort is queued behind earlier hand-overs); returns the error to report.
   absl::Status Abandon(uint64_t step, absl::Status status);
@@ -183,7 +214,7 @@ class Checkpointer {
                                                       uint64_t bytes);
 
   const CheckpointerOptions options_;
-  std::unique_ptr<Rpc> rpc_;
+  std::shared_ptr<Rpc> rpc_;
   std::unique_ptr<kernels::Device> device_;
   std::vector<Registered> items_;
   std::thread copier_;  // the copy of the save in flight
@@ -199,7 +230,7 @@ class Checkpointer {
   };
   RestoreReport report_;  // touched only by the thread calling Restore
   mutable absl::Mutex mu_;
-  absl::Status last_failure_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<FailureLog> failures_ = std::make_shared<FailureLog>();
   CheckpointerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

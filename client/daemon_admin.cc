@@ -7,8 +7,14 @@
 
 namespace ckpt::client {
 
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
+                      absl::string_view socket_path) {
   if (s.ok()) return absl::OkStatus();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat(
+        what, ": ckptd", socket_path.empty() ? "" : " at ", socket_path,
+        " is unreachable (stopped or restarting?): ", s.error_message()));
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat(what, ": ", s.error_message()));
 }
@@ -23,7 +29,7 @@ absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
                        std::chrono::minutes(5));
   proto::CollectGarbageResponse resp;
   absl::Status s = FromGrpc(stub->CollectGarbage(&context, req, &resp),
-                            absl::StrCat("ckptd at ", socket_path));
+                            "collecting garbage", socket_path);
   if (!s.ok()) return s;
   return resp;
 }

@@ -17,8 +17,10 @@
 namespace ckpt::client {
 
 // The gRPC status as an absl::Status (the codes are the same numbers), its
-// message prefixed by `what`.
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what);
+// message prefixed by `what`. An unreachable daemon is named by its socket
+// (`socket_path`, when given).
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
+                      absl::string_view socket_path = "");
 
 // Retention now, through the daemon that owns the catalog.
 absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(

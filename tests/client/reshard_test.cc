@@ -205,6 +205,78 @@ TEST_P(ReshardTest, RestoresEveryElementOntoANewWorldSize) {
   EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("model/a"));
 }
 
+// Data-parallel state: every saved rank holds the whole tensor. A restore onto
+// another world size reads one replica per box, and when that replica's file
+// is damaged it falls back to another.
+TEST(ReshardReplicasTest, ReplicatedStateRestoresFromAnyIntactReplica) {
+  testing::DaemonProcess daemon({"--keep-memory", "1", "--keep-disk", "4"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  const std::string job = "replicas";
+  std::vector<float> expected(1000);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = 0.5f * i;
+  {
+    std::vector<std::unique_ptr<client::Checkpointer>> savers;
+    std::vector<std::vector<float>> copies(3, expected);
+    for (uint32_t r = 0; r < 3; ++r) {
+      auto c = client::Checkpointer::Connect({job, r, 3, daemon.socket()});
+      ASSERT_TRUE(c.ok()) << c.status();
+      ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32,
+                                       copies[r].data(), {1000}, {0}, {1000})
+                      .ok());
+      savers.push_back(*std::move(c));
+    }
+    for (uint64_t step = 1; step <= 2; ++step) {
+      std::vector<std::shared_ptr<client::SaveHandle>> saves;
+      for (auto& c : savers) saves.push_back(*c->SaveAsync(step));
+      for (auto& save : saves)
+        ASSERT_TRUE(save->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+    }
+  }
+  std::vector<std::vector<float>> halves(2, std::vector<float>(500, -1));
+  std::vector<std::unique_ptr<client::Checkpointer>> restorers;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto c = client::Checkpointer::Connect({job, r, 2, daemon.socket()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32,
+                                     halves[r].data(), {1000}, {r * 500ll},
+                                     {500})
+                    .ok());
+    restorers.push_back(*std::move(c));
+  }
+  // Step 1 is only on disk once its slots left; damage saved rank 0's file.
+  std::string path;
+  for (int i = 0; i < 500; ++i) {
+    auto old = restorers[0]->DescribeShard(1);
+    ASSERT_TRUE(old.ok()) << old.status();
+    path = old->shard_path();
+    if (old->slot_path().empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(path.empty());
+  std::string bytes = testing::ReadAll(path);
+  for (size_t i = 64; i < bytes.size(); i += 97) bytes[i] ^= 0x5a;
+  testing::WriteAll(path, bytes);
+  // The same world size: rank 0's own file is damaged, its replicas are not.
+  {
+    std::vector<float> whole(1000, -1);
+    auto c = client::Checkpointer::Connect({job, 0, 3, daemon.socket()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32, whole.data(),
+                                     {1000}, {0}, {1000})
+                    .ok());
+    absl::Status s = (*c)->Restore(1);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(whole, expected);
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    absl::Status s = restorers[r]->Restore(1);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(std::equal(halves[r].begin(), halves[r].end(),
+                           expected.begin() + r * 500))
+        << "rank " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Pairs, ReshardTest,
     ::testing::Values(std::make_pair(1u, 4u), std::make_pair(4u, 1u),

@@ -1,0 +1,341 @@
+// ckpt._ckpt: the Python binding of libckpt's Checkpointer (pybind11). The
+// Python package `ckpt` (python/ckpt/) wraps it; `ckpt.torch` builds on it.
+//
+// Every absl::Status that crosses into Python is turned into an exception of
+// ckpt.errors in one place, RaiseIfError, keeping the daemon's message. Calls
+// that wait (RPCs, copies, restores) release the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/checkpointer.h"
+#include "snapshot/dtype.h"
+
+namespace py = pybind11;
+
+namespace ckpt::python {
+namespace {
+
+// The ckpt.errors class for an absl status code.
+const char* ErrorClassFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return "InvalidArgumentError";
+    case absl::StatusCode::kNotFound:
+      return "NotFoundError";
+    case absl::StatusCode::kAlreadyExists:
+      return "AlreadyExistsError";
+    case absl::StatusCode::kFailedPrecondition:
+      return "FailedPreconditionError";
+    case absl::StatusCode::kUnavailable:
+      return "UnavailableError";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "DeadlineExceededError";
+    case absl::StatusCode::kResourceExhausted:
+      return "ResourceExhaustedError";
+    case absl::StatusCode::kDataLoss:
+      return "DataLossError";
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return "PermissionDeniedError";
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+      return "AbortedError";
+    default:
+      return "Error";
+  }
+}
+
+// The exception (not raised) that stands for a failed status.
+py::object ErrorFor(const absl::Status& status) {
+  py::object cls =
+      py::module_::import("ckpt.errors").attr(ErrorClassFor(status.code()));
+  return cls(std::string(status.message()),
+             std::string(absl::StatusCodeToString(status.code())));
+}
+
+void RaiseIfError(const absl::Status& status) {
+  if (status.ok()) return;
+  py::object error = ErrorFor(status);
+  PyErr_SetObject(error.get_type().ptr(), error.ptr());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T ValueOrRaise(absl::StatusOr<T> value) {
+  RaiseIfError(value.status());
+  return *std::move(value);
+}
+
+proto::Tier ParseTier(const std::string& name) {
+  if (name == "memory") return proto::TIER_MEMORY;
+  if (name == "peer") return proto::TIER_PEER;
+  if (name == "disk") return proto::TIER_LOCAL_DISK;
+  if (name == "shared") return proto::TIER_SHARED;
+  RaiseIfError(absl::InvalidArgumentError(absl::StrCat(
+      "unknown tier \"", name, "\"; expected memory, peer, disk or shared")));
+  return proto::TIER_UNSPECIFIED;
+}
+
+absl::Duration Seconds(double seconds) { return absl::Seconds(seconds); }
+
+// A save in progress; see client::SaveHandle.
+class PySaveHandle {
+ public:
+  explicit PySaveHandle(std::shared_ptr<client::SaveHandle> handle)
+      : handle_(std::move(handle)) {}
+  uint64_t step() const { return handle_->step(); }
+  void WaitStaged() {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = handle_->WaitStaged();
+    }
+    RaiseIfError(status);
+  }
+  void WaitCommitted(const std::string& tier, double timeout_s) {
+    const proto::Tier t = ParseTier(tier);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = handle_->WaitCommitted(t, Seconds(timeout_s));
+    }
+    RaiseIfError(status);
+  }
+  const std::shared_ptr<client::SaveHandle>& get() const { return handle_; }
+
+ private:
+  std::shared_ptr<client::SaveHandle> handle_;
+};
+
+// One rank's connection to ckptd with its registered items. Byte items are
+// owned here (set_bytes/get_bytes); tensors are read in place from the
+// registered addresses, and the Python objects that own them are kept alive.
+class PyCheckpointer {
+ public:
+  PyCheckpointer(const std::string& job, uint32_t rank, uint32_t world_size,
+                 const std::string& socket, double rpc_timeout_s,
+                 const std::string& device, int cuda_device,
+                 uintptr_t compute_stream) {
+    client::CheckpointerOptions options;
+    options.job = job;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.socket_path = socket;
+    options.rpc_timeout = Seconds(rpc_timeout_s);
+    if (device == "cuda") {
+      options.device = client::DeviceKind::kCuda;
+    } else if (device != "cpu") {
+      RaiseIfError(absl::InvalidArgumentError(absl::StrCat(
+          "unknown device \"", device, "\"; expected cpu or cuda")));
+    }
+    options.cuda_device = cuda_device;
+    options.compute_stream = reinterpret_cast<void*>(compute_stream);
+    absl::StatusOr<std::unique_ptr<client::Checkpointer>> connected;
+    {
+      py::gil_scoped_release release;
+      connected = client::Checkpointer::Connect(options);
+    }
+    impl_ = ValueOrRaise(std::move(connected));
+  }
+
+  void RegisterTensor(const std::string& name, const std::string& dtype,
+                      uintptr_t data, std::vector<int64_t> global_shape,
+                      std::optional<std::vector<int64_t>> box_offset,
+                      std::optional<std::vector<int64_t>> box_length,
+                      py::object owner) {
+    absl::StatusOr<proto::DType> parsed = snapshot::ParseDType(dtype);
+    if (!parsed.ok()) {
+      RaiseIfError(absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\": ", parsed.status().message())));
+    }
+    std::vector<int64_t> offset =
+        box_offset ? *box_offset : std::vector<int64_t>(global_shape.size(), 0);
+    std::vector<int64_t> length = box_length ? *box_length : global_shape;
+    RaiseIfError(Live()->RegisterTensor(
+        name, *parsed, reinterpret_cast<void*>(data), std::move(global_shape),
+        std::move(offset), std::move(length)));
+    owners_.push_back(std::move(owner));
+  }
+
+  void RegisterBytes(const std::string& name) {
+    auto value = std::make_unique<std::string>();
+    RaiseIfError(Live()->RegisterBytes(name, value.get()));
+    bytes_[name] = std::move(value);
+  }
+
+  // Replaces a byte item's value for the next save. Waits for the copy of the
+  // previous save, which may still be reading the old value.
+  void SetBytes(const std::string& name, py::bytes value) {
+    std::string* slot = BytesItem(name);
+    WaitForCopy();
+    *slot = std::string(value);
+  }
+  py::bytes GetBytes(const std::string& name) {
+    return py::bytes(*BytesItem(name));
+  }
+
+  PySaveHandle SaveAsync(uint64_t step) {
+    client::Checkpointer* impl = Live();
+    absl::StatusOr<std::shared_ptr<client::SaveHandle>> handle;
+    {
+      py::gil_scoped_release release;
+      handle = impl->SaveAsync(step);
+    }
+    last_ = ValueOrRaise(std::move(handle));
+    return PySaveHandle(last_);
+  }
+
+  // The error of the most recent failed save since the last call, as an
+  // exception object, or None.
+  py::object LastSaveError() {
+    absl::Status status = Live()->LastSaveError();
+    if (status.ok()) return py::none();
+    return ErrorFor(status);
+  }
+
+  std::optional<uint64_t> LatestCommitted(const std::string& tier) {
+    const proto::Tier t = ParseTier(tier);
+    client::Checkpointer* impl = Live();
+    absl::StatusOr<absl::optional<uint64_t>> latest;
+    {
+      py::gil_scoped_release release;
+      latest = impl->LatestCommitted(t);
+    }
+    absl::optional<uint64_t> step = ValueOrRaise(std::move(latest));
+    if (!step) return std::nullopt;
+    return *step;
+  }
+
+  std::vector<uint64_t> ListCommitted(const std::string& tier) {
+    const proto::Tier t = ParseTier(tier);
+    client::Checkpointer* impl = Live();
+    absl::StatusOr<std::vector<uint64_t>> steps;
+    {
+      py::gil_scoped_release release;
+      steps = impl->ListCommitted(t);
+    }
+    return ValueOrRaise(std::move(steps));
+  }
+
+  void Restore(uint64_t step) {
+    client::Checkpointer* impl = Live();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = impl->Restore(step);
+    }
+    RaiseIfError(status);
+  }
+
+  py::dict Stats() {
+    client::CheckpointerStats stats = Live()->stats();
+    py::dict d;
+    d["slots_mapped"] = stats.slots_mapped;
+    d["slots_reused"] = stats.slots_reused;
+    return d;
+  }
+
+  // Waits for the copy in flight and the hand-overs, then disconnects.
+  void Close() {
+    if (impl_ == nullptr) return;
+    py::gil_scoped_release release;
+    impl_.reset();
+    last_.reset();
+  }
+  bool closed() const { return impl_ == nullptr; }
+
+ private:
+  client::Checkpointer* Live() {
+    if (impl_ == nullptr) {
+      RaiseIfError(absl::FailedPreconditionError("the checkpointer is closed"));
+    }
+    return impl_.get();
+  }
+  std::string* BytesItem(const std::string& name) {
+    auto it = bytes_.find(name);
+    if (it == bytes_.end()) {
+      RaiseIfError(absl::NotFoundError(
+          absl::StrCat("\"", name, "\" is not a registered byte item")));
+    }
+    return it->second.get();
+  }
+  void WaitForCopy() {
+    if (last_ == nullptr) return;
+    py::gil_scoped_release release;
+    (void)last_->WaitStaged();  // its error is the save's, reported there
+  }
+
+  // Declared first, destroyed last: the Checkpointer (destroyed first) may
+  // still be copying from them.
+  std::map<std::string, std::unique_ptr<std::string>> bytes_;
+  std::vector<py::object> owners_;
+  std::shared_ptr<client::SaveHandle> last_;
+  std::unique_ptr<client::Checkpointer> impl_;
+};
+
+std::vector<std::string> DTypeNames() {
+  std::vector<std::string> names;
+  for (proto::DType d : snapshot::AllDTypes()) {
+    names.push_back(snapshot::DTypeName(d));
+  }
+  return names;
+}
+
+}  // namespace
+}  // namespace ckpt::python
+
+PYBIND11_MODULE(_ckpt, m) {
+  using ckpt::python::PyCheckpointer;
+  using ckpt::python::PySaveHandle;
+  m.doc() = "libckpt's Checkpointer; use the ckpt package, not this module.";
+  m.def("dtypes", &ckpt::python::DTypeNames,
+        "The element types a tensor may have.");
+  m.def("default_socket", &ckpt::client::DefaultSocketPath,
+        "ckptd's default socket for this uid.");
+
+  py::class_<PySaveHandle>(m, "SaveHandle")
+      .def_property_readonly("step", &PySaveHandle::step)
+      .def("wait_staged", &PySaveHandle::WaitStaged,
+           "Returns once the state is copied out (it may be mutated again).")
+      .def("wait_committed", &PySaveHandle::WaitCommitted,
+           py::arg("tier") = "disk", py::arg("timeout") = 600.0,
+           "Waits until every rank's shard of the step reached `tier`.");
+
+  py::class_<PyCheckpointer>(m, "Checkpointer")
+      .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,
+                    double, const std::string&, int, uintptr_t>(),
+           py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1,
+           py::arg("socket") = "", py::arg("rpc_timeout") = 30.0,
+           py::arg("device") = "cpu", py::arg("cuda_device") = 0,
+           py::arg("compute_stream") = 0)
+      .def("register_tensor", &PyCheckpointer::RegisterTensor, py::arg("name"),
+           py::arg("dtype"), py::arg("data_ptr"), py::arg("global_shape"),
+           py::arg("box_offset") = py::none(),
+           py::arg("box_length") = py::none(), py::arg("owner") = py::none())
+      .def("register_bytes", &PyCheckpointer::RegisterBytes, py::arg("name"))
+      .def("set_bytes", &PyCheckpointer::SetBytes, py::arg("name"),
+           py::arg("value"))
+      .def("get_bytes", &PyCheckpointer::GetBytes, py::arg("name"))
+      .def("save_async", &PyCheckpointer::SaveAsync, py::arg("step"))
+      .def("last_save_error", &PyCheckpointer::LastSaveError)
+      .def("latest_committed", &PyCheckpointer::LatestCommitted,
+           py::arg("tier") = "disk")
+      .def("list_committed", &PyCheckpointer::ListCommitted,
+           py::arg("tier") = "disk")
+      .def("restore", &PyCheckpointer::Restore, py::arg("step"))
+      .def("stats", &PyCheckpointer::Stats)
+      .def("close", &PyCheckpointer::Close)
+      .def_property_readonly("closed", &PyCheckpointer::closed);
+}

@@ -1,0 +1,100 @@
+"""Helpers for the Python tests: a real ckptd in temporary directories, and
+the test's seed. CKPTD names the daemon binary (set by ctest)."""
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+
+def seed():
+    """The test's seed: CKPT_TEST_SEED if set, else a fresh one; printed so
+    that a failure can be replayed."""
+    value = int(os.environ.get("CKPT_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+    print(f"seed {value} (replay with CKPT_TEST_SEED={value})", flush=True)
+    return value
+
+
+class Daemon:
+    """ckptd with its own socket, data and tmpfs staging directories; its log
+    is kept in the temporary directory and printed by log()."""
+
+    def __init__(self, *extra_args, memory_budget="512M"):
+        self.dir = tempfile.mkdtemp(prefix="ckpt-pytest-")
+        self.staging = tempfile.mkdtemp(prefix="ckpt-pytest-staging-", dir="/dev/shm")
+        self.socket = os.path.join(self.dir, "run", "ckptd.sock")
+        self.data_dir = os.path.join(self.dir, "data")
+        self.args = [
+            os.environ["CKPTD"], "--socket", self.socket, "--data-dir", self.data_dir,
+            "--staging-dir", self.staging, "--memory-budget", memory_budget, *extra_args
+        ]
+        self.proc = None
+
+    def start(self):
+        with open(os.path.join(self.dir, "ckptd.log"), "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ckptd exited with {self.proc.returncode}:\n{self.log()}")
+            if self.accepting():
+                return self
+            time.sleep(0.025)
+        raise RuntimeError(f"ckptd did not listen on {self.socket}:\n{self.log()}")
+
+    def accepting(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+        self.proc = None
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "ckptd.log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def cleanup(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+
+class DaemonTestCase(unittest.TestCase):
+    """A test case whose tests share one ckptd (self.daemon)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.cleanup()

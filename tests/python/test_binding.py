@@ -1,0 +1,101 @@
+"""ckpt's Python binding over a real ckptd: registration, save, restore, and
+the exceptions for bad use."""
+
+import ctypes
+import unittest
+
+import ckpt
+from ckpt_testing import Daemon, DaemonTestCase
+
+
+class BindingTest(DaemonTestCase):
+
+    def connect(self, job, **kw):
+        return ckpt.Checkpointer(job, socket=self.daemon.socket, **kw)
+
+    def test_save_and_restore_a_buffer_and_bytes(self):
+        data = (ctypes.c_float * 1000)(*range(1000))
+        c = self.connect("binding-roundtrip")
+        c.register_tensor("w", "float32", ctypes.addressof(data), [1000])
+        c.register_bytes("meta")
+        c.set_bytes("meta", b"step seven")
+        h = c.save_async(7)
+        self.assertEqual(h.step, 7)
+        h.wait_staged()
+        h.wait_committed("disk", 60)
+        self.assertEqual(c.latest_committed("disk"), 7)
+        self.assertEqual(c.list_committed("memory"), [7])
+        for i in range(1000):
+            data[i] = -1.0
+        c.set_bytes("meta", b"changed")
+        c.restore(7)
+        self.assertEqual(list(data), [float(i) for i in range(1000)])
+        self.assertEqual(c.get_bytes("meta"), b"step seven")
+        c.close()
+        self.assertTrue(c.closed)
+
+    def test_no_committed_step_is_none(self):
+        c = self.connect("binding-empty")
+        self.assertIsNone(c.latest_committed())
+        with self.assertRaises(ckpt.NotFoundError) as e:
+            c.restore(3)
+        self.assertIn("step 3 is not committed", str(e.exception))
+        self.assertIsInstance(e.exception, LookupError)
+
+    def test_bad_input_raises_invalid_argument(self):
+        c = self.connect("binding-bad")
+        data = (ctypes.c_float * 4)()
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            c.register_tensor("x", "complex64", ctypes.addressof(data), [4])
+        self.assertIn('tensor "x"', str(e.exception))
+        self.assertIn("complex64", str(e.exception))
+        self.assertIsInstance(e.exception, ValueError)
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            c.register_tensor("y", "float32", ctypes.addressof(data), [4], [2], [4])
+        self.assertIn("outside", str(e.exception))
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            c.latest_committed("tape")
+        self.assertIn('unknown tier "tape"', str(e.exception))
+        c.register_bytes("b")
+        with self.assertRaises(ckpt.AlreadyExistsError):
+            c.register_bytes("b")
+        with self.assertRaises(ckpt.NotFoundError):
+            c.set_bytes("nope", b"")
+        with self.assertRaises(ckpt.InvalidArgumentError):
+            c.register_bytes("../escape")
+
+    def test_closed_checkpointer_raises(self):
+        c = self.connect("binding-closed")
+        c.close()
+        with self.assertRaises(ckpt.FailedPreconditionError) as e:
+            c.save_async(1)
+        self.assertIn("closed", str(e.exception))
+
+    def test_no_daemon_raises_unavailable_naming_the_socket(self):
+        with self.assertRaises(ckpt.UnavailableError) as e:
+            ckpt.Checkpointer("nodaemon", socket=self.daemon.dir + "/absent.sock", rpc_timeout=2)
+        self.assertIn("absent.sock does not exist (is ckptd running", str(e.exception))
+        self.assertIsInstance(e.exception, ConnectionError)
+
+    def test_a_daemon_gone_after_connect_raises_unavailable(self):
+        with Daemon() as gone:
+            data = (ctypes.c_float * 16)()
+            c = ckpt.Checkpointer("gone", socket=gone.socket, rpc_timeout=5)
+            c.register_tensor("w", "float32", ctypes.addressof(data), [16])
+            c.save_async(1).wait_committed("memory", 30)
+            gone.kill()
+            with self.assertRaises(ckpt.UnavailableError) as e:
+                c.save_async(2)
+            self.assertIsInstance(e.exception, ConnectionError)
+            self.assertEqual(e.exception.code, "UNAVAILABLE")
+            self.assertIn("ckptd", str(e.exception))
+            with self.assertRaises(ckpt.UnavailableError):
+                c.latest_committed()
+
+    def test_dtypes_lists_what_tensors_may_be(self):
+        self.assertIn("bfloat16", ckpt.dtypes())
+        self.assertIn("float8_e4m3", ckpt.dtypes())
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,177 @@
+"""ckpt.torch in one process over a real ckptd: what a state dict holds comes
+back in place, and bad use raises a clear exception."""
+
+import random
+import unittest
+
+import numpy
+import torch
+
+import ckpt
+import ckpt.torch
+from ckpt_testing import Daemon, DaemonTestCase
+from torch_compare import differences
+
+
+def model_and_optimizer():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.Linear(16, 2))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, optim
+
+
+def train(model, optim, steps=3):
+    for _ in range(steps):
+        optim.zero_grad()
+        model(torch.randn(4, 8)).square().mean().backward()
+        optim.step()
+
+
+def snapshot(model, optim):
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optim": {
+            i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+            for i, s in optim.state_dict()["state"].items()
+        },
+        "groups": optim.state_dict()["param_groups"],
+    }
+
+
+class TorchCheckpointerTest(DaemonTestCase):
+
+    def checkpointer(self, state, job, **kw):
+        return ckpt.torch.Checkpointer(state, job=job, socket=self.daemon.socket, **kw)
+
+    def test_state_comes_back_in_place_with_rng_and_extras(self):
+        model, optim = model_and_optimizer()
+        sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.1)
+        extra = {"epoch": 3, "seen": [1, 2, 3]}
+        state = {"model": model, "optim": optim, "sched": sched, "extra": extra,
+                 "ema": torch.arange(6, dtype=torch.float64)}
+        c = self.checkpointer(state, "torch-roundtrip")
+        self.assertIsNone(c.restore())
+        train(model, optim)
+        sched.step()
+        h = c.save_async(5)
+        h.wait_staged()
+        h.wait_committed("disk", 60)
+        saved = snapshot(model, optim)
+        saved_lr = optim.param_groups[0]["lr"]
+        # Draws from the RNG states the save captured.
+        expected_draws = (random.random(), numpy.random.rand(), torch.rand(3))
+
+        # Everything moves on, then the restore brings step 5 back in place.
+        ptr = model[0].weight.data_ptr()
+        train(model, optim)
+        sched.step()
+        sched.step()
+        state["extra"] = {"epoch": 9}
+        state["ema"].add_(1)
+        random.seed(7)
+        numpy.random.seed(7)
+        torch.manual_seed(7)
+        self.assertEqual(c.latest_committed(), 5)
+        self.assertEqual(c.restore(), 5)
+        draws = (random.random(), numpy.random.rand(), torch.rand(3))
+        self.assertEqual(draws[:2], expected_draws[:2])
+        self.assertTrue(torch.equal(draws[2], expected_draws[2]))
+        self.assertEqual(model[0].weight.data_ptr(), ptr)  # in place
+        self.assertEqual(differences(saved, snapshot(model, optim)), [])
+        self.assertEqual(optim.param_groups[0]["lr"], saved_lr)
+        self.assertEqual(sched.last_epoch, 1)
+        self.assertEqual(state["extra"], {"epoch": 3, "seen": [1, 2, 3]})
+        self.assertTrue(torch.equal(state["ema"], torch.arange(6, dtype=torch.float64)))
+        c.close()
+
+    def test_restore_into_a_fresh_process_state_creates_optimizer_state(self):
+        model, optim = model_and_optimizer()
+        c = self.checkpointer({"model": model, "optim": optim}, "torch-fresh")
+        train(model, optim, steps=4)
+        c.save(11).wait_committed("memory", 60)
+        saved = snapshot(model, optim)
+        c.close()
+        # A restarted trainer: same architecture, Adam without state yet.
+        model2, optim2 = model_and_optimizer()
+        self.assertEqual(optim2.state_dict()["state"], {})
+        c2 = self.checkpointer({"model": model2, "optim": optim2}, "torch-fresh")
+        self.assertEqual(c2.restore(11, tier="memory"), 11)
+        self.assertEqual(differences(saved, snapshot(model2, optim2)), [])
+        # And training goes on identically from there.
+        torch.manual_seed(3)
+        train(model, optim)
+        torch.manual_seed(3)
+        train(model2, optim2)
+        self.assertEqual(differences(snapshot(model, optim), snapshot(model2, optim2)), [])
+
+    def test_sharded_tensor_restores_onto_another_world_size(self):
+        full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+        parts = [full[0:3].clone(), full[3:6].clone()]
+        for rank in range(2):
+            c = self.checkpointer({"w": ckpt.torch.Sharded(parts[rank], (6, 4), (rank * 3, 0))},
+                                  "torch-sharded", rank=rank, world_size=2, rng=False)
+            handle = c.save_async(1)
+            handle.wait_staged()
+            c.close()
+        handle.wait_committed("disk", 60)
+        thirds = [torch.zeros(2, 4) for _ in range(3)]
+        for rank in range(3):
+            c = self.checkpointer({"w": ckpt.torch.Sharded(thirds[rank], (6, 4), (rank * 2, 0))},
+                                  "torch-sharded", rank=rank, world_size=3, rng=False)
+            self.assertEqual(c.restore(), 1)
+            c.close()
+        self.assertTrue(torch.equal(torch.cat(thirds), full))
+
+    def test_shape_change_since_registration_raises(self):
+        model, optim = model_and_optimizer()
+        c = self.checkpointer({"model": model}, "torch-reshape")
+        c.save(1)
+        model[2].weight.data = torch.zeros(3, 16)
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            c.save_async(2)
+        self.assertIn("tensor 'model/2.weight' changed since it was registered", str(e.exception))
+        self.assertIn("[2, 16]", str(e.exception))
+        self.assertIn("[3, 16]", str(e.exception))
+        c.reset()
+        c.save(2)  # accepted after reset()
+
+    def test_unsupported_tensors_raise(self):
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            self.checkpointer({"z": torch.zeros(4, dtype=torch.complex64)}, "torch-bad")
+        self.assertIn("tensor 'z': dtype torch.complex64 is not supported", str(e.exception))
+        self.assertIsInstance(e.exception, ValueError)
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            self.checkpointer({"t": torch.zeros(4, 5).t()}, "torch-bad")
+        self.assertIn("'t' is not contiguous", str(e.exception))
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            self.checkpointer({"f": lambda: 1}, "torch-bad")
+        self.assertIn("state key 'f'", str(e.exception))
+        with self.assertRaises(ckpt.InvalidArgumentError):
+            self.checkpointer([torch.zeros(1)], "torch-bad")
+
+    def test_strict_restore_names_missing_keys(self):
+        c = self.checkpointer({"a": torch.ones(2)}, "torch-keys")
+        c.save(1).wait_committed("memory", 60)
+        c.close()
+        c = self.checkpointer({"b": torch.ones(2)}, "torch-keys")
+        with self.assertRaises(ckpt.NotFoundError) as e:
+            c.restore(1)
+        self.assertIn("holds keys ['a']", str(e.exception))
+
+    def test_a_closed_daemon_raises_with_its_message(self):
+        with Daemon() as gone:
+            c = ckpt.torch.Checkpointer({"a": torch.ones(2)}, job="torch-gone",
+                                        socket=gone.socket, rpc_timeout=5)
+            c.save(1)
+            gone.kill()
+            with self.assertRaises(ckpt.UnavailableError) as e:
+                c.save_async(2)
+            self.assertIn("is unreachable", str(e.exception))
+        with self.assertRaises(ckpt.UnavailableError) as e:
+            ckpt.torch.Checkpointer({"a": torch.ones(2)}, job="torch-gone", socket=gone.socket)
+        self.assertIn("is ckptd running", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
