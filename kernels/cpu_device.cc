@@ -1,5 +1,8 @@
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/device.h"
@@ -7,6 +10,33 @@
 
 namespace ckpt::kernels {
 namespace {
+
+// A copy of at least two parts of this size is split over up to
+// kMaxCopyThreads threads: one core's memcpy does not saturate the memory bus
+// (768 MiB into a tmpfs mapping: 10 GB/s with one thread, 15-20 GB/s with two
+// on the 2-core development machine).
+constexpr size_t kMinCopyPart = 4 << 20;
+constexpr size_t kMaxCopyThreads = 4;
+
+void ParallelCopy(void* dst, const void* src, size_t n) {
+  const size_t parts = std::min<size_t>(
+      {kMaxCopyThreads, std::max(1u, std::thread::hardware_concurrency()),
+       n / kMinCopyPart});
+  if (parts <= 1) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  const size_t per = (n / parts + 63) / 64 * 64;
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  std::vector<std::thread> helpers;
+  for (size_t at = per; at < n; at += per) {
+    helpers.emplace_back(
+        [=] { std::memcpy(d + at, s + at, std::min(per, n - at)); });
+  }
+  std::memcpy(d, s, std::min(per, n));
+  for (std::thread& t : helpers) t.join();
+}
 
 // Copies are done when CopyToHost returns, so an event is always complete.
 class DoneEvent final : public Event {
@@ -18,11 +48,11 @@ class CpuDevice final : public Device {
  public:
   std::string name() const override { return "cpu"; }
   absl::Status CopyToHost(const void* src, void* dst, size_t n) override {
-    std::memcpy(dst, src, n);
+    ParallelCopy(dst, src, n);
     return absl::OkStatus();
   }
   absl::Status CopyFromHost(const void* src, void* dst, size_t n) override {
-    std::memcpy(dst, src, n);
+    ParallelCopy(dst, src, n);
     return absl::OkStatus();
   }
   absl::Status ByteShuffle(const void* src, void* dst, size_t n,

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -463,6 +464,42 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
   return 0;
 }
 
+// `ckpt-bench torch`: bench_torch.py (next to the ckpt Python package in the
+// build tree) against the benchmark's own ckptd.
+int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir + "/data", ec);
+  std::filesystem::create_directories(dir + "/run");
+  BenchDaemon guard;
+  guard.staging = "/dev/shm/ckpt-bench-staging-" + std::to_string(::getpid());
+  std::filesystem::create_directories(guard.staging);
+  guard.pid = StartDaemon(dir, guard.staging, 3 * state_mib + 256);
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string python_dir =
+      (self.parent_path() / "../python").lexically_normal().string();
+  const std::string script = python_dir + "/bench_torch.py";
+  const std::string socket = dir + "/run/ckptd.sock";
+  const std::string mib = std::to_string(state_mib);
+  const std::string runs_arg = std::to_string(runs);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("PYTHONPATH", python_dir.c_str(), 1);
+    std::vector<const char*> argv = {
+        CKPT_PYTHON, script.c_str(),  "--socket",    socket.c_str(),
+        "--dir",     dir.c_str(),     "--state-mib", mib.c_str(),
+        "--runs",    runs_arg.c_str()};
+    if (json) argv.push_back("--json");
+    argv.push_back(nullptr);
+    ::execv(CKPT_PYTHON, const_cast<char* const*>(argv.data()));
+    std::cerr << "ckpt-bench: cannot run " << CKPT_PYTHON << ": "
+              << std::strerror(errno) << "\n";
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"ckpt-bench: ckpt's data paths against same-run references"};
   app.require_subcommand(1);
@@ -493,6 +530,21 @@ int main(int argc, char** argv) {
   save_cmd->add_option("--runs", runs, "saves per size; medians are reported")
       ->check(CLI::Range(1, 100));
   save_cmd->add_flag("--json", json, "print one JSON object");
+  uint64_t state_mib = 768;
+  CLI::App* torch_cmd = app.add_subcommand(
+      "torch",
+      "stall of ckpt.torch save_async+wait_staged vs torch.save (needs "
+      "python3-torch)");
+  torch_cmd->add_option("--dir", dir,
+                        "data directory of the benchmark's ckptd and of "
+                        "torch.save's file (on the disk)");
+  torch_cmd
+      ->add_option("--state-mib", state_mib,
+                   "model parameters plus Adam state, in MiB")
+      ->check(CLI::Range(16, 1 << 20));
+  torch_cmd->add_option("--runs", runs, "saves; medians are reported")
+      ->check(CLI::Range(1, 100));
+  torch_cmd->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -500,5 +552,6 @@ int main(int argc, char** argv) {
   }
 
   if (*save_cmd) return RunSave(dir, sizes_mib, runs, json);
+  if (*torch_cmd) return RunTorch(dir, state_mib, runs, json);
   return RunIo(dir, size_mib, runs, threads, json);
 }
