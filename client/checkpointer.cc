@@ -485,6 +485,17 @@ absl::Status Checkpointer::Restore(uint64_t step) {
   return restored;
 }
 
+// A shard whose bytes are whole somewhere: staged (its slot), persisted (its
+// file, and maybe its slot), or failed to persist with its slot still there
+// (a disk error does not touch the memory tier).
+namespace {
+bool Restorable(const proto::ShardRecord& shard) {
+  return shard.state() == proto::SHARD_STAGED ||
+         shard.state() == proto::SHARD_PERSISTED ||
+         (shard.state() == proto::SHARD_FAILED && !shard.slot_path().empty());
+}
+}  // namespace
+
 absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   DrainHandovers();
   const std::string what = absl::StrCat(
@@ -507,8 +518,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
     return RestoreResharded(step, commit->world_size(), what);
   }
   ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
-  if (shard.state() != proto::SHARD_STAGED &&
-      shard.state() != proto::SHARD_PERSISTED) {
+  if (!Restorable(shard)) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the shard is not staged (state ",
                      proto::ShardState_Name(shard.state()), ")"));
@@ -747,8 +757,7 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
     proto::GetShardResponse resp;
     RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
                                absl::StrCat(what, ": saved rank ", o)));
-    if (resp.shard().state() != proto::SHARD_STAGED &&
-        resp.shard().state() != proto::SHARD_PERSISTED) {
+    if (!Restorable(resp.shard())) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, ": saved rank ", o, "'s shard is ",
                        proto::ShardState_Name(resp.shard().state())));

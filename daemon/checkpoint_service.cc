@@ -728,7 +728,6 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
                    catalog_->ListShards(job));
   RetentionPlan plan = PlanRetention(commits, shards, policy);
   if (dry_run) return plan;
-  std::set<uint64_t> dropped_from;  // steps some shard was forgotten from
   // Slots go back to the arena at once, where the next save is waiting for
   // one; files are unlinked after the loop (a large one takes a while).
   std::vector<std::string> unlink;
@@ -747,22 +746,28 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     CKPT_KILL_POINT("service.gc_after_catalog");
     if (a.drop_slot) (void)arena_->Release({r.job(), r.step(), r.rank()});
     if (a.drop_file) unlink.push_back(a.shard.shard_path());
-    if (a.forget()) dropped_from.insert(r.step());
   }
   for (const std::string& file : unlink) (void)fs_->Unlink(file);
   plan.actions.resize(applied);
   if (!failed.ok()) return failed;
-  if (dropped_from.empty()) return plan;
-  // A step none of whose shards is left is forgotten by the coordinator too.
-  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> left,
-                   catalog_->ListShards(job));
-  for (const proto::ShardRecord& r : left) dropped_from.erase(r.step());
-  for (uint64_t step : dropped_from) {
-    if (step < plan.oldest_kept_disk_step) {
-      absl::Status s = coordinator_->ForgetStep(job, step);
-      if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
-        CKPT_LOG_WARN("gc of job {} step {}: {}", job, step, s.ToString());
-      }
+  // A committed step older than the kept disk commits with no shard left
+  // loses its commit records. Decided afresh each time from the catalog, so a
+  // crash between forgetting the last shard and this leaves nothing behind.
+  std::vector<proto::ShardRecord> left;
+  if (applied > 0) {
+    ASSIGN_OR_RETURN(left, catalog_->ListShards(job));
+  } else {
+    left = std::move(shards);
+  }
+  std::set<uint64_t> orphans;
+  for (const proto::CommitRecord& c : commits) {
+    if (c.step() < plan.oldest_kept_disk_step) orphans.insert(c.step());
+  }
+  for (const proto::ShardRecord& r : left) orphans.erase(r.step());
+  for (uint64_t step : orphans) {
+    absl::Status s = coordinator_->ForgetStep(job, step);
+    if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
+      CKPT_LOG_WARN("gc of job {} step {}: {}", job, step, s.ToString());
     }
   }
   return plan;

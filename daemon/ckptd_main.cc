@@ -105,6 +105,10 @@ int main(int argc, char** argv) {
                  "when empty; port 0 picks one)");
   app.add_flag("--metrics-allow-remote", metrics_allow_remote,
                "allow a non-loopback --metrics-address");
+  bool fault_injection = false;
+  app.add_flag("--fault-injection", fault_injection,
+               "chaos testing: write through the fault-injecting file system "
+               "and accept InjectFaults calls (never in production)");
   CLI11_PARSE(app, argc, argv);
 
   ckpt::daemon::ServiceOptions options;
@@ -132,8 +136,15 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto service = ckpt::daemon::CheckpointService::Start(
-      ckpt::io::DefaultFileSystem(), options);
+  std::unique_ptr<ckpt::io::FaultInjectionFs> faults;
+  ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
+  if (fault_injection) {
+    faults = std::make_unique<ckpt::io::FaultInjectionFs>(fs);
+    faults->DisableDurabilityModel();
+    fs = faults.get();
+    CKPT_LOG_WARN("ckptd: fault injection is on (--fault-injection)");
+  }
+  auto service = ckpt::daemon::CheckpointService::Start(fs, options);
   if (!service.ok()) {
     std::fprintf(stderr, "ckptd: %s\n",
                  std::string(service.status().message()).c_str());
@@ -152,8 +163,8 @@ int main(int argc, char** argv) {
     CKPT_LOG_INFO("ckptd: metrics on http://{}:{}/metrics", metrics->host(),
                   metrics->port());
   }
-  auto server =
-      ckpt::daemon::LocalApiServer::Start(service->get(), {socket_path});
+  auto server = ckpt::daemon::LocalApiServer::Start(
+      service->get(), {.socket_path = socket_path, .faults = faults.get()});
   if (!server.ok()) {
     std::fprintf(stderr, "ckptd: %s\n",
                  std::string(server.status().message()).c_str());

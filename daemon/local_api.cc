@@ -31,7 +31,8 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 class DaemonService final : public proto::CkptDaemon::Service {
  public:
-  explicit DaemonService(CheckpointService* service) : service_(service) {}
+  DaemonService(CheckpointService* service, io::FaultInjectionFs* faults)
+      : service_(service), faults_(faults) {}
 
   grpc::Status BeginStage(grpc::ServerContext*,
                           const proto::BeginStageRequest* req,
@@ -121,8 +122,26 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status InjectFaults(grpc::ServerContext*,
+                            const proto::InjectFaultsRequest* req,
+                            proto::InjectFaultsResponse*) override {
+    if (faults_ == nullptr) {
+      return ToGrpc(absl::FailedPreconditionError(
+          "fault injection is off: start ckptd with --fault-injection"));
+    }
+    if (req->write_errno() < 0 || req->fsync_errno() < 0) {
+      return ToGrpc(absl::InvalidArgumentError("errno values are positive"));
+    }
+    CKPT_LOG_WARN(
+        "ckptd: injecting disk faults: write errno {}, fsync errno {}",
+        req->write_errno(), req->fsync_errno());
+    faults_->SetPersistentFaults(req->write_errno(), req->fsync_errno());
+    return grpc::Status::OK;
+  }
+
  private:
   CheckpointService* const service_;
+  io::FaultInjectionFs* const faults_;
 };
 
 absl::Status Errno(absl::string_view what) {
@@ -186,7 +205,7 @@ absl::StatusOr<std::unique_ptr<LocalApiServer>> LocalApiServer::Start(
     return Errno(absl::StrCat("listen ", options.socket_path));
   if (::pipe2(server->wake_fd_, O_CLOEXEC) != 0) return Errno("pipe");
 
-  server->service_ = std::make_unique<DaemonService>(service);
+  server->service_ = std::make_unique<DaemonService>(service, options.faults);
   grpc::ServerBuilder builder;
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/checkpoint_service.h"
+#include "io/fault_injection_fs.h"
 
 namespace grpc {
 class Server;
@@ -27,6 +28,9 @@ namespace ckpt::daemon {
 struct LocalApiOptions {
   std::string socket_path;
   int max_message_bytes = 64 << 20;
+  // The file system the service writes through when ckptd runs with
+  // --fault-injection; InjectFaults is refused without it.
+  io::FaultInjectionFs* faults = nullptr;
 };
 
 class LocalApiServer {

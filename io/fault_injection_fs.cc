@@ -37,6 +37,7 @@ class FaultInjectionFs::File final : public WritableFile {
   absl::Status Flush() override { return base_->Flush(); }
   absl::Status Allocate(uint64_t size) override {
     RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("fallocate ", path())));
+    RETURN_IF_ERROR(fs_->PersistentWriteFault(path()));
     return base_->Allocate(size);
   }
   absl::Status Truncate(uint64_t size) override {
@@ -51,12 +52,12 @@ class FaultInjectionFs::File final : public WritableFile {
  private:
   absl::Status SyncImpl(bool data_only) {
     RETURN_IF_ERROR(base_->Flush());
-    bool inject = false;
-    RETURN_IF_ERROR(fs_->BeforeSync(path(), &inject));
-    if (inject) return fs_->OnSync(inode_, path(), false);
+    int inject_err = 0;
+    RETURN_IF_ERROR(fs_->BeforeSync(path(), &inject_err));
+    if (inject_err != 0) return fs_->OnSync(inode_, path(), inject_err);
     absl::Status s = data_only ? base_->DataSync() : base_->Sync();
     RETURN_IF_ERROR(s);
-    return fs_->OnSync(inode_, path(), true);
+    return fs_->OnSync(inode_, path(), 0);
   }
 
   FaultInjectionFs* const fs_;
@@ -82,6 +83,21 @@ void FaultInjectionFs::FailSyncAt(int n, int err) {
 void FaultInjectionFs::FailSyncDirAt(int n, int err) {
   absl::MutexLock l(&mu_);
   fail_sync_dir_ = {n, err};
+}
+void FaultInjectionFs::SetPersistentFaults(int write_err, int sync_err) {
+  absl::MutexLock l(&mu_);
+  persistent_write_err_ = write_err;
+  persistent_sync_err_ = sync_err;
+}
+void FaultInjectionFs::DisableDurabilityModel() {
+  absl::MutexLock l(&mu_);
+  model_durability_ = false;
+}
+absl::Status FaultInjectionFs::PersistentWriteFault(const std::string& path) {
+  absl::MutexLock l(&mu_);
+  if (persistent_write_err_ == 0) return absl::OkStatus();
+  return ErrnoToStatus(persistent_write_err_,
+                       absl::StrCat("fallocate ", path, " (injected)"));
 }
 void FaultInjectionFs::PowerLossAfter(int n) {
   absl::MutexLock l(&mu_);
@@ -171,11 +187,12 @@ absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path,
   RETURN_IF_ERROR(
       BeginMutation(absl::StrCat("write ", path, " at offset ", offset)));
   ++writes_;
-  if (fail_write_.at == writes_) {
+  if (fail_write_.at == writes_ || persistent_write_err_ != 0) {
     return ErrnoToStatus(
-        fail_write_.err,
+        fail_write_.at == writes_ ? fail_write_.err : persistent_write_err_,
         absl::StrCat("write ", path, " at offset ", offset, " (injected)"));
   }
+  if (!model_durability_) return absl::OkStatus();
   Inode& node = inodes_[inode];
   if (short_write_.at == writes_) {
     *short_write = true;
@@ -199,27 +216,27 @@ absl::Status FaultInjectionFs::OnMetadata(absl::string_view what) {
 }
 
 absl::Status FaultInjectionFs::BeforeSync(const std::string& path,
-                                          bool* inject) {
+                                          int* inject_err) {
   absl::MutexLock l(&mu_);
   RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync ", path)));
   ++syncs_;
-  *inject = fail_sync_.at == syncs_;
+  *inject_err = fail_sync_.at == syncs_ ? fail_sync_.err : persistent_sync_err_;
   return absl::OkStatus();
 }
 
 absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path,
-                                      bool sync_ok_in_base) {
+                                      int injected_err) {
   absl::MutexLock l(&mu_);
   Inode& node = inodes_[inode];
-  if (!sync_ok_in_base) {
+  if (injected_err != 0) {
     // Linux marks the failed pages clean: the data never reaches the disk, and
     // a later fsync reports success without writing it.
     node.poisoned = true;
     node.unsynced.clear();
-    return ErrnoToStatus(fail_sync_.err,
+    return ErrnoToStatus(injected_err,
                          absl::StrCat("fsync ", path, " (injected)"));
   }
-  if (node.poisoned) return absl::OkStatus();
+  if (node.poisoned || !model_durability_) return absl::OkStatus();
   std::string current_path = PathOf(inode);
   if (current_path.empty()) return absl::OkStatus();  // unlinked
   absl::StatusOr<std::string> contents = ReadFileToString(base_, current_path);
@@ -330,6 +347,10 @@ std::string FaultInjectionFs::TornContents(const Inode& node) {
 
 absl::Status FaultInjectionFs::SimulatePowerLoss() {
   absl::MutexLock l(&mu_);
+  if (!model_durability_) {
+    return absl::FailedPreconditionError(
+        "power loss cannot be simulated: the durability model is disabled");
+  }
   absl::Status result;
   for (const auto& [dir, entries] : durable_dirs_) {
     for (auto it = current_.begin(); it != current_.end();) {

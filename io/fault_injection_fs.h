@@ -52,6 +52,14 @@ class FaultInjectionFs final : public FileSystem {
   // reach the disk, the last of them torn at a 512-byte boundary.
   void EnableTornWrites(uint64_t seed);
 
+  // Until changed, every write and fallocate fails with `write_err` (e.g.
+  // ENOSPC, EIO) and every fsync with `sync_err`; 0 turns that kind off. For
+  // faults switched on and off while a daemon runs (ckptd --fault-injection).
+  void SetPersistentFaults(int write_err, int sync_err);
+  // Keeps no copies of file contents, for files too large to copy (a running
+  // daemon's shards): SimulatePowerLoss() is then refused.
+  void DisableDurabilityModel();
+
   // Reverts every touched directory to its durable state and clears the fault
   // schedule.
   absl::Status SimulatePowerLoss();
@@ -109,8 +117,10 @@ class FaultInjectionFs final : public FileSystem {
   // Called by File.
   absl::Status OnWrite(int inode, const std::string& path, uint64_t offset,
                        AlignedBuffer* buffer, bool* short_write, int* err);
-  absl::Status OnSync(int inode, const std::string& path, bool sync_ok_in_base);
-  absl::Status BeforeSync(const std::string& path, bool* inject);
+  // `injected_err`: the errno the sync fails with, 0 if it ran in the base.
+  absl::Status OnSync(int inode, const std::string& path, int injected_err);
+  absl::Status BeforeSync(const std::string& path, int* inject_err);
+  absl::Status PersistentWriteFault(const std::string& path);
   absl::Status OnMetadata(absl::string_view what);
 
   FileSystem* const base_;
@@ -130,6 +140,9 @@ class FaultInjectionFs final : public FileSystem {
   Fault fail_sync_ ABSL_GUARDED_BY(mu_);
   Fault fail_sync_dir_ ABSL_GUARDED_BY(mu_);
   int power_loss_after_ ABSL_GUARDED_BY(mu_) = -1;
+  int persistent_write_err_ ABSL_GUARDED_BY(mu_) = 0;
+  int persistent_sync_err_ ABSL_GUARDED_BY(mu_) = 0;
+  bool model_durability_ ABSL_GUARDED_BY(mu_) = true;
   bool torn_ ABSL_GUARDED_BY(mu_) = false;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };

@@ -27,32 +27,13 @@
 #include "io/file_system.h"
 #include "snapshot/shard_reader.h"
 #include "tools/demo_model.h"
+#include "tools/process.h"
 
 namespace {
 
 namespace proto = ckpt::proto;
-
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(log.c_str(), "a");
-    if (f != nullptr) {
-      ::dup2(fileno(f), 1);
-      ::dup2(fileno(f), 2);
-    }
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-std::string Sibling(const std::string& relative) {
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
-  return (self.parent_path() / relative).lexically_normal().string();
-}
+using ckpt::tools::Sibling;
+using ckpt::tools::Spawn;
 
 }  // namespace
 

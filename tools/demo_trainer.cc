@@ -43,6 +43,12 @@ int main(int argc, char** argv) {
   app.add_option("--elements", elements);
   app.add_option("--step-ms", step_ms, "simulated compute per step");
   app.add_option("--out", out)->required();
+  std::string steps_file, progress_file;
+  app.add_option("--progress-file", progress_file,
+                 "rewritten with the step number after every step");
+  app.add_option("--steps-file", steps_file,
+                 "when this file appears, the job ends at the step it names "
+                 "(ckpt-chaos ends a job of unknown length this way)");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<std::unique_ptr<Checkpointer>> ckpt;
@@ -92,9 +98,21 @@ int main(int argc, char** argv) {
 
   std::vector<double> stalls;
   int failed = 0;
+  auto read_steps_file = [&] {
+    if (steps_file.empty()) return;
+    std::ifstream in(steps_file);
+    uint64_t end = 0;
+    if (in >> end && end > 0) steps = end;
+  };
+  read_steps_file();
   for (uint64_t step = start; step <= steps; ++step) {
+    read_steps_file();
+    if (step > steps) break;
     model.Step(step);
     rng = model.RngBytes();
+    if (!progress_file.empty()) {
+      std::ofstream(progress_file, std::ios::trunc) << step << "\n";
+    }
     auto t = std::chrono::steady_clock::now();
     auto save = (*ckpt)->SaveAsync(step);
     absl::Status staged = save.ok() ? (*save)->WaitStaged() : save.status();

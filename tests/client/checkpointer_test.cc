@@ -9,12 +9,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <random>
+#include <tuple>
 
+#include "client/daemon_admin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
+#include "proto/daemon.grpc.pb.h"
 #include "tests/client/daemon_process.h"
 #include "tests/test_util.h"
 
@@ -52,6 +56,62 @@ struct Trainer {
     rng = "rng-" + std::to_string(step) + "-" + std::to_string(rank);
   }
 };
+
+absl::Status InjectFaults(const std::string& socket, int write_errno,
+                          int fsync_errno) {
+  auto stub = proto::CkptDaemon::NewStub(grpc::CreateChannel(
+      "unix://" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  proto::InjectFaultsRequest req;
+  req.set_write_errno(write_errno);
+  req.set_fsync_errno(fsync_errno);
+  proto::InjectFaultsResponse resp;
+  return FromGrpc(stub->InjectFaults(&context, req, &resp), "InjectFaults");
+}
+
+// ckpt-chaos's disk faults: switched on and off in a running daemon, only
+// when it was started for it.
+TEST(CheckpointerTest, DiskFaultsSwitchedOnAndOffAtRunTime) {
+  {
+    testing::DaemonProcess plain;
+    ASSERT_TRUE(plain.Start()) << plain.log();
+    absl::Status refused = InjectFaults(plain.socket(), ENOSPC, 0);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.message(), HasSubstr("--fault-injection"));
+  }
+  testing::DaemonProcess daemon({"--fault-injection"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1);
+  ASSERT_TRUE(t.ckpt);
+  for (auto [write_errno, fsync_errno, what] :
+       {std::make_tuple(ENOSPC, 0, "No space left"),
+        std::make_tuple(0, EIO, "fsync")}) {
+    static uint64_t step = 0;
+    ASSERT_TRUE(InjectFaults(daemon.socket(), write_errno, fsync_errno).ok());
+    auto failing = t.ckpt->SaveAsync(++step);
+    ASSERT_TRUE(failing.ok()) << failing.status();
+    // Staged and committed in memory; the disk refuses it.
+    ASSERT_TRUE((*failing)->WaitCommitted(kMem).ok());
+    absl::Status persisted = (*failing)->WaitCommitted(kDisk);
+    EXPECT_FALSE(persisted.ok());
+    EXPECT_THAT(persisted.message(), HasSubstr(what));
+    // The memory tier still holds the step: it restores from there.
+    const std::vector<float> staged = t.w;
+    t.Fill(77, 0);
+    absl::Status from_memory = t.ckpt->Restore(step);
+    ASSERT_TRUE(from_memory.ok()) << from_memory;
+    EXPECT_EQ(t.w, staged);
+    ASSERT_TRUE(InjectFaults(daemon.socket(), 0, 0).ok());
+    t.Fill(++step, 0);
+    auto fine = t.ckpt->SaveAsync(step);
+    ASSERT_TRUE(fine.ok()) << fine.status();
+    ASSERT_TRUE((*fine)->WaitCommitted(kDisk).ok());
+    std::vector<float> saved = t.w;
+    t.Fill(99, 0);
+    ASSERT_TRUE(t.ckpt->Restore(step).ok());
+    EXPECT_EQ(t.w, saved);
+  }
+}
 
 TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
   testing::DaemonProcess daemon;

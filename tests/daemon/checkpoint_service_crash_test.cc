@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/match.h"
@@ -99,8 +100,25 @@ TEST(CheckpointServiceCrashTest, SigkillAtEveryKillPointThenRestart) {
       EXPECT_NE(r.state(), proto::SHARD_STAGING) << "incomplete slot kept";
       EXPECT_NE(r.state(), proto::SHARD_FAILED) << r.error();
     }
+    // Garbage collection after the restart leaves no commit record whose
+    // shards are all gone (a kill between forgetting the shards and the
+    // records must not leave them behind forever).
+    ASSERT_TRUE(
+        (*service)
+            ->CollectGarbage("job", {(*service)->options().keep_disk_steps,
+                                     (*service)->options().keep_memory_steps})
+            .ok());
     auto commits = (*service)->coordinator()->ListCommits("job");
     ASSERT_TRUE(commits.ok());
+    auto kept = (*service)->catalog()->ListShards("job");
+    ASSERT_TRUE(kept.ok());
+    for (const proto::CommitRecord& c : *commits) {
+      EXPECT_TRUE(std::any_of(
+          kept->begin(), kept->end(),
+          [&](const proto::ShardRecord& r) { return r.step() == c.step(); }))
+          << "step " << c.step() << " is committed at "
+          << proto::Tier_Name(c.tier()) << " but no shard of it is left";
+    }
     int disk_commits = 0;
     for (const proto::CommitRecord& c : *commits) {
       if (c.tier() != proto::TIER_LOCAL_DISK) continue;

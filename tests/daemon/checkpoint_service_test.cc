@@ -204,6 +204,36 @@ TEST_F(CheckpointServiceTest, RetentionKeepsTheNewestStepsPerTier) {
   EXPECT_TRUE(RankState(4, 0).Check(service->ShardPath("job", 4, 0)).ok());
 }
 
+// A daemon killed after the catalog forgot a step's last shard but before the
+// step's commit records went (ckpt-chaos found such records piling up): the
+// next garbage collection forgets them.
+TEST_F(CheckpointServiceTest, CommitRecordsOfAStepWithNoShardLeftAreForgotten) {
+  ServiceOptions o = Options();
+  o.keep_disk_steps = 2;
+  o.keep_memory_steps = 1;
+  auto service = Start(io::DefaultFileSystem(), o);
+  for (uint64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE(
+        RankState(step, 0).Stage(service.get(), "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+  }
+  // The crash window, reproduced: step 3's shard is forgotten by the catalog
+  // while its commit records stay.
+  ASSERT_TRUE(service->catalog()->DeleteShard("job", 3, 0).ok());
+  ASSERT_TRUE(service->coordinator()->GetCommit("job", 3, kDisk)->has_value());
+  ASSERT_TRUE(RankState(5, 0).Stage(service.get(), "job", 5, 0, 1).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 5, kDisk, absl::Seconds(30)).ok());
+  service->WaitIdle();
+  ASSERT_TRUE(service->CollectGarbage("job", {2, 1}).ok());
+  EXPECT_FALSE(service->coordinator()->GetCommit("job", 3, kDisk)->has_value());
+  EXPECT_FALSE(service->coordinator()->GetCommit("job", 3, kMem)->has_value());
+  // What is kept is untouched.
+  EXPECT_TRUE(service->coordinator()->GetCommit("job", 4, kDisk)->has_value());
+  EXPECT_TRUE(service->coordinator()->GetCommit("job", 5, kDisk)->has_value());
+}
+
 TEST_F(CheckpointServiceTest, RestartAdoptsStagedSlotsAndDropsIncompleteOnes) {
   ServiceOptions o = Options();
   {

@@ -162,5 +162,27 @@ TEST_F(FaultInjectionFsTest, TornWritesPersistAPrefixOfUnsyncedWrites) {
   EXPECT_TRUE(saw_partial);
 }
 
+TEST_F(FaultInjectionFsTest, PersistentFaultsHoldUntilSwitchedOff) {
+  fs_.DisableDurabilityModel();
+  fs_.SetPersistentFaults(ENOSPC, 0);
+  for (int i = 0; i < 3; ++i) {
+    absl::Status s = Make("full", "no room", false, false);
+    EXPECT_EQ(s.code(), ErrnoToStatus(ENOSPC, "").code()) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("injected"));
+  }
+  auto file = fs_.NewWritableFile(dir_.File("alloc"), {});
+  ASSERT_TRUE(file.ok());
+  EXPECT_FALSE((*file)->Allocate(4096).ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  fs_.SetPersistentFaults(0, EIO);
+  absl::Status s = Make("sync", "data", true, false);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("fsync"));
+  fs_.SetPersistentFaults(0, 0);
+  ASSERT_TRUE(Make("fine", "written", true, true).ok());
+  EXPECT_EQ(Contents("fine"), "written");
+  EXPECT_EQ(fs_.SimulatePowerLoss().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace ckpt::io

@@ -1,0 +1,674 @@
+// ckpt-chaos: starts a local cluster (one ckptd with the fault-injecting file
+// system, N rank processes of the deterministic demo model), injects faults on
+// a seeded random schedule, and after every recovery checks that nothing
+// committed was lost:
+//   - every committed step restores byte-exact against the state the harness
+//     computes itself (the model is deterministic: the expected state of each
+//     step is known outside the system);
+//   - a step that is not committed is not restorable (or, if it got committed
+//     meanwhile, restores exactly);
+//   - the latest committed step, per tier, never goes backward;
+//   - the newest committed step at each tier is always restorable;
+//   - the job ends with the state of an uninterrupted run.
+// Faults: SIGKILL of a rank (the job restarts), of the daemon, of the whole
+// node; SIGSTOP of the daemon, then SIGCONT; disk faults switched on and off
+// (ENOSPC and EIO on writes, EIO on fsync); a daemon killed in the middle of
+// garbage collection. Exit 1 on any violation.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "proto/daemon.grpc.pb.h"
+#include "spdlog/spdlog.h"
+#include "tools/demo_model.h"
+#include "tools/process.h"
+
+namespace {
+
+namespace proto = ckpt::proto;
+using ckpt::tools::Sibling;
+using ckpt::tools::Spawn;
+using Clock = std::chrono::steady_clock;
+using ckpt::client::Checkpointer;
+
+constexpr char kJob[] = "chaos";
+// ckptd's retention in the harness's cluster.
+constexpr size_t kKeepMemory = 2;
+constexpr size_t kKeepDisk = 2;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void SleepMs(int64_t ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+// True once `pid` has exited (reaped); `status` gets its wait status.
+bool Exited(pid_t pid, int* status) {
+  return ::waitpid(pid, status, WNOHANG) == pid;
+}
+
+void KillAndReap(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+// The state the harness expects of each rank after each step: the demo model
+// run from scratch, outside the system.
+class Oracle {
+ public:
+  Oracle(uint32_t world, int64_t elements)
+      : world_(world), elements_(elements) {}
+
+  std::string Expected(uint32_t rank, uint64_t step) {
+    auto it = cache_.find(rank);
+    if (it == cache_.end() || it->second.first > step) {
+      it = cache_
+               .insert_or_assign(
+                   rank, std::make_pair(uint64_t{0},
+                                        ckpt::demo::RankModel(rank, elements_)))
+               .first;
+    }
+    auto& [at, model] = it->second;
+    while (at < step) model.Step(++at);
+    return model.Serialize();
+  }
+
+ private:
+  const uint32_t world_;
+  const int64_t elements_;
+  std::map<uint32_t, std::pair<uint64_t, ckpt::demo::RankModel>> cache_;
+};
+
+struct Options {
+  std::string dir;
+  uint32_t ranks = 2;
+  int64_t elements = 16384;
+  int step_ms = 10;
+  uint64_t seed = 0;
+  int faults = 30;
+  double duration_s = 0;
+  bool json = false;
+  std::string ckptd, trainer;
+};
+
+struct Report {
+  std::map<std::string, int> faults;
+  int recoveries = 0;
+  std::vector<double> recover_s;
+  std::vector<uint64_t> steps_lost;
+  uint64_t bytes_staged = 0;
+  uint64_t final_step = 0;
+  std::vector<std::string> violations;
+};
+
+class Chaos {
+ public:
+  explicit Chaos(const Options& o)
+      : o_(o),
+        rng_(o.seed),
+        check_rng_(o.seed + 1),
+        oracle_(o.ranks, o.elements),
+        socket_(o.dir + "/run/ckptd.sock"),
+        staging_(absl::StrCat("/dev/shm/ckpt-chaos-staging-", ::getpid())),
+        log_(o.dir + "/chaos.log"),
+        steps_file_(o.dir + "/end-step") {}
+
+  ~Chaos() {
+    for (pid_t& p : ranks_) KillAndReap(std::exchange(p, -1));
+    if (daemon_ > 0) ::kill(daemon_, SIGCONT);
+    KillAndReap(daemon_);
+    std::error_code ec;
+    std::filesystem::remove_all(staging_, ec);
+  }
+
+  int Run() {
+    std::filesystem::create_directories(o_.dir + "/out");
+    std::filesystem::remove(steps_file_);
+    if (!StartDaemon("")) return 1;
+    StartRanks();
+    const Clock::time_point begin = Clock::now();
+    for (int i = 0; o_.faults == 0 || i < o_.faults; ++i) {
+      if (o_.duration_s > 0 && SecondsSince(begin) > o_.duration_s) break;
+      if (!Train(std::uniform_int_distribution<int>(300, 1200)(rng_))) break;
+      InjectOne();
+      if (!report_.violations.empty() && report_.violations.size() > 20) break;
+    }
+    Finish();
+    return Print();
+  }
+
+ private:
+  // --- the cluster --------------------------------------------------------
+
+  bool StartDaemon(const std::string& env) {
+    daemon_ =
+        Spawn({o_.ckptd, "--socket", socket_, "--data-dir", o_.dir + "/data",
+               "--staging-dir", staging_, "--memory-budget", "512M",
+               "--keep-memory", "2", "--keep-disk", "2", "--fault-injection"},
+              log_, env);
+    for (int i = 0; i < 400; ++i) {
+      int status;
+      if (Exited(daemon_, &status)) {
+        daemon_ = -1;
+        // A kill point may fire during start-up recovery (GC runs then too).
+        if (!env.empty()) return StartDaemon("");
+        Violation("ckptd exited at start; see " + log_);
+        return false;
+      }
+      if (Connect(0) != nullptr) return true;
+      SleepMs(25);
+    }
+    Violation("ckptd did not start listening; see " + log_);
+    return false;
+  }
+
+  void StartRanks() {
+    ranks_.assign(o_.ranks, -1);
+    for (uint32_t r = 0; r < o_.ranks; ++r) {
+      ranks_[r] = Spawn({o_.trainer,
+                         "--socket",
+                         socket_,
+                         "--job",
+                         kJob,
+                         "--rank",
+                         std::to_string(r),
+                         "--world",
+                         std::to_string(o_.ranks),
+                         "--steps",
+                         std::to_string(uint64_t{1} << 40),
+                         "--steps-file",
+                         steps_file_,
+                         "--elements",
+                         std::to_string(o_.elements),
+                         "--step-ms",
+                         std::to_string(o_.step_ms),
+                         "--out",
+                         o_.dir + "/out",
+                         "--progress-file",
+                         ProgressFile(r)},
+                        log_);
+    }
+  }
+
+  std::string ProgressFile(uint32_t rank) const {
+    return absl::StrCat(o_.dir, "/out/progress-rank-", rank);
+  }
+  // The furthest step any rank has computed.
+  uint64_t Progress() const {
+    uint64_t furthest = 0;
+    for (uint32_t r = 0; r < o_.ranks; ++r) {
+      uint64_t step = 0;
+      std::ifstream(ProgressFile(r)) >> step;
+      furthest = std::max(furthest, step);
+    }
+    return furthest;
+  }
+
+  // Kills every rank, then waits until the daemon has handled what they sent
+  // before they died (a commit may still land just after): a restarted job's
+  // ranks must all see the same latest step, as an orchestrator's restart
+  // delay ensures.
+  void KillRanks() {
+    for (pid_t& p : ranks_) KillAndReap(std::exchange(p, -1));
+    std::optional<uint64_t> last = Latest(proto::TIER_MEMORY);
+    for (int stable = 0, i = 0; stable < 5 && i < 200; ++i) {
+      SleepMs(50);
+      std::optional<uint64_t> now = Latest(proto::TIER_MEMORY);
+      stable = now == last ? stable + 1 : 0;
+      last = now;
+    }
+  }
+
+  // Lets the job train for `ms`; false (with a violation) if a rank died.
+  bool Train(int ms) {
+    const Clock::time_point until =
+        Clock::now() + std::chrono::milliseconds(ms);
+    while (Clock::now() < until) {
+      for (uint32_t r = 0; r < ranks_.size(); ++r) {
+        int status;
+        if (ranks_[r] > 0 && Exited(ranks_[r], &status)) {
+          ranks_[r] = -1;
+          Violation(absl::StrCat("rank ", r, " exited on its own (status ",
+                                 status, "); see ", log_));
+          return false;
+        }
+      }
+      SleepMs(20);
+    }
+    return true;
+  }
+
+  std::unique_ptr<Checkpointer> Connect(uint32_t rank) {
+    auto c = Checkpointer::Connect({.job = kJob,
+                                    .rank = rank,
+                                    .world_size = o_.ranks,
+                                    .socket_path = socket_,
+                                    .rpc_timeout = absl::Seconds(5)});
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  std::optional<uint64_t> Latest(proto::Tier tier) {
+    std::unique_ptr<Checkpointer> c = Connect(0);
+    if (c == nullptr) return std::nullopt;
+    auto latest = c->LatestCommitted(tier);
+    if (!latest.ok() || !latest->has_value()) return std::nullopt;
+    return **latest;
+  }
+
+  absl::Status InjectDisk(int write_errno, int fsync_errno) {
+    auto stub = proto::CkptDaemon::NewStub(grpc::CreateChannel(
+        "unix://" + socket_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    proto::InjectFaultsRequest req;
+    req.set_write_errno(write_errno);
+    req.set_fsync_errno(fsync_errno);
+    proto::InjectFaultsResponse resp;
+    grpc::Status s = stub->InjectFaults(&context, req, &resp);
+    return s.ok() ? absl::OkStatus()
+                  : absl::UnknownError("InjectFaults: " + s.error_message());
+  }
+
+  // --- faults -------------------------------------------------------------
+
+  void InjectOne() {
+    static const char* kKinds[] = {"kill_trainer", "kill_daemon",   "kill_node",
+                                   "stop_daemon",  "disk_enospc",   "disk_eio",
+                                   "fsync_eio",    "kill_during_gc"};
+    const std::string kind =
+        kKinds[std::uniform_int_distribution<int>(0, 7)(rng_)];
+    report_.faults[kind]++;
+    const uint64_t before = Latest(proto::TIER_MEMORY).value_or(0);
+    const Clock::time_point t0 = Clock::now();
+    std::optional<uint64_t> resumed;
+    uint64_t computed = 0;  // the furthest step the killed job had computed
+    auto pause = [&](int lo, int hi) {
+      SleepMs(std::uniform_int_distribution<int>(lo, hi)(rng_));
+    };
+    Log(absl::StrCat("fault ", kind, " (latest committed in memory: ", before,
+                     ")"));
+    if (kind == "kill_trainer") {
+      const uint32_t victim =
+          std::uniform_int_distribution<uint32_t>(0, o_.ranks - 1)(rng_);
+      KillAndReap(std::exchange(ranks_[victim], -1));
+      KillRanks();  // the job restarts, as under torchrun
+      computed = Progress();
+      resumed = Latest(proto::TIER_MEMORY).value_or(0);
+      StartRanks();
+    } else if (kind == "kill_daemon") {
+      KillAndReap(std::exchange(daemon_, -1));
+      pause(0, 500);
+      if (!StartDaemon("")) return;
+    } else if (kind == "kill_node") {
+      KillAndReap(std::exchange(daemon_, -1));
+      KillRanks();
+      computed = Progress();
+      pause(0, 300);
+      if (!StartDaemon("")) return;
+      resumed = Latest(proto::TIER_MEMORY).value_or(0);
+      StartRanks();
+    } else if (kind == "stop_daemon") {
+      ::kill(daemon_, SIGSTOP);
+      pause(300, 1500);
+      ::kill(daemon_, SIGCONT);
+    } else if (kind == "kill_during_gc") {
+      KillAndReap(std::exchange(daemon_, -1));
+      const int nth = std::uniform_int_distribution<int>(1, 3)(rng_);
+      if (!StartDaemon(
+              absl::StrCat("CKPT_KILL_POINT=service.gc_after_catalog:", nth)))
+        return;
+      // It dies at the kill point; restart it normally either way.
+      int status;
+      for (int i = 0; i < 200 && !Exited(daemon_, &status); ++i) SleepMs(25);
+      KillAndReap(std::exchange(daemon_, -1));
+      if (!StartDaemon("")) return;
+    } else {
+      const int write_errno = kind == "disk_enospc" ? ENOSPC
+                              : kind == "disk_eio"  ? EIO
+                                                    : 0;
+      const int fsync_errno = kind == "fsync_eio" ? EIO : 0;
+      absl::Status s = InjectDisk(write_errno, fsync_errno);
+      if (!s.ok()) Violation(std::string(s.message()));
+      pause(300, 1500);
+      s = InjectDisk(0, 0);
+      if (!s.ok()) Violation(std::string(s.message()));
+    }
+    if (resumed.has_value()) {
+      report_.steps_lost.push_back(computed > *resumed ? computed - *resumed
+                                                       : 0);
+    }
+    // Recovered: a step newer than any before the fault is committed in
+    // memory and on disk (training and persisting both resumed).
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(90);
+    bool recovered = false;
+    while (Clock::now() < deadline && !recovered) {
+      recovered = Latest(proto::TIER_MEMORY).value_or(0) > before &&
+                  Latest(proto::TIER_LOCAL_DISK).value_or(0) > before;
+      if (!recovered) SleepMs(20);
+    }
+    if (!recovered) {
+      Violation(absl::StrCat("no new step committed in memory and on disk ",
+                             "within 90 s of ", kind, "; see ", log_));
+      return;
+    }
+    report_.recoveries++;
+    report_.recover_s.push_back(SecondsSince(t0));
+    CheckInvariants(kind);
+  }
+
+  // --- invariants ---------------------------------------------------------
+
+  void CheckInvariants(const std::string& after) {
+    const std::string when = "after " + after;
+    std::vector<std::unique_ptr<Checkpointer>> ranks;
+    std::vector<ckpt::demo::RankModel> models;
+    std::vector<std::string> rng(o_.ranks);
+    models.reserve(o_.ranks);
+    for (uint32_t r = 0; r < o_.ranks; ++r) {
+      ranks.push_back(Connect(r));
+      models.emplace_back(r, o_.elements);
+      if (ranks.back() == nullptr) {
+        Violation(when + ": cannot connect to ckptd");
+        return;
+      }
+      const int64_t global = o_.elements * o_.ranks;
+      auto& m = models.back();
+      absl::Status s =
+          ranks[r]->RegisterTensor("model/w", proto::DTYPE_FLOAT32, m.w.data(),
+                                   {global}, {m.offset}, {o_.elements});
+      if (s.ok()) {
+        s = ranks[r]->RegisterTensor("optim/momentum", proto::DTYPE_FLOAT32,
+                                     m.m.data(), {global}, {m.offset},
+                                     {o_.elements});
+      }
+      if (s.ok()) s = ranks[r]->RegisterBytes("rng", &rng[r]);
+      if (!s.ok()) Violation(when + ": " + std::string(s.message()));
+    }
+    // Restores `step` on every rank: the bytes must be the expected ones.
+    // Returns false if some rank could not restore it.
+    // Restores `step` on every rank: the bytes must be the expected ones. A
+    // failure is a violation when the step is `promised` at a tier: among the
+    // newest `keep` commits there (re-checked after the failure, since the
+    // job trains on and retention may drop the step in between).
+    struct Promise {
+      proto::Tier tier;
+      size_t keep;
+    };
+    auto restores_exactly = [&](uint64_t step,
+                                std::optional<Promise> promised) {
+      for (uint32_t r = 0; r < o_.ranks; ++r) {
+        absl::Status s = ranks[r]->Restore(step);
+        if (!s.ok()) {
+          if (promised.has_value() &&
+              AmongNewest(ranks[0].get(), promised->tier, promised->keep,
+                          step)) {
+            Violation(absl::StrCat(when, ": step ", step, ", committed at ",
+                                   proto::Tier_Name(promised->tier),
+                                   " and kept, does not restore on rank ", r,
+                                   ": ", s.message()));
+          }
+          return false;
+        }
+        models[r].SetRng(rng[r]);
+        if (models[r].Serialize() != oracle_.Expected(r, step)) {
+          Violation(absl::StrCat(when, ": step ", step, " rank ", r,
+                                 " restored other bytes than the job saved"));
+        }
+      }
+      ++checked_steps_;
+      return true;
+    };
+    for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_LOCAL_DISK}) {
+      const std::string name = proto::Tier_Name(tier);
+      auto listed = ranks[0]->ListCommitted(tier);
+      if (!listed.ok()) {
+        Violation(when + ": listing " + name + ": " +
+                  std::string(listed.status().message()));
+        continue;
+      }
+      if (listed->empty()) continue;
+      const uint64_t newest = listed->back();
+      uint64_t& seen = newest_seen_[tier];
+      if (newest < seen) {
+        Violation(absl::StrCat(when, ": the latest committed step at ", name,
+                               " went backward from ", seen, " to ", newest));
+      }
+      seen = std::max(seen, newest);
+      // Retention promises the newest kKeepMemory memory commits and the
+      // newest kKeepDisk disk commits; older records may outlive their data.
+      const size_t keep = tier == proto::TIER_MEMORY ? kKeepMemory : kKeepDisk;
+      for (size_t i = 0; i < listed->size() && i < keep; ++i) {
+        restores_exactly((*listed)[listed->size() - 1 - i],
+                         Promise{tier, keep});
+      }
+      // A few older ones: if they restore, they must be exact.
+      for (int i = 0; i < 3 && listed->size() > keep; ++i) {
+        restores_exactly((*listed)[std::uniform_int_distribution<size_t>(
+                             0, listed->size() - keep - 1)(check_rng_)],
+                         std::nullopt);
+      }
+    }
+    // A step beyond the newest committed one is in flight at best: restoring
+    // it fails, unless it was committed in between, and then it is exact.
+    restores_exactly(newest_seen_[proto::TIER_MEMORY] + 1, std::nullopt);
+  }
+
+  // True when `step` is among the newest `keep` steps committed at `tier`.
+  bool AmongNewest(Checkpointer* c, proto::Tier tier, size_t keep,
+                   uint64_t step) {
+    auto listed = c->ListCommitted(tier);
+    if (!listed.ok()) return true;  // cannot tell: count it
+    auto it = std::find(listed->begin(), listed->end(), step);
+    return it != listed->end() &&
+           static_cast<size_t>(listed->end() - it) <= keep;
+  }
+
+  // --- the end ------------------------------------------------------------
+
+  void Finish() {
+    // Healthy again for the end: no fault pending.
+    if (daemon_ <= 0 && !StartDaemon("")) return;
+    (void)InjectDisk(0, 0);
+    // Beyond every rank: one whose saves failed may be ahead of the commits.
+    const uint64_t end =
+        std::max(Latest(proto::TIER_MEMORY).value_or(0), Progress()) + 40;
+    {
+      std::ofstream(steps_file_ + ".tmp") << end << "\n";
+      std::filesystem::rename(steps_file_ + ".tmp", steps_file_);
+    }
+    report_.final_step = end;
+    Log(absl::StrCat("the job ends at step ", end));
+    for (uint32_t r = 0; r < ranks_.size(); ++r) {
+      if (ranks_[r] <= 0) continue;
+      int status = 0;
+      const Clock::time_point deadline =
+          Clock::now() + std::chrono::seconds(180);
+      while (!Exited(ranks_[r], &status) && Clock::now() < deadline) {
+        SleepMs(50);
+      }
+      if (Clock::now() >= deadline) {
+        KillAndReap(ranks_[r]);
+        Violation(absl::StrCat("rank ", r, " did not finish; see ", log_));
+      } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        Violation(absl::StrCat("rank ", r, " ended with status ", status,
+                               "; see ", log_));
+      }
+      ranks_[r] = -1;
+    }
+    for (uint32_t r = 0; r < o_.ranks; ++r) {
+      std::ifstream in(absl::StrCat(o_.dir, "/out/final-rank-", r, ".bin"),
+                       std::ios::binary);
+      std::string got((std::istreambuf_iterator<char>(in)),
+                      std::istreambuf_iterator<char>());
+      if (got != oracle_.Expected(r, end)) {
+        Violation(absl::StrCat("rank ", r,
+                               " ended with another state than an "
+                               "uninterrupted run of ",
+                               end, " steps"));
+      }
+      std::ifstream stats(absl::StrCat(o_.dir, "/out/stats-rank-", r, ".txt"));
+      uint64_t saves = 0;
+      stats >> saves;
+      report_.bytes_staged += saves * (o_.elements * 8 + 8);
+    }
+    CheckInvariants("the end");
+    const auto latest_disk = Latest(proto::TIER_LOCAL_DISK);
+    if (!latest_disk.has_value() || *latest_disk != end) {
+      Violation(absl::StrCat("the last step ", end,
+                             " is not the latest committed on disk"));
+    }
+  }
+
+  int Print() {
+    auto percentile = [](std::vector<double> v, double p) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+    };
+    uint64_t lost_max = 0, lost_sum = 0;
+    for (uint64_t l : report_.steps_lost) {
+      lost_max = std::max(lost_max, l);
+      lost_sum += l;
+    }
+    int injected = 0;
+    for (const auto& [k, n] : report_.faults) injected += n;
+    nlohmann::json j;
+    j["seed"] = o_.seed;
+    j["ranks"] = o_.ranks;
+    j["faults"] = report_.faults;
+    j["faults_injected"] = injected;
+    j["recoveries"] = report_.recoveries;
+    j["recover_s_p50"] = percentile(report_.recover_s, 0.5);
+    j["recover_s_p99"] = percentile(report_.recover_s, 0.99);
+    j["steps_lost_max"] = lost_max;
+    j["steps_lost_mean"] =
+        report_.steps_lost.empty()
+            ? 0.0
+            : static_cast<double>(lost_sum) / report_.steps_lost.size();
+    j["committed_steps_checked"] = checked_steps_;
+    j["final_step"] = report_.final_step;
+    j["bytes_staged"] = report_.bytes_staged;
+    j["violations"] = report_.violations.size();
+    j["violation_details"] = report_.violations;
+    if (o_.json) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("ckpt-chaos: seed %lu, %u ranks, %d faults injected\n",
+                  static_cast<unsigned long>(o_.seed), o_.ranks, injected);
+      for (const auto& [k, n] : report_.faults) {
+        std::printf("  %-16s %d\n", k.c_str(), n);
+      }
+      std::printf(
+          "  recoveries %d, time to recover p50 %.2f s, p99 %.2f s\n"
+          "  steps recomputed per job restart: max %lu, mean %.2f\n"
+          "  committed steps restored and compared: %lu; job ended at step "
+          "%lu; %.1f MiB staged\n"
+          "  invariant violations: %zu\n",
+          report_.recoveries, percentile(report_.recover_s, 0.5),
+          percentile(report_.recover_s, 0.99),
+          static_cast<unsigned long>(lost_max),
+          j["steps_lost_mean"].get<double>(),
+          static_cast<unsigned long>(checked_steps_),
+          static_cast<unsigned long>(report_.final_step),
+          report_.bytes_staged / 1048576.0, report_.violations.size());
+      for (const std::string& v : report_.violations) {
+        std::printf("  VIOLATION: %s\n", v.c_str());
+      }
+      std::printf("  replay with --seed %lu; logs in %s\n",
+                  static_cast<unsigned long>(o_.seed), log_.c_str());
+    }
+    return report_.violations.empty() ? 0 : 1;
+  }
+
+  void Violation(const std::string& what) {
+    Log("VIOLATION: " + what);
+    report_.violations.push_back(what);
+  }
+  void Log(const std::string& line) {
+    std::ofstream(log_, std::ios::app) << "[ckpt-chaos] " << line << "\n";
+  }
+
+  const Options o_;
+  std::mt19937_64 rng_;        // the fault schedule
+  std::mt19937_64 check_rng_;  // which older steps are checked
+  Oracle oracle_;
+  const std::string socket_, staging_, log_, steps_file_;
+  pid_t daemon_ = -1;
+  std::vector<pid_t> ranks_;
+  std::map<proto::Tier, uint64_t> newest_seen_;
+  uint64_t checked_steps_ = 0;
+  Report report_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ckpt-chaos: inject faults into a local ckptd and its job, and prove "
+      "that nothing committed is lost"};
+  Options o;
+  o.seed = std::random_device{}();
+  o.ckptd = Sibling("../daemon/ckptd");
+  o.trainer = Sibling("ckpt-demo-trainer");
+  app.add_option("--dir", o.dir,
+                 "working directory (default: a new temporary one)");
+  app.add_option("--ranks", o.ranks, "rank processes")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--elements", o.elements,
+                 "float32 elements per rank per tensor")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 26));
+  app.add_option("--step-ms", o.step_ms, "simulated compute per step")
+      ->check(CLI::Range(0, 10000));
+  app.add_option("--seed", o.seed, "the fault schedule (printed)");
+  app.add_option("--faults", o.faults, "faults to inject; 0: until --duration")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--duration", o.duration_s,
+                 "stop injecting after this many seconds (0: no limit)")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_flag("--json", o.json, "print the report as one JSON object");
+  app.add_option("--ckptd", o.ckptd, "the daemon binary");
+  app.add_option("--trainer", o.trainer, "the rank binary (ckpt-demo-trainer)");
+  CLI11_PARSE(app, argc, argv);
+  // libckpt's warnings about tiers it fell back from are expected here (the
+  // harness restores steps the daemon is collecting); violations are reported.
+  spdlog::set_level(spdlog::level::err);
+  if (o.faults == 0 && o.duration_s == 0) {
+    std::fprintf(stderr, "ckpt-chaos: give --faults or --duration\n");
+    return 2;
+  }
+  if (o.dir.empty()) {
+    o.dir = (std::filesystem::temp_directory_path() /
+             absl::StrCat("ckpt-chaos-", ::getpid()))
+                .string();
+  }
+  std::filesystem::create_directories(o.dir);
+  if (!o.json) {
+    std::printf("ckpt-chaos: seed %lu, working directory %s\n",
+                static_cast<unsigned long>(o.seed), o.dir.c_str());
+    std::fflush(stdout);
+  }
+  return Chaos(o).Run();
+}
