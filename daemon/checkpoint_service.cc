@@ -5,6 +5,8 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -111,7 +113,9 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
                    KvStore::Open(io::JoinPath(o.data_dir, "catalog")));
   service->catalog_ = std::make_unique<Catalog>(service->store_.get());
   service->coordinator_ =
-      std::make_unique<EmbeddedCoordinator>(service->store_.get());
+      o.coordinator != nullptr
+          ? o.coordinator
+          : std::make_shared<EmbeddedCoordinator>(service->store_.get());
   ASSIGN_OR_RETURN(service->arena_,
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
   RETURN_IF_ERROR(service->Recover());
@@ -728,6 +732,35 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
                    catalog_->ListShards(job));
   RetentionPlan plan = PlanRetention(commits, shards, policy);
   if (dry_run) return plan;
+  // A step this plan forgets entirely loses its commit records first, so a
+  // listed commit always has its shards (a crash in between leaves shards no
+  // commit names, which the next collection drops). If that fails, its shards
+  // stay.
+  {
+    std::map<uint64_t, size_t> held, forgotten;
+    for (const proto::ShardRecord& r : shards) held[r.step()]++;
+    for (const RetentionAction& a : plan.actions) {
+      if (a.forget()) forgotten[a.shard.step()]++;
+    }
+    std::set<uint64_t> kept;
+    for (const auto& [step, n] : forgotten) {
+      if (n != held[step] || step >= plan.oldest_kept_disk_step) continue;
+      absl::Status s = coordinator_->ForgetStep(job, step);
+      if (!s.ok()) {
+        CKPT_LOG_WARN("gc of job {} step {}: {}; its shards stay", job, step,
+                      s.ToString());
+        kept.insert(step);
+      }
+    }
+    if (!kept.empty()) {
+      std::vector<RetentionAction> actions;
+      for (RetentionAction& a : plan.actions) {
+        if (a.forget() && kept.count(a.shard.step()) > 0) continue;
+        actions.push_back(std::move(a));
+      }
+      plan.actions = std::move(actions);
+    }
+  }
   // Slots go back to the arena at once, where the next save is waiting for
   // one; files are unlinked after the loop (a large one takes a while).
   std::vector<std::string> unlink;

@@ -52,6 +52,9 @@ struct ServiceOptions {
   // committed at the same tier.
   int keep_disk_steps = 2;
   int keep_memory_steps = 1;
+  // The coordination backend (etcd for many nodes); null: the embedded one,
+  // in this daemon's catalog.
+  std::shared_ptr<Coordinator> coordinator;
 };
 
 class CheckpointService {
@@ -143,7 +146,7 @@ class CheckpointService {
   const ServiceOptions options_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Catalog> catalog_;
-  std::unique_ptr<EmbeddedCoordinator> coordinator_;
+  std::shared_ptr<Coordinator> coordinator_;
   std::unique_ptr<StagingArena> arena_;
 
   absl::Mutex mu_;

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/checkpoint_service.h"
+#include "daemon/etcd_coordinator.h"
 #include "daemon/local_api.h"
 #include "daemon/metrics_server.h"
 #include "io/logging.h"
@@ -105,6 +106,16 @@ int main(int argc, char** argv) {
                  "when empty; port 0 picks one)");
   app.add_flag("--metrics-allow-remote", metrics_allow_remote,
                "allow a non-loopback --metrics-address");
+  std::string coordinator = "embedded";
+  app.add_option("--coordinator", coordinator,
+                 "embedded (one node), or etcd://host:port[,host:port...]")
+      ->capture_default_str();
+  double lease_ttl_s = 10;
+  app.add_option("--lease-ttl", lease_ttl_s,
+                 "seconds without keep-alive before etcd declares this node "
+                 "dead (it is then fenced until it rejoins)")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
   bool fault_injection = false;
   app.add_flag("--fault-injection", fault_injection,
                "chaos testing: write through the fault-injecting file system "
@@ -136,6 +147,24 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (coordinator != "embedded") {
+    auto endpoints = ckpt::daemon::ParseEtcdUrl(coordinator);
+    if (!endpoints.ok()) {
+      std::fprintf(stderr, "ckptd: --coordinator: %s\n",
+                   std::string(endpoints.status().message()).c_str());
+      return 2;
+    }
+    auto etcd = ckpt::daemon::EtcdCoordinator::Connect(
+        {.endpoints = *endpoints,
+         .node_id = node_id,
+         .lease_ttl = absl::Seconds(lease_ttl_s)});
+    if (!etcd.ok()) {
+      std::fprintf(stderr, "ckptd: %s\n",
+                   std::string(etcd.status().message()).c_str());
+      return 1;
+    }
+    options.coordinator = *std::move(etcd);
+  }
   std::unique_ptr<ckpt::io::FaultInjectionFs> faults;
   ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
   if (fault_injection) {

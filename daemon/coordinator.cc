@@ -1,9 +1,12 @@
 #include "daemon/coordinator.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/records.h"
+#include "snapshot/names.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -27,6 +30,44 @@ std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier) {
 }
 std::string LatestKey(const std::string& job, proto::Tier tier) {
   return absl::StrCat("/ckpt/", job, "/latest/", TierName(tier));
+}
+
+absl::Status ValidateVote(const std::string& job, uint64_t step, uint32_t rank,
+                          uint32_t world_size,
+                          const std::vector<proto::Tier>& tiers) {
+  if (absl::Status s = snapshot::ValidateJobId(job); !s.ok()) return s;
+  if (world_size == 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vote of job ", job, " step ", step, ": rank ", rank,
+                     " is outside world size ", world_size));
+  }
+  for (proto::Tier t : tiers) {
+    if (t < proto::TIER_MEMORY || t > proto::TIER_SHARED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vote of job ", job, " step ", step, " rank ", rank,
+                       ": invalid tier ", static_cast<int>(t)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t VotesReaching(const std::vector<proto::VoteRecord>& votes,
+                     proto::Tier tier) {
+  return std::count_if(votes.begin(), votes.end(), [tier](const auto& v) {
+    return std::find(v.tiers().begin(), v.tiers().end(), tier) !=
+           v.tiers().end();
+  });
+}
+
+proto::CommitRecord NewCommitRecord(const std::string& job, uint64_t step,
+                                    proto::Tier tier, uint32_t world_size) {
+  proto::CommitRecord record;
+  record.set_job(job);
+  record.set_step(step);
+  record.set_tier(tier);
+  record.set_world_size(world_size);
+  record.set_committed_unix_micros(NowMicros());
+  return record;
 }
 
 std::string TierName(proto::Tier tier) {

@@ -6,8 +6,8 @@
 //   /ckpt/<job>/steps/<step:020>/votes/<rank:010>    VoteRecord
 //   /ckpt/<job>/steps/<step:020>/commit/<tier>       CommitRecord
 //   /ckpt/<job>/latest/<tier>                        the latest committed step
-// Backends: EmbeddedCoordinator (one node, in ckptd's RocksDB); etcd comes with
-// issue #4.
+// Backends: EmbeddedCoordinator (one node, in ckptd's RocksDB) and
+// EtcdCoordinator (many nodes; leases and fencing).
 //
 // Thread-safety: implementations are thread-safe.
 #ifndef CKPT_DAEMON_COORDINATOR_H_
@@ -55,6 +55,23 @@ std::string StepPrefix(const std::string& job, uint64_t step);
 std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank);
 std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier);
 std::string LatestKey(const std::string& job, proto::Tier tier);
+// Every tier, fastest first.
+inline constexpr proto::Tier kAllTiers[] = {
+    proto::TIER_MEMORY, proto::TIER_PEER, proto::TIER_LOCAL_DISK,
+    proto::TIER_SHARED};
+
+// Shared by the backends' Vote: the arguments are valid (job id, rank inside
+// the world, known tiers).
+absl::Status ValidateVote(const std::string& job, uint64_t step, uint32_t rank,
+                          uint32_t world_size,
+                          const std::vector<proto::Tier>& tiers);
+// How many of `votes` include `tier`.
+size_t VotesReaching(const std::vector<proto::VoteRecord>& votes,
+                     proto::Tier tier);
+// The record of a commit happening now.
+proto::CommitRecord NewCommitRecord(const std::string& job, uint64_t step,
+                                    proto::Tier tier, uint32_t world_size);
+
 // "memory", "peer", "local_disk", "shared".
 std::string TierName(proto::Tier tier);
 absl::StatusOr<proto::Tier> ParseTier(absl::string_view name);

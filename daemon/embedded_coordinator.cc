@@ -11,33 +11,11 @@
 #include "snapshot/names.h"
 
 namespace ckpt::daemon {
-namespace {
-
-constexpr proto::Tier kTiers[] = {proto::TIER_MEMORY, proto::TIER_PEER,
-                                  proto::TIER_LOCAL_DISK, proto::TIER_SHARED};
-
-bool ValidTier(proto::Tier t) {
-  return t >= proto::TIER_MEMORY && t <= proto::TIER_SHARED;
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<proto::Tier>> EmbeddedCoordinator::Vote(
     const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
     const std::vector<proto::Tier>& tiers) {
-  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  if (world_size == 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vote of job ", job, " step ", step, ": rank ", rank,
-                     " is outside world size ", world_size));
-  }
-  for (proto::Tier t : tiers) {
-    if (!ValidTier(t)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("vote of job ", job, " step ", step, " rank ", rank,
-                       ": invalid tier ", static_cast<int>(t)));
-    }
-  }
+  RETURN_IF_ERROR(ValidateVote(job, step, rank, world_size, tiers));
   absl::MutexLock lock(&mu_);
   // Every rank's current vote for the step, with this one merged in.
   ASSIGN_OR_RETURN(auto existing,
@@ -70,24 +48,16 @@ absl::StatusOr<std::vector<proto::Tier>> EmbeddedCoordinator::Vote(
   KvStore::Batch batch;
   batch.puts.emplace_back(VoteKey(job, step, rank), mine.SerializeAsString());
   std::vector<proto::Tier> committed;
-  for (proto::Tier tier : kTiers) {
+  for (proto::Tier tier : kAllTiers) {
     ASSIGN_OR_RETURN(auto commit, store_->Get(CommitKey(job, step, tier)));
     if (commit.has_value()) {
       committed.push_back(tier);
       continue;
     }
-    size_t reached =
-        std::count_if(votes.begin(), votes.end(), [tier](const auto& v) {
-          return std::find(v.tiers().begin(), v.tiers().end(), tier) !=
-                 v.tiers().end();
-        });
+    size_t reached = VotesReaching(votes, tier);
     if (reached < world_size) continue;
-    proto::CommitRecord record;
-    record.set_job(job);
-    record.set_step(step);
-    record.set_tier(tier);
-    record.set_world_size(world_size);
-    record.set_committed_unix_micros(NowMicros());
+    const proto::CommitRecord record =
+        NewCommitRecord(job, step, tier, world_size);
     batch.puts.emplace_back(CommitKey(job, step, tier),
                             record.SerializeAsString());
     ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
@@ -142,7 +112,7 @@ EmbeddedCoordinator::ListCommits(const std::string& job) {
 absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
                                                uint64_t step, uint32_t rank) {
   absl::MutexLock lock(&mu_);  // no vote can commit the step meanwhile
-  for (proto::Tier tier : kTiers) {
+  for (proto::Tier tier : kAllTiers) {
     ASSIGN_OR_RETURN(auto commit, store_->Get(CommitKey(job, step, tier)));
     if (commit.has_value()) {
       return absl::AlreadyExistsError(
@@ -158,7 +128,7 @@ absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
 absl::Status EmbeddedCoordinator::ForgetStep(const std::string& job,
                                              uint64_t step) {
   absl::MutexLock lock(&mu_);
-  for (proto::Tier tier : kTiers) {
+  for (proto::Tier tier : kAllTiers) {
     ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
                      LatestCommitted(job, tier));
     if (latest.has_value() && *latest == step) {

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "client/daemon_admin.h"
@@ -20,6 +21,7 @@
 #include "io/file_system.h"
 #include "proto/daemon.grpc.pb.h"
 #include "tests/client/daemon_process.h"
+#include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
 
 namespace ckpt::client {
@@ -111,6 +113,41 @@ TEST(CheckpointerTest, DiskFaultsSwitchedOnAndOffAtRunTime) {
     ASSERT_TRUE(t.ckpt->Restore(step).ok());
     EXPECT_EQ(t.w, saved);
   }
+}
+
+// ckptd on the etcd backend: saves commit through etcd; a daemon paused
+// (SIGSTOP) past its lease is fenced, then rejoins and commits again, and what
+// was committed before stays.
+TEST(CheckpointerTest, EtcdBackedDaemonCommitsAndRejoinsAfterAPause) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess daemon({"--coordinator", "etcd://" + etcd.endpoint(),
+                                 "--lease-ttl", "2", "--node-id", "node-1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1);
+  ASSERT_TRUE(t.ckpt);
+  t.Fill(1, 0);
+  auto first = t.ckpt->SaveAsync(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->WaitCommitted(kDisk).ok()) << daemon.log();
+  const std::vector<float> step1 = t.w;
+  daemon.Signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // past the lease
+  daemon.Signal(SIGCONT);
+  // Saves go on; once the daemon has rejoined, they commit again.
+  bool committed = false;
+  for (uint64_t step = 2; step < 200 && !committed; ++step) {
+    t.Fill(step, 0);
+    auto save = t.ckpt->SaveAsync(step);
+    if (save.ok()) committed = (*save)->WaitCommitted(kDisk).ok();
+    if (!committed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(committed) << daemon.log();
+  EXPECT_THAT(daemon.log(), HasSubstr("lost its etcd lease"));
+  EXPECT_THAT(daemon.log(), HasSubstr("rejoined"));
+  t.Fill(999, 0);
+  ASSERT_TRUE(t.ckpt->Restore(1).ok());
+  EXPECT_EQ(t.w, step1);
 }
 
 TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {

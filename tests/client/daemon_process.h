@@ -87,9 +87,15 @@ class DaemonProcess {
 
   void Kill() {
     if (pid_ <= 0) return;
+    ::kill(pid_, SIGCONT);
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
+  }
+
+  // Sends `signal` (SIGSTOP, SIGCONT, ...) without waiting.
+  void Signal(int signal) {
+    if (pid_ > 0) ::kill(pid_, signal);
   }
 
   // SIGTERM and wait: a clean shutdown.

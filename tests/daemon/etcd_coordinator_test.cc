@@ -1,0 +1,195 @@
+// The etcd coordination backend against a real etcd on loopback: commits need
+// every rank's vote and happen once however nodes race, the latest step never
+// goes backward, a node without its lease is fenced and rejoins, and a commit
+// survives etcd being killed and restarted.
+#include "daemon/etcd_coordinator.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon/etcd_process.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr proto::Tier kMem = proto::TIER_MEMORY;
+constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
+
+class EtcdCoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(etcd_.Start())
+        << "etcd (Debian's etcd-server, installed by tools/setup.sh) did not "
+           "start:\n"
+        << etcd_.log();
+  }
+  std::unique_ptr<EtcdCoordinator> Node(const std::string& id,
+                                        absl::Duration ttl = absl::Seconds(5)) {
+    auto c = EtcdCoordinator::Connect(
+        {.endpoints = {etcd_.endpoint()}, .node_id = id, .lease_ttl = ttl});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  testing::EtcdProcess etcd_;
+};
+
+TEST_F(EtcdCoordinatorTest, CommitsOnlyWhenEveryRankOfTheWorldVoted) {
+  auto a = Node("node-a"), b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  // World of 4: ranks 0-1 on node a, 2-3 on node b.
+  EXPECT_THAT(*a->Vote("job", 7, 0, 4, {kMem, kDisk}), ElementsAre());
+  EXPECT_THAT(*a->Vote("job", 7, 1, 4, {kMem}), ElementsAre());
+  EXPECT_THAT(*b->Vote("job", 7, 2, 4, {kMem, kDisk}), ElementsAre());
+  EXPECT_FALSE(a->GetCommit("job", 7, kMem)->has_value());
+  EXPECT_THAT(*b->Vote("job", 7, 3, 4, {kMem}), ElementsAre(kMem));
+  for (auto* c : {a.get(), b.get()}) {
+    auto commit = c->GetCommit("job", 7, kMem);
+    ASSERT_TRUE(commit.ok() && commit->has_value());
+    EXPECT_EQ((*commit)->world_size(), 4u);
+    EXPECT_EQ(**c->LatestCommitted("job", kMem), 7u);
+    EXPECT_FALSE(c->LatestCommitted("job", kDisk)->has_value());
+  }
+  // Votes merge: rank 1 and 3 reach the disk later.
+  EXPECT_THAT(*a->Vote("job", 7, 1, 4, {kDisk}), ElementsAre(kMem));
+  EXPECT_THAT(*b->Vote("job", 7, 3, 4, {kDisk}), ElementsAre(kMem, kDisk));
+  EXPECT_EQ(a->ListCommits("job")->size(), 2u);
+  // A vote with another world size for the same step is refused.
+  auto bad = a->Vote("job", 7, 0, 8, {kMem});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a->Vote("job", 7, 4, 4, {kMem}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EtcdCoordinatorTest, TheLatestStepNeverGoesBackward) {
+  auto a = Node("node-a");
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->Vote("job", 5, 0, 1, {kMem}).ok());
+  ASSERT_TRUE(a->Vote("job", 3, 0, 1, {kMem}).ok());  // late, older step
+  EXPECT_EQ(**a->LatestCommitted("job", kMem), 5u);
+  EXPECT_TRUE(a->GetCommit("job", 3, kMem)->has_value());
+  // The latest is never forgotten; an older step is.
+  EXPECT_EQ(a->ForgetStep("job", 5).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(a->ForgetStep("job", 3).ok());
+  EXPECT_FALSE(a->GetCommit("job", 3, kMem)->has_value());
+  // A committed step's vote is not withdrawn.
+  EXPECT_EQ(a->WithdrawVote("job", 5, 0).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(EtcdCoordinatorTest, RacingNodesCommitEachStepExactlyOnce) {
+  constexpr int kNodes = 4, kRanksPerNode = 4, kSteps = 6;
+  std::vector<std::unique_ptr<EtcdCoordinator>> nodes;
+  for (int n = 0; n < kNodes; ++n)
+    nodes.push_back(Node("n" + std::to_string(n)));
+  std::vector<std::thread> voters;
+  std::vector<int> commits_seen(kNodes, 0);
+  for (int n = 0; n < kNodes; ++n) {
+    voters.emplace_back([&, n] {
+      for (uint64_t step = 1; step <= kSteps; ++step) {
+        for (int r = 0; r < kRanksPerNode; ++r) {
+          auto done = nodes[n]->Vote("race", step, n * kRanksPerNode + r,
+                                     kNodes * kRanksPerNode, {kMem});
+          ASSERT_TRUE(done.ok()) << done.status();
+          if (!done->empty()) commits_seen[n]++;
+        }
+      }
+    });
+  }
+  for (auto& t : voters) t.join();
+  auto commits = nodes[0]->ListCommits("race");
+  ASSERT_TRUE(commits.ok());
+  EXPECT_EQ(commits->size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(**nodes[1]->LatestCommitted("race", kMem),
+            static_cast<uint64_t>(kSteps));
+  // The record is written once: later votes do not rewrite it.
+  auto first = *nodes[2]->GetCommit("race", 1, kMem);
+  ASSERT_TRUE(
+      nodes[3]->Vote("race", 1, 0, kNodes * kRanksPerNode, {kMem}).ok());
+  EXPECT_EQ((*nodes[2]->GetCommit("race", 1, kMem))->committed_unix_micros(),
+            first->committed_unix_micros());
+}
+
+TEST_F(EtcdCoordinatorTest, ANodePausedPastItsLeaseIsFencedThenRejoins) {
+  auto a = Node("node-a", absl::Seconds(1)), b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Vote("job", 1, 0, 2, {kMem}).ok());
+  ASSERT_TRUE(b->Vote("job", 1, 1, 2, {kMem}).ok());
+  ASSERT_TRUE(a->Vote("job", 2, 0, 2, {kMem}).ok());
+  const int64_t lease = a->lease_id();
+  // Paused: no keep-alive until etcd has expired the lease (TTL 1 s).
+  a->PauseKeepAliveForTesting(true);
+  bool expired = false;
+  for (int i = 0; i < 200 && !expired; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto live = b->LiveNodes();
+    ASSERT_TRUE(live.ok()) << live.status();
+    expired = std::find(live->begin(), live->end(), "node-a") == live->end();
+  }
+  ASSERT_TRUE(expired) << "etcd never expired the paused node's lease";
+  // Its vote would complete step 2 at the disk tier: refused, no commit; nor
+  // may it collect garbage.
+  ASSERT_TRUE(b->Vote("job", 2, 1, 2, {kMem, kDisk}).ok());
+  auto fenced = a->Vote("job", 2, 0, 2, {kDisk});
+  ASSERT_FALSE(fenced.ok());
+  EXPECT_EQ(fenced.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fenced.status().message(), HasSubstr("fenced"));
+  EXPECT_FALSE(b->GetCommit("job", 2, kDisk)->has_value());
+  EXPECT_EQ(a->ForgetStep("job", 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(b->GetCommit("job", 1, kMem)->has_value());
+  // Resumed: the keep-alive loop finds the lease gone, takes a new one and
+  // registers again; then the node votes and commits normally.
+  a->PauseKeepAliveForTesting(false);
+  for (int i = 0; i < 200 && a->rejoins() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_EQ(a->rejoins(), 1);
+  EXPECT_NE(a->lease_id(), lease);
+  EXPECT_THAT(*a->Vote("job", 2, 0, 2, {kDisk}), ElementsAre(kMem, kDisk));
+  EXPECT_TRUE(a->ForgetStep("job", 1).ok());
+}
+
+TEST_F(EtcdCoordinatorTest, ACommitSurvivesEtcdKilledAndRestarted) {
+  auto a = Node("node-a");
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->Vote("job", 1, 0, 1, {kMem, kDisk}).ok());
+  const int64_t first =
+      (*a->GetCommit("job", 1, kDisk))->committed_unix_micros();
+  etcd_.Kill();
+  auto down = a->Vote("job", 2, 0, 1, {kMem});
+  EXPECT_FALSE(down.ok());
+  EXPECT_THAT(down.status().message(), HasSubstr("etcd"));
+  ASSERT_TRUE(etcd_.Start()) << etcd_.log();
+  // The same vote again, once etcd is back: committed exactly once, and the
+  // earlier commit is untouched.
+  absl::StatusOr<std::vector<proto::Tier>> again;
+  for (int i = 0; i < 100; ++i) {
+    again = a->Vote("job", 2, 0, 1, {kMem});
+    if (again.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(*again, ElementsAre(kMem));
+  EXPECT_EQ((*a->GetCommit("job", 1, kDisk))->committed_unix_micros(), first);
+  EXPECT_EQ(**a->LatestCommitted("job", kMem), 2u);
+  EXPECT_EQ(a->ListCommits("job")->size(), 3u);
+}
+
+TEST(EtcdUrlTest, ParsesEndpointsAndNamesWhatIsWrong) {
+  EXPECT_THAT(*ParseEtcdUrl("etcd://10.0.0.1:2379,10.0.0.2:2379"),
+              ElementsAre("10.0.0.1:2379", "10.0.0.2:2379"));
+  EXPECT_THAT(ParseEtcdUrl("http://x:1").status().message(),
+              HasSubstr("etcd://host:port"));
+  EXPECT_THAT(ParseEtcdUrl("etcd://host").status().message(),
+              HasSubstr("\"host\" is not host:port"));
+  EXPECT_FALSE(ParseEtcdUrl("etcd://").ok());
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
