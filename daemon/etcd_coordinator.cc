@@ -296,8 +296,13 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
   if (lease == 0) return FencedOr(lease, absl::OkStatus());
 
   // This rank's vote, merged with what it voted before, written only while
-  // this node holds its lease.
+  // this node holds its lease; the same transaction reads every vote and
+  // commit of the step after the write, so of two racing voters the later
+  // one sees both votes.
   const std::string vote_key = VoteKey(job, step, rank);
+  const std::string votes_prefix = StepPrefix(job, step) + "votes/";
+  const std::string commits_prefix = StepPrefix(job, step) + "commit/";
+  etcdserverpb::TxnResponse voted;
   for (int attempt = 0;; ++attempt) {
     ASSIGN_OR_RETURN(etcdserverpb::RangeResponse old, Range(vote_key, false));
     proto::VoteRecord mine;
@@ -317,21 +322,22 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
     *txn.add_compare() = HoldsLease(lease);
     *txn.add_compare() = ModifiedAt(vote_key, revision);
     *txn.add_success() = PutOp(vote_key, mine.SerializeAsString());
-    ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done, Txn(txn, what));
-    if (done.succeeded()) break;
+    for (const std::string* prefix : {&votes_prefix, &commits_prefix}) {
+      auto* range = txn.add_success()->mutable_request_range();
+      range->set_key(*prefix);
+      range->set_range_end(PrefixEnd(*prefix));
+    }
+    ASSIGN_OR_RETURN(voted, Txn(txn, what));
+    if (voted.succeeded()) break;
     absl::Status why = FencedOr(lease, absl::AbortedError(absl::StrCat(
                                            what, ": the vote kept changing")));
     if (why.code() != absl::StatusCode::kAborted || attempt >= kAttempts) {
       return why;
     }
   }
-
-  // Every vote, read after this one was written: of two racing voters, the
-  // later one sees both.
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse all,
-                   Range(StepPrefix(job, step) + "votes/", true));
   std::vector<proto::VoteRecord> votes;
-  for (const etcdserverpb::KeyValue& kv : all.kvs()) {
+  for (const etcdserverpb::KeyValue& kv :
+       voted.responses(1).response_range().kvs()) {
     ASSIGN_OR_RETURN(proto::VoteRecord v,
                      ParseRecord<proto::VoteRecord>(kv.key(), kv.value()));
     if (v.world_size() != world_size) {
@@ -341,15 +347,21 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
     }
     votes.push_back(std::move(v));
   }
+  std::set<std::string> commits;
+  for (const etcdserverpb::KeyValue& kv :
+       voted.responses(2).response_range().kvs()) {
+    commits.insert(kv.key());
+  }
   std::vector<proto::Tier> committed;
   for (proto::Tier tier : kAllTiers) {
     const std::string commit_key = CommitKey(job, step, tier);
-    const size_t reached = VotesReaching(votes, tier);
-    if (reached < world_size) {
-      ASSIGN_OR_RETURN(etcdserverpb::RangeResponse c, Range(commit_key, false));
-      if (c.kvs_size() == 1) committed.push_back(tier);
+    if (commits.count(commit_key) > 0) {
+      committed.push_back(tier);
       continue;
     }
+    // Votes are never taken back once a step is committed, so a tier not
+    // every rank reached has no commit.
+    if (VotesReaching(votes, tier) < world_size) continue;
     const proto::CommitRecord record =
         NewCommitRecord(job, step, tier, world_size);
     const std::string latest_key = LatestKey(job, tier);

@@ -9,12 +9,15 @@
 // O_DIRECT, 1 MiB blocks, sequential, same queue depth) on the same directory.
 // Runs are interleaved; medians are reported.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -30,11 +33,13 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
+#include "daemon/etcd_coordinator.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
+#include "tools/process.h"
 
 namespace {
 
@@ -500,6 +505,115 @@ int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+// A loopback TCP port nobody listens on now.
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// `ckpt-bench control-plane`: `ranks` ranks of one job, spread over `nodes`
+// etcd coordinators (one per simulated ckptd, voting for their ranks in
+// parallel), vote for one step; the time from the first vote to the commit.
+// Against its own etcd on loopback unless `etcd` names one.
+int RunControlPlane(const std::string& dir, std::string etcd, int ranks,
+                    int nodes, int runs, bool json) {
+  pid_t etcd_pid = -1;
+  if (etcd.empty()) {
+    std::filesystem::create_directories(dir);
+    const int client = FreePort(), peer = FreePort();
+    etcd = absl::StrCat("127.0.0.1:", client);
+    const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
+    etcd_pid = ckpt::tools::Spawn(
+        {"/usr/bin/etcd", "--name", "bench", "--data-dir", dir + "/etcd-data",
+         "--listen-client-urls", "http://" + etcd, "--advertise-client-urls",
+         "http://" + etcd, "--listen-peer-urls", peer_url,
+         "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
+         "bench=" + peer_url},
+        dir + "/etcd.log");
+  }
+  auto stop_etcd = [&] {
+    if (etcd_pid > 0) {
+      ::kill(etcd_pid, SIGKILL);
+      ::waitpid(etcd_pid, nullptr, 0);
+    }
+  };
+  std::vector<std::unique_ptr<ckpt::daemon::EtcdCoordinator>> coordinators;
+  for (int n = 0; n < nodes; ++n) {
+    absl::StatusOr<std::unique_ptr<ckpt::daemon::EtcdCoordinator>> c;
+    for (int i = 0; i < 200; ++i) {
+      c = ckpt::daemon::EtcdCoordinator::Connect(
+          {.endpoints = {etcd}, .node_id = absl::StrCat("bench-node-", n)});
+      if (c.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!c.ok()) {
+      std::cerr << "ckpt-bench: etcd at " << etcd << ": " << c.status() << "\n";
+      stop_etcd();
+      return 1;
+    }
+    coordinators.push_back(*std::move(c));
+  }
+  const std::string job = absl::StrCat("bench-", ::getpid());
+  std::vector<double> seconds;
+  for (int run = 0; run < runs; ++run) {
+    const uint64_t step = run + 1;
+    std::atomic<bool> failed{false};
+    auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> voters;
+    for (int n = 0; n < nodes; ++n) {
+      voters.emplace_back([&, n] {
+        for (int r = n; r < ranks; r += nodes) {
+          auto done = coordinators[n]->Vote(job, step, r, ranks,
+                                            {ckpt::proto::TIER_MEMORY});
+          if (!done.ok()) {
+            std::cerr << "ckpt-bench: " << done.status() << "\n";
+            failed = true;
+            return;
+          }
+        }
+      });
+    }
+    for (auto& t : voters) t.join();
+    seconds.push_back(Seconds(start));
+    auto commit =
+        coordinators[0]->GetCommit(job, step, ckpt::proto::TIER_MEMORY);
+    if (failed || !commit.ok() || !commit->has_value()) {
+      std::cerr << "ckpt-bench: step " << step << " was not committed\n";
+      stop_etcd();
+      return 1;
+    }
+  }
+  coordinators.clear();
+  stop_etcd();
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  nlohmann::json j;
+  j["benchmark"] = "control-plane";
+  j["ranks"] = ranks;
+  j["nodes"] = nodes;
+  j["runs"] = runs;
+  j[absl::StrCat("commit_", ranks, "_ranks_s")] = median;
+  j["commit_s_min"] = seconds.front();
+  j["commit_s_max"] = seconds.back();
+  j["votes_per_s"] = ranks / median;
+  if (json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf(
+        "%d ranks on %d nodes commit one step through etcd in %.3f s "
+        "(median of %d; %.0f votes/s)\n",
+        ranks, nodes, median, runs, ranks / median);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"ckpt-bench: ckpt's data paths against same-run references"};
   app.require_subcommand(1);
@@ -545,6 +659,19 @@ int main(int argc, char** argv) {
   torch_cmd->add_option("--runs", runs, "saves; medians are reported")
       ->check(CLI::Range(1, 100));
   torch_cmd->add_flag("--json", json, "print one JSON object");
+  int cp_ranks = 1024, cp_nodes = 128;
+  std::string etcd;
+  CLI::App* cp_cmd = app.add_subcommand(
+      "control-plane",
+      "time for N ranks voting through etcd to commit one step");
+  cp_cmd->add_option("--dir", dir, "where the benchmark's etcd keeps its data");
+  cp_cmd->add_option("--etcd", etcd, "an etcd to use (host:port) instead");
+  cp_cmd->add_option("--ranks", cp_ranks)->check(CLI::Range(1, 1 << 20));
+  cp_cmd->add_option("--nodes", cp_nodes, "simulated ckptd, voting in parallel")
+      ->check(CLI::Range(1, 4096));
+  cp_cmd->add_option("--runs", runs, "steps; the median is reported")
+      ->check(CLI::Range(1, 100));
+  cp_cmd->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -553,5 +680,9 @@ int main(int argc, char** argv) {
 
   if (*save_cmd) return RunSave(dir, sizes_mib, runs, json);
   if (*torch_cmd) return RunTorch(dir, state_mib, runs, json);
+  if (*cp_cmd) {
+    return RunControlPlane(dir + "/ckpt-bench-etcd", etcd, cp_ranks, cp_nodes,
+                           runs, json);
+  }
   return RunIo(dir, size_mib, runs, threads, json);
 }
