@@ -34,4 +34,18 @@ absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
   return resp;
 }
 
+absl::StatusOr<std::string> GetMetricsText(const std::string& socket_path) {
+  auto stub = proto::CkptDaemon::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix://", socket_path),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  proto::GetMetricsResponse resp;
+  absl::Status s = FromGrpc(stub->GetMetrics(&context, {}, &resp),
+                            "reading metrics", socket_path);
+  if (!s.ok()) return s;
+  return resp.text();
+}
+
 }  // namespace ckpt::client

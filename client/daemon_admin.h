@@ -26,6 +26,9 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
 absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
     const std::string& socket_path, const proto::CollectGarbageRequest& req);
 
+// The daemon's metrics, Prometheus text format.
+absl::StatusOr<std::string> GetMetricsText(const std::string& socket_path);
+
 }  // namespace ckpt::client
 
 #endif  // CKPT_CLIENT_DAEMON_ADMIN_H_

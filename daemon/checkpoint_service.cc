@@ -161,6 +161,15 @@ absl::Status CheckpointService::Recover() {
       JobHealth& health = health_[job];
       health.since = absl::Now();
       ++health.failures;
+      // The newest shard's staging time stands for the last save before the
+      // daemon went down.
+      int64_t last_micros = 0;
+      for (const proto::ShardRecord& r : shards) {
+        if (r.job() == job) {
+          last_micros = std::max(last_micros, r.staged_unix_micros());
+        }
+      }
+      if (last_micros > 0) health.down_since = absl::FromUnixMicros(last_micros);
     }
   }
   ASSIGN_OR_RETURN(std::vector<SlotInfo> adopted,
@@ -434,15 +443,26 @@ void CheckpointService::SawSave(const std::string& job, uint64_t step) {
   if (h.last_save != absl::InfinitePast()) {
     if (step <= h.last_step) {
       // Rank 0 saves a step it saved before: the job restarted from an
-      // earlier checkpoint.
-      metrics_.Add("ckpt_failures_detected_total",
-                   {{"job", job}, {"kind", "job_restart"}});
+      // earlier checkpoint. Its recovery took from its last save before the
+      // failure to this one.
+      const Labels kind = {{"job", job}, {"kind", "job_restart"}};
+      metrics_.Add("ckpt_failures_detected_total", kind);
+      metrics_.Add("ckpt_recoveries_total", kind);
+      metrics_.Observe("ckpt_recovery_seconds", kind,
+                       absl::ToDoubleSeconds(now - h.last_save));
       ++h.failures;
     } else {
       const double dt = absl::ToDoubleSeconds(now - h.last_save);
       h.interval = h.intervals == 0 ? dt : 0.8 * h.interval + 0.2 * dt;
       ++h.intervals;
     }
+  }
+  if (h.down_since != absl::InfinitePast()) {
+    const Labels kind = {{"job", job}, {"kind", "daemon_restart"}};
+    metrics_.Add("ckpt_recoveries_total", kind);
+    metrics_.Observe("ckpt_recovery_seconds", kind,
+                     absl::ToDoubleSeconds(now - h.down_since));
+    h.down_since = absl::InfinitePast();
   }
   h.last_save = now;
   h.last_step = step;
@@ -500,6 +520,18 @@ void CheckpointService::DeclareMetrics() {
   metrics_.Declare("ckpt_failures_detected_total", T::kCounter,
                    "failures seen: job_restart (rank 0 saved a step again), "
                    "daemon_restart (ckptd started with the job's shards)");
+  metrics_.Declare("ckpt_recoveries_total", T::kCounter,
+                   "failures the job came back from: its first save after a "
+                   "job restart or a daemon restart");
+  metrics_.Declare("ckpt_recovery_seconds", T::kHistogram,
+                   "time to recover: from the job's last save before the "
+                   "failure to its first save after it",
+                   {1, 5, 15, 30, 60, 120, 300, 900, 3600});
+  metrics_.Declare("ckpt_disk_tier_bytes", T::kGauge,
+                   "bytes of the shard files kept in the data directory");
+  metrics_.Declare("ckpt_disk_budget_bytes", T::kGauge,
+                   "what the data directory's file system can hold for "
+                   "ckpt: its shard files plus the free space");
   metrics_.Declare("ckpt_save_interval_seconds", T::kGauge,
                    "the interval between saves in use (moving average)");
   metrics_.Declare("ckpt_save_cost_seconds", T::kGauge,
@@ -549,6 +581,19 @@ void CheckpointService::DeclareMetrics() {
     }
     for (const auto& [labels, age] : ages)
       m.Set("ckpt_last_commit_age_seconds", labels, age);
+    uint64_t disk = 0;
+    auto shards = catalog_->ListShards();
+    if (shards.ok()) {
+      for (const proto::ShardRecord& r : *shards) {
+        if (!r.shard_path().empty()) disk += r.stored_bytes();
+      }
+      m.Set("ckpt_disk_tier_bytes", {}, static_cast<double>(disk));
+    }
+    auto free_space = fs_->FreeSpace(options_.data_dir);
+    if (free_space.ok() && shards.ok()) {
+      m.Set("ckpt_disk_budget_bytes", {},
+            static_cast<double>(disk + *free_space));
+    }
   });
 }
 

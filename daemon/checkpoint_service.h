@@ -179,6 +179,9 @@ class CheckpointService {
     double staging_seconds = 0;
     uint64_t stagings = 0;
     int failures = 0;
+    // The daemon restarted under this job: the last save it knew of, until
+    // the job's first save after the restart measures the recovery.
+    absl::Time down_since = absl::InfinitePast();
   };
   std::map<std::string, JobHealth> health_ ABSL_GUARDED_BY(mu_);
   Metrics metrics_;

@@ -122,6 +122,12 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status GetMetrics(grpc::ServerContext*, const proto::GetMetricsRequest*,
+                          proto::GetMetricsResponse* resp) override {
+    resp->set_text(service_->metrics()->Render());
+    return grpc::Status::OK;
+  }
+
   grpc::Status InjectFaults(grpc::ServerContext*,
                             const proto::InjectFaultsRequest* req,
                             proto::InjectFaultsResponse*) override {

@@ -7,17 +7,20 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/daemon_admin.h"
 #include "daemon/coordinator.h"
@@ -30,6 +33,7 @@
 #include "snapshot/shard_reader.h"
 #include "tools/data_dir_view.h"
 #include "tools/export.h"
+#include "tools/metrics_text.h"
 
 namespace {
 
@@ -531,6 +535,73 @@ bool Accepting(const std::string& socket_path) {
   return ok;
 }
 
+// The figures of ckptd's metrics for one job (what /metrics exports), as
+// JSON: saves and their stall, persist throughput, compression, commit
+// latency, work at risk, failures and recoveries, the checkpoint interval in
+// use and the one Young/Daly suggests, restores.
+nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
+                          const std::string& job) {
+  using ckpt::tools::SumOf;
+  const std::map<std::string, std::string> j = {{"job", job}};
+  auto get = [&](const std::string& name,
+                 std::map<std::string, std::string> labels = {}) {
+    labels.insert(j.begin(), j.end());
+    return SumOf(m, name, labels);
+  };
+  auto mean = [&](const std::string& histogram,
+                  std::map<std::string, std::string> labels = {})
+      -> std::optional<double> {
+    auto sum = get(histogram + "_sum", labels);
+    auto count = get(histogram + "_count", labels);
+    if (!sum || !count || *count == 0) return std::nullopt;
+    return *sum / *count;
+  };
+  nlohmann::json f;
+  auto put = [&f](const std::string& key, std::optional<double> v) {
+    if (v.has_value()) f[key] = *v;
+  };
+  put("saves", get("ckpt_staging_seconds_count"));
+  put("stall_mean_s", mean("ckpt_staging_seconds"));
+  put("saves_skipped", get("ckpt_steps_skipped_total"));
+  put("persist_failures", get("ckpt_persist_failures_total"));
+  auto persisted = get("ckpt_persisted_bytes_total");
+  auto persist_s = get("ckpt_persist_seconds_sum");
+  if (persisted && persist_s && *persist_s > 0) {
+    f["persist_bytes_per_s"] = *persisted / *persist_s;
+  }
+  put("compression_ratio", get("ckpt_compression_ratio"));
+  for (const char* tier : {"memory", "local_disk"}) {
+    put(absl::StrCat("commit_latency_mean_s_", tier),
+        mean("ckpt_commit_latency_seconds", {{"tier", tier}}));
+    put(absl::StrCat("last_commit_age_s_", tier),
+        get("ckpt_last_commit_age_seconds", {{"tier", tier}}));
+    put(absl::StrCat("last_committed_step_", tier),
+        get("ckpt_last_committed_step", {{"tier", tier}}));
+    put(absl::StrCat("restores_from_", tier),
+        get("ckpt_restores_total", {{"source", tier}}));
+  }
+  for (const char* kind : {"job_restart", "daemon_restart"}) {
+    put(absl::StrCat("failures_", kind),
+        get("ckpt_failures_detected_total", {{"kind", kind}}));
+  }
+  put("recoveries", get("ckpt_recoveries_total"));
+  put("recovery_mean_s", mean("ckpt_recovery_seconds"));
+  put("checksum_mismatches", get("ckpt_checksum_mismatches_total"));
+  put("restore_fallbacks", get("ckpt_restore_fallbacks_total"));
+  put("save_interval_s", get("ckpt_save_interval_seconds"));
+  put("save_cost_s", get("ckpt_save_cost_seconds"));
+  put("mtbf_s", get("ckpt_mtbf_seconds"));
+  put("young_daly_interval_s", get("ckpt_young_daly_interval_seconds"));
+  return f;
+}
+
+std::string HumanSeconds(double s) {
+  if (s < 1) return absl::StrCat(static_cast<int>(s * 1000 + 0.5), " ms");
+  if (s < 120) return absl::StrFormat("%.1f s", s);
+  if (s < 7200) return absl::StrFormat("%.1f min", s / 60);
+  return absl::StrFormat("%.1f h", s / 3600);
+}
+
 // `ckpt status`: is ckptd up, what the tiers hold, saves in flight, the last
 // commit of every job.
 int Status(const std::string& data_dir, const std::string& socket_path,
@@ -577,6 +648,23 @@ int Status(const std::string& data_dir, const std::string& socket_path,
   j["disk_tier_bytes"] = disk;
   auto free_space = fs->FreeSpace(data_dir);
   if (free_space.ok()) j["disk_free_bytes"] = *free_space;
+  // The running daemon's figures, from its metrics.
+  std::vector<ckpt::tools::Sample> metrics;
+  if (j["daemon_accepting"].get<bool>()) {
+    auto text = ckpt::client::GetMetricsText(socket_path);
+    if (text.ok()) metrics = ckpt::tools::ParseMetricsText(*text);
+  }
+  if (!metrics.empty()) {
+    for (nlohmann::json& jj : j["jobs"]) {
+      jj["figures"] = JobFigures(metrics, jj["job"].get<std::string>());
+    }
+    auto put = [&](const char* key, const char* name) {
+      auto v = ckpt::tools::SumOf(metrics, name, {});
+      if (v.has_value()) j[key] = *v;
+    };
+    put("memory_budget_bytes", "ckpt_memory_budget_bytes");
+    put("disk_budget_bytes", "ckpt_disk_budget_bytes");
+  }
   j["shards_being_staged"] = staging;
   j["shards_waiting_to_persist"] = staged;
   j["shards_failed"] = failed;
@@ -588,7 +676,14 @@ int Status(const std::string& data_dir, const std::string& socket_path,
               j["daemon_accepting"].get<bool>() ? "up" : "NOT RUNNING",
               socket_path.c_str());
   std::printf("data       %s\n", data_dir.c_str());
-  std::printf("memory     %s in staging slots\n", HumanBytes(memory).c_str());
+  std::printf(
+      "memory     %s in staging slots%s\n", HumanBytes(memory).c_str(),
+      j.contains("memory_budget_bytes")
+          ? absl::StrCat(" of a ",
+                         HumanBytes(j["memory_budget_bytes"].get<double>()),
+                         " budget")
+                .c_str()
+          : "");
   std::printf("disk       %s in shard files, %s free\n",
               HumanBytes(disk).c_str(),
               free_space.ok() ? HumanBytes(*free_space).c_str() : "?");
@@ -607,6 +702,47 @@ int Status(const std::string& data_dir, const std::string& socket_path,
                 jj["job"].get<std::string>().c_str(),
                 jj["world_size"].get<uint32_t>(),
                 latest.empty() ? "none" : latest.c_str());
+    if (!jj.contains("figures")) continue;
+    const nlohmann::json& f = jj["figures"];
+    auto num = [&f](const char* key) {
+      return f.contains(key) ? f[key].get<double>() : 0.0;
+    };
+    auto secs = [&](const char* key) {
+      return f.contains(key) ? HumanSeconds(f[key].get<double>())
+                             : std::string("-");
+    };
+    std::printf(
+        "  saves      %.0f (stall mean %s), %.0f skipped for memory, "
+        "%.0f persist failures\n",
+        num("saves"), secs("stall_mean_s").c_str(), num("saves_skipped"),
+        num("persist_failures"));
+    std::printf(
+        "  persist    %s/s, compression %.2f stored/raw, commit "
+        "latency memory %s, disk %s\n",
+        HumanBytes(static_cast<uint64_t>(num("persist_bytes_per_s"))).c_str(),
+        num("compression_ratio"), secs("commit_latency_mean_s_memory").c_str(),
+        secs("commit_latency_mean_s_local_disk").c_str());
+    std::printf(
+        "  at risk    %s since the last disk commit, %.0f step(s) "
+        "newer in memory only\n",
+        secs("last_commit_age_s_local_disk").c_str(),
+        std::max(0.0, num("last_committed_step_memory") -
+                          num("last_committed_step_local_disk")));
+    std::printf(
+        "  failures   %.0f job restart(s), %.0f daemon restart(s); "
+        "%.0f recoveries, time to recover mean %s\n",
+        num("failures_job_restart"), num("failures_daemon_restart"),
+        num("recoveries"), secs("recovery_mean_s").c_str());
+    std::printf(
+        "  interval   %s in use; Young/Daly suggests %s (save cost "
+        "%s, MTBF %s)\n",
+        secs("save_interval_s").c_str(), secs("young_daly_interval_s").c_str(),
+        secs("save_cost_s").c_str(), secs("mtbf_s").c_str());
+    std::printf(
+        "  restores   %.0f from memory, %.0f from disk; %.0f checksum "
+        "mismatches, %.0f fallbacks\n",
+        num("restores_from_memory"), num("restores_from_local_disk"),
+        num("checksum_mismatches"), num("restore_fallbacks"));
   }
   return 0;
 }

@@ -9,11 +9,13 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "tests/client/daemon_process.h"
+#include "tests/tools/run_cli.h"
 
 namespace ckpt {
 namespace {
@@ -62,14 +64,16 @@ TEST(MetricsEndpointTest, MetricsArePresentWellFormedAndMoveWithTheRun) {
   std::set<std::string> typed;
   std::map<std::string, double> before = Scrape(port, &typed);
   for (const char* name :
-       {"ckpt_staging_seconds", "ckpt_staged_bytes_total",
-        "ckpt_persisted_bytes_total", "ckpt_persist_seconds",
-        "ckpt_compression_ratio", "ckpt_commit_latency_seconds",
-        "ckpt_last_committed_step", "ckpt_last_commit_age_seconds",
-        "ckpt_steps_skipped_total", "ckpt_persist_failures_total",
-        "ckpt_memory_tier_bytes", "ckpt_memory_budget_bytes",
+       {"ckpt_staging_seconds",        "ckpt_staged_bytes_total",
+        "ckpt_persisted_bytes_total",  "ckpt_persist_seconds",
+        "ckpt_compression_ratio",      "ckpt_commit_latency_seconds",
+        "ckpt_last_committed_step",    "ckpt_last_commit_age_seconds",
+        "ckpt_steps_skipped_total",    "ckpt_persist_failures_total",
+        "ckpt_memory_tier_bytes",      "ckpt_memory_budget_bytes",
         "ckpt_recovered_shards_total", "ckpt_failures_detected_total",
-        "ckpt_save_interval_seconds", "ckpt_young_daly_interval_seconds"}) {
+        "ckpt_save_interval_seconds",  "ckpt_young_daly_interval_seconds",
+        "ckpt_recoveries_total",       "ckpt_recovery_seconds",
+        "ckpt_disk_tier_bytes",        "ckpt_disk_budget_bytes"}) {
     EXPECT_EQ(typed.count(name), 1u) << name << " is not declared";
   }
   EXPECT_EQ(before["ckpt_memory_budget_bytes"], 256.0 * (1 << 20));
@@ -135,6 +139,68 @@ TEST(MetricsEndpointTest, MetricsArePresentWellFormedAndMoveWithTheRun) {
   EXPECT_GT(after["ckpt_save_cost_seconds{job=\"m\"}"], 0);
   EXPECT_GT(after["ckpt_mtbf_seconds{job=\"m\"}"], 0);
   EXPECT_GT(after["ckpt_young_daly_interval_seconds{job=\"m\"}"], 0);
+  // That re-save was the job's first save after its failure: a recovery, and
+  // its time (since the last save before it) in the histogram.
+  EXPECT_EQ(after["ckpt_recoveries_total{job=\"m\",kind=\"job_restart\"}"], 1);
+  EXPECT_EQ(
+      after["ckpt_recovery_seconds_count{job=\"m\",kind=\"job_restart\"}"], 1);
+  EXPECT_GT(after["ckpt_disk_tier_bytes"], 0);
+  EXPECT_GT(after["ckpt_disk_budget_bytes"], after["ckpt_disk_tier_bytes"]);
+}
+
+// A daemon restart under a job: detected at start, and the job's first save
+// after it completes a recovery. `ckpt status` shows the same figures.
+TEST(MetricsEndpointTest, DaemonRestartIsARecoveryAndStatusShowsTheFigures) {
+  testing::DaemonProcess daemon({"--metrics-address", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  std::vector<float> w(1 << 12, 2.5f);
+  auto save = [&](uint64_t step) {
+    auto c = client::Checkpointer::Connect({"r", 0, 1, daemon.socket()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32, w.data(),
+                                     {static_cast<int64_t>(w.size())}, {0},
+                                     {static_cast<int64_t>(w.size())})
+                    .ok());
+    auto s = (*c)->SaveAsync(step);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE((*s)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+  };
+  save(1);
+  daemon.Kill();
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  save(2);
+  std::smatch m;
+  std::string log = daemon.log();
+  std::string::const_iterator from = log.cbegin();
+  int port = 0;
+  const std::regex address(R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)");
+  while (std::regex_search(from, log.cend(), m, address)) {
+    port = std::stoi(m[1]);  // the restarted daemon's is the last one
+    from = m.suffix().first;
+  }
+  std::set<std::string> typed;
+  std::map<std::string, double> now = Scrape(port, &typed);
+  EXPECT_EQ(
+      now["ckpt_failures_detected_total{job=\"r\",kind=\"daemon_restart\"}"],
+      1);
+  EXPECT_EQ(now["ckpt_recoveries_total{job=\"r\",kind=\"daemon_restart\"}"], 1);
+  EXPECT_EQ(
+      now["ckpt_recovery_seconds_count{job=\"r\",kind=\"daemon_restart\"}"], 1);
+
+  const std::string out =
+      RunCli(absl::StrCat("--data-dir ", daemon.data_dir(), " status --socket ",
+                          daemon.socket()))
+          .out;
+  EXPECT_THAT(out, ::testing::HasSubstr("saves      1 (stall mean"));
+  EXPECT_THAT(out, ::testing::HasSubstr(
+                       "0 job restart(s), 1 daemon restart(s); 1 recoveries"));
+  EXPECT_THAT(out, ::testing::HasSubstr("of a 256.0 MiB budget"));
+  const std::string json =
+      RunCli(absl::StrCat("--data-dir ", daemon.data_dir(),
+                          " status --json --socket ", daemon.socket()))
+          .out;
+  EXPECT_THAT(json, ::testing::HasSubstr("\"recoveries\": 1.0"));
+  EXPECT_THAT(json, ::testing::HasSubstr("\"persist_bytes_per_s\""));
 }
 
 }  // namespace
