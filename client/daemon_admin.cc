@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
 
 namespace ckpt::client {
@@ -19,32 +20,49 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
-    const std::string& socket_path, const proto::CollectGarbageRequest& req) {
+namespace {
+
+// One unary call to the ckptd at `socket_path`, with a deadline.
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> CallDaemon(const std::string& socket_path,
+                                    Method method, const Request& req,
+                                    absl::string_view what,
+                                    std::chrono::seconds timeout) {
   auto stub = proto::CkptDaemon::NewStub(
       grpc::CreateChannel(absl::StrCat("unix://", socket_path),
                           grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::minutes(5));
-  proto::CollectGarbageResponse resp;
-  absl::Status s = FromGrpc(stub->CollectGarbage(&context, req, &resp),
-                            "collecting garbage", socket_path);
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  Response resp;
+  absl::Status s =
+      FromGrpc((stub.get()->*method)(&context, req, &resp), what, socket_path);
   if (!s.ok()) return s;
   return resp;
 }
 
+}  // namespace
+
+absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
+    const std::string& socket_path, const proto::CollectGarbageRequest& req) {
+  return CallDaemon<proto::CollectGarbageRequest,
+                    proto::CollectGarbageResponse>(
+      socket_path, &proto::CkptDaemon::Stub::CollectGarbage, req,
+      "collecting garbage", std::chrono::minutes(5));
+}
+
+absl::StatusOr<proto::RollBackResponse> RollBack(
+    const std::string& socket_path, const proto::RollBackRequest& req) {
+  return CallDaemon<proto::RollBackRequest, proto::RollBackResponse>(
+      socket_path, &proto::CkptDaemon::Stub::RollBack, req, "restoring",
+      std::chrono::minutes(5));
+}
+
 absl::StatusOr<std::string> GetMetricsText(const std::string& socket_path) {
-  auto stub = proto::CkptDaemon::NewStub(
-      grpc::CreateChannel(absl::StrCat("unix://", socket_path),
-                          grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  proto::GetMetricsResponse resp;
-  absl::Status s = FromGrpc(stub->GetMetrics(&context, {}, &resp),
-                            "reading metrics", socket_path);
-  if (!s.ok()) return s;
+  ASSIGN_OR_RETURN(
+      proto::GetMetricsResponse resp,
+      (CallDaemon<proto::GetMetricsRequest, proto::GetMetricsResponse>(
+          socket_path, &proto::CkptDaemon::Stub::GetMetrics, {},
+          "reading metrics", std::chrono::seconds(10))));
   return resp.text();
 }
 

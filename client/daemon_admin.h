@@ -26,6 +26,11 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
 absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
     const std::string& socket_path, const proto::CollectGarbageRequest& req);
 
+// ckpt restore: the daemon makes a committed step what the job (or a fork of
+// it) resumes from.
+absl::StatusOr<proto::RollBackResponse> RollBack(
+    const std::string& socket_path, const proto::RollBackRequest& req);
+
 // The daemon's metrics, Prometheus text format.
 absl::StatusOr<std::string> GetMetricsText(const std::string& socket_path);
 

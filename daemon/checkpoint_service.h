@@ -97,6 +97,16 @@ class CheckpointService {
                                               uint64_t step, uint32_t rank);
   // Counts a finished restore: bytes per source tier, checksum mismatches,
   // fallbacks.
+  // ckpt restore: makes committed `step` of `job` the state a job resumes
+  // from. With `into`, a fork: a new job `into` whose only step is `step`
+  // (its shard files are linked, not copied). Else in place: the steps newer
+  // than `step` are moved to an archive job (named in the record) or, with
+  // `discard_newer`, dropped, and the job's latest step goes back to `step`.
+  // Refused while the job has shards being saved or persisted.
+  absl::StatusOr<proto::RollbackRecord> RollBack(const std::string& job,
+                                                 uint64_t step,
+                                                 const std::string& into,
+                                                 bool discard_newer);
   absl::Status ReportRestore(const proto::ReportRestoreRequest& report);
   // Applies retention to a job now with `policy` (what ckpt gc asks for);
   // with `dry_run` only says what it would drop. Returns the copies dropped.
@@ -124,6 +134,12 @@ class CheckpointService {
   // for a job (after a persist or a memory-tier commit).
   void PersistLoop();
   void RequestGc(const std::string& job);
+  // Links the persisted shards of `steps` of `from` into job `to` and commits
+  // them there on disk.
+  absl::Status CopySteps(const std::string& from,
+                         const std::vector<proto::ShardRecord>& shards,
+                         const std::set<uint64_t>& steps,
+                         const std::string& to);
   void DeclareMetrics();
   // Rank 0 began saving `step`: the save interval, and a job restart when
   // the step is not newer than its last.

@@ -70,6 +70,14 @@ proto::CommitRecord NewCommitRecord(const std::string& job, uint64_t step,
   return record;
 }
 
+std::string RollbackKey(const std::string& job, int64_t unix_micros) {
+  return absl::StrCat("/ckpt/", job, "/rollbacks/",
+                      Pad(static_cast<uint64_t>(unix_micros), 20));
+}
+std::string StepsPrefix(const std::string& job) {
+  return absl::StrCat("/ckpt/", job, "/steps/");
+}
+
 std::string TierName(proto::Tier tier) {
   switch (tier) {
     case proto::TIER_MEMORY:

@@ -48,6 +48,12 @@ class Coordinator {
   // Drops the votes and commit records of a step (garbage collection). Refused
   // for a step that is the latest committed one at any tier.
   virtual absl::Status ForgetStep(const std::string& job, uint64_t step) = 0;
+  // An operator's rollback, atomically: drops the votes and commit records of
+  // every step newer than `step`, points each tier's latest step back to the
+  // newest step <= `step` committed there, and stores `record` under
+  // /ckpt/<job>/rollbacks/. The only way the latest step goes backward.
+  virtual absl::Status RollBack(const std::string& job, uint64_t step,
+                                const proto::RollbackRecord& record) = 0;
 };
 
 // Key helpers shared by the backends.
@@ -55,6 +61,9 @@ std::string StepPrefix(const std::string& job, uint64_t step);
 std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank);
 std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier);
 std::string LatestKey(const std::string& job, proto::Tier tier);
+std::string RollbackKey(const std::string& job, int64_t unix_micros);
+// "/ckpt/<job>/steps/"
+std::string StepsPrefix(const std::string& job);
 // Every tier, fastest first.
 inline constexpr proto::Tier kAllTiers[] = {
     proto::TIER_MEMORY, proto::TIER_PEER, proto::TIER_LOCAL_DISK,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -140,6 +141,39 @@ absl::Status EmbeddedCoordinator::ForgetStep(const std::string& job,
   ASSIGN_OR_RETURN(auto entries, store_->Scan(StepPrefix(job, step)));
   KvStore::Batch batch;
   for (const auto& [key, bytes] : entries) batch.deletes.push_back(key);
+  return store_->Write(batch);
+}
+
+absl::Status EmbeddedCoordinator::RollBack(
+    const std::string& job, uint64_t step,
+    const proto::RollbackRecord& record) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(auto entries, store_->Scan(StepsPrefix(job)));
+  KvStore::Batch batch;
+  std::map<proto::Tier, uint64_t> newest;  // per tier, among steps <= step
+  for (const auto& [key, bytes] : entries) {
+    uint64_t s = 0;
+    if (!absl::SimpleAtoi(key.substr(StepsPrefix(job).size(), 20), &s)) {
+      return absl::DataLossError(absl::StrCat("coordination key ", key));
+    }
+    if (s > step) {
+      batch.deletes.push_back(key);
+    } else if (key.find("/commit/") != std::string::npos) {
+      ASSIGN_OR_RETURN(proto::CommitRecord c,
+                       ParseRecord<proto::CommitRecord>(key, bytes));
+      newest[c.tier()] = std::max(newest[c.tier()], c.step());
+    }
+  }
+  for (proto::Tier tier : kAllTiers) {
+    auto it = newest.find(tier);
+    if (it != newest.end()) {
+      batch.puts.emplace_back(LatestKey(job, tier), absl::StrCat(it->second));
+    } else {
+      batch.deletes.push_back(LatestKey(job, tier));
+    }
+  }
+  batch.puts.emplace_back(RollbackKey(job, record.unix_micros()),
+                          record.SerializeAsString());
   return store_->Write(batch);
 }
 

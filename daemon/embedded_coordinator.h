@@ -31,6 +31,8 @@ class EmbeddedCoordinator final : public Coordinator {
   absl::Status WithdrawVote(const std::string& job, uint64_t step,
                             uint32_t rank) override;
   absl::Status ForgetStep(const std::string& job, uint64_t step) override;
+  absl::Status RollBack(const std::string& job, uint64_t step,
+                        const proto::RollbackRecord& record) override;
 
  private:
   KvStore* const store_;

@@ -1,6 +1,7 @@
 #include "daemon/etcd_coordinator.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -506,6 +507,56 @@ absl::Status EtcdCoordinator::ForgetStep(const std::string& job,
       Txn(txn, absl::StrCat("forgetting job ", job, " step ", step)));
   if (done.succeeded()) return absl::OkStatus();
   return FencedOr(lease, absl::AbortedError("forgetting a step raced"));
+}
+
+absl::Status EtcdCoordinator::RollBack(const std::string& job, uint64_t step,
+                                       const proto::RollbackRecord& record) {
+  const int64_t lease = lease_id();
+  if (lease == 0) return FencedOr(lease, absl::OkStatus());
+  const std::string prefix = StepsPrefix(job);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse all, Range(prefix, true));
+  std::map<proto::Tier, uint64_t> newest;  // per tier, among steps <= step
+  for (const etcdserverpb::KeyValue& kv : all.kvs()) {
+    if (kv.key().find("/commit/") == std::string::npos) continue;
+    ASSIGN_OR_RETURN(proto::CommitRecord c,
+                     ParseRecord<proto::CommitRecord>(kv.key(), kv.value()));
+    if (c.step() <= step) {
+      newest[c.tier()] = std::max(newest[c.tier()], c.step());
+    }
+  }
+  // One transaction, guarded by the lease and by the revision the commits
+  // were read at (no commit may land in between).
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = HoldsLease(lease);
+  Compare unchanged;
+  unchanged.set_key(prefix);
+  unchanged.set_range_end(PrefixEnd(prefix));
+  unchanged.set_target(Compare::MOD);
+  unchanged.set_result(Compare::LESS);
+  unchanged.set_mod_revision(all.header().revision() + 1);
+  *txn.add_compare() = unchanged;
+  auto* newer = txn.add_success()->mutable_request_delete_range();
+  newer->set_key(StepPrefix(job, step + 1));
+  newer->set_range_end(PrefixEnd(prefix));
+  for (proto::Tier tier : kAllTiers) {
+    auto it = newest.find(tier);
+    if (it != newest.end()) {
+      *txn.add_success() =
+          PutOp(LatestKey(job, tier), absl::StrCat(it->second));
+    } else {
+      txn.add_success()->mutable_request_delete_range()->set_key(
+          LatestKey(job, tier));
+    }
+  }
+  *txn.add_success() =
+      PutOp(RollbackKey(job, record.unix_micros()), record.SerializeAsString());
+  ASSIGN_OR_RETURN(
+      etcdserverpb::TxnResponse done,
+      Txn(txn, absl::StrCat("rolling job ", job, " back to step ", step)));
+  if (done.succeeded()) return absl::OkStatus();
+  return FencedOr(lease, absl::AbortedError(absl::StrCat(
+                             "rolling job ", job, " back to step ", step,
+                             ": the job committed meanwhile; stop it first")));
 }
 
 }  // namespace ckpt::daemon

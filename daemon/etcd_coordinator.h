@@ -62,6 +62,8 @@ class EtcdCoordinator final : public Coordinator {
   absl::Status WithdrawVote(const std::string& job, uint64_t step,
                             uint32_t rank) override;
   absl::Status ForgetStep(const std::string& job, uint64_t step) override;
+  absl::Status RollBack(const std::string& job, uint64_t step,
+                        const proto::RollbackRecord& record) override;
 
   // The nodes holding a lease now (their membership keys), sorted.
   absl::StatusOr<std::vector<std::string>> LiveNodes();

@@ -122,6 +122,15 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status RollBack(grpc::ServerContext*, const proto::RollBackRequest* req,
+                        proto::RollBackResponse* resp) override {
+    auto record = service_->RollBack(req->job(), req->step(), req->into(),
+                                     req->discard_newer());
+    if (!record.ok()) return ToGrpc(record.status());
+    *resp->mutable_record() = *std::move(record);
+    return grpc::Status::OK;
+  }
+
   grpc::Status GetMetrics(grpc::ServerContext*, const proto::GetMetricsRequest*,
                           proto::GetMetricsResponse* resp) override {
     resp->set_text(service_->metrics()->Render());

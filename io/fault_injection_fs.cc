@@ -246,6 +246,13 @@ absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path,
   return absl::OkStatus();
 }
 
+absl::Status FaultInjectionFs::HardLink(const std::string& existing,
+                                        const std::string& link) {
+  RETURN_IF_ERROR(OnMetadata(absl::StrCat("link ", existing, " to ", link)));
+  RETURN_IF_ERROR(PersistentWriteFault(link));
+  return base_->HardLink(existing, link);
+}
+
 absl::Status FaultInjectionFs::Rename(const std::string& from,
                                       const std::string& to) {
   {

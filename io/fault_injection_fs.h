@@ -74,6 +74,10 @@ class FaultInjectionFs final : public FileSystem {
   absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(
       const std::string& path, const FileOptions& options) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;
+  // Passed through (counted as a mutation); the power-loss model does not
+  // track the new name.
+  absl::Status HardLink(const std::string& existing,
+                        const std::string& link) override;
   absl::Status SyncDir(const std::string& dir) override;
   absl::Status Unlink(const std::string& path) override;
   absl::Status CreateDirs(const std::string& path) override;

@@ -137,6 +137,10 @@ class FileSystem {
   // parents.
   virtual absl::Status Rename(const std::string& from,
                               const std::string& to) = 0;
+  // link(2): a second name for the file `existing` (same file system; `link`
+  // must not exist). Durable only after SyncDir of the new name's parent.
+  virtual absl::Status HardLink(const std::string& existing,
+                                const std::string& link) = 0;
   // fsync of a directory, which makes creations, renames and unlinks in it
   // durable.
   virtual absl::Status SyncDir(const std::string& dir) = 0;

@@ -392,6 +392,14 @@ class PosixFileSystem final : public FileSystem {
     return absl::OkStatus();
   }
 
+  absl::Status HardLink(const std::string& existing,
+                        const std::string& link) override {
+    if (::link(existing.c_str(), link.c_str()) != 0) {
+      return PosixError("link", absl::StrCat(existing, " to ", link));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status SyncDir(const std::string& dir) override {
     int fd;
     do {

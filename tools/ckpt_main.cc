@@ -958,6 +958,67 @@ bool IsShardFile(const std::string& arg) {
 
 }  // namespace
 
+// `ckpt restore JOB STEP [--into JOB2] [--discard-newer]`: verifies every
+// copy of the step first, then has ckptd make it what the job (or the new job
+// JOB2) resumes from.
+int Restore(const std::string& data_dir, const std::string& socket_path,
+            const std::string& job, const std::string& step_text,
+            const std::string& into, bool discard_newer, bool json) {
+  auto step = ParseStep(step_text);
+  if (!step.ok()) return UsageError("restore", step.status());
+  if (!into.empty() && discard_newer) {
+    return UsageError("restore", absl::InvalidArgumentError(
+                                     "--discard-newer is for an in-place "
+                                     "restore, not for --into"));
+  }
+  {
+    auto view = ckpt::tools::DataDirView::Open(data_dir);
+    if (!view.ok()) return Fail("restore", view.status());
+    auto shards = (*view)->StepShards(job, *step);
+    if (!shards.ok()) return Fail("restore", shards.status());
+    for (const proto::ShardRecord& r : *shards) {
+      for (const ckpt::tools::TierCheck& c : (*view)->Verify(r)) {
+        if (c.tier != "local_disk" || c.problems.empty()) continue;
+        std::cerr << "ckpt restore: step " << *step << " rank " << c.rank
+                  << " does not verify (" << c.path << ": "
+                  << c.problems.front() << "); nothing was changed\n";
+        return kExitProblems;
+      }
+    }
+  }
+  proto::RollBackRequest req;
+  req.set_job(job);
+  req.set_step(*step);
+  req.set_into(into);
+  req.set_discard_newer(discard_newer);
+  auto resp = ckpt::client::RollBack(socket_path, req);
+  if (!resp.ok()) return Fail("restore", resp.status());
+  const proto::RollbackRecord& r = resp->record();
+  if (json) {
+    nlohmann::json j;
+    j["job"] = r.job();
+    j["step"] = r.to_step();
+    j["from_step"] = r.from_step();
+    if (!r.forked_from().empty()) j["forked_from"] = r.forked_from();
+    if (!r.archived_as().empty()) j["archived_as"] = r.archived_as();
+    j["dropped_steps"] = r.dropped_steps();
+    std::cout << j.dump(2) << "\n";
+  } else if (!r.forked_from().empty()) {
+    std::printf(
+        "job %s forked from job %s at step %lu: it resumes from there\n",
+        r.job().c_str(), r.forked_from().c_str(),
+        static_cast<unsigned long>(r.to_step()));
+  } else {
+    std::printf("job %s resumes from step %lu (was %lu); %u newer step(s) %s\n",
+                r.job().c_str(), static_cast<unsigned long>(r.to_step()),
+                static_cast<unsigned long>(r.from_step()), r.dropped_steps(),
+                r.archived_as().empty()
+                    ? "discarded"
+                    : ("kept as job " + r.archived_as()).c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "ckpt: list, inspect, verify and export the checkpoints of a ckptd data "
@@ -1055,12 +1116,32 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   restore_plan->add_flag("--json", json, "print JSON");
 
+  std::string restore_job, restore_step, into;
+  bool discard_newer = false;
+  CLI::App* restore = app.add_subcommand(
+      "restore",
+      "JOB STEP: after verifying it, make committed STEP what the job resumes "
+      "from (the operator's rollback); newer steps are kept as an archive job "
+      "unless --discard-newer; --into JOB2 forks a new job instead");
+  restore->add_option("job", restore_job, "job id")->required();
+  restore->add_option("step", restore_step, "committed step")->required();
+  restore->add_option("--into", into, "a new job that resumes from STEP");
+  restore->add_flag("--discard-newer", discard_newer,
+                    "drop the steps newer than STEP instead of archiving them");
+  restore->add_option("--socket", socket_path, "ckptd's socket")
+      ->capture_default_str();
+  restore->add_flag("--json", json, "print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   if (*ls) return Ls(data_dir, ls_job, json);
+  if (*restore) {
+    return Restore(data_dir, socket_path, restore_job, restore_step, into,
+                   discard_newer, json);
+  }
   if (*status) return Status(data_dir, socket_path, json);
   if (*restore_plan) {
     return RestorePlan(data_dir, plan_job, plan_step, plan_world, split_dim,

@@ -181,6 +181,27 @@ TEST_F(EtcdCoordinatorTest, ACommitSurvivesEtcdKilledAndRestarted) {
   EXPECT_EQ(a->ListCommits("job")->size(), 3u);
 }
 
+TEST_F(EtcdCoordinatorTest, RollBackIsTheOnlyWayTheLatestGoesBack) {
+  auto a = Node("node-a");
+  ASSERT_TRUE(a);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(a->Vote("job", step, 0, 1, {kMem, kDisk}).ok());
+  }
+  proto::RollbackRecord record;
+  record.set_job("job");
+  record.set_from_step(3);
+  record.set_to_step(1);
+  record.set_unix_micros(42);
+  ASSERT_TRUE(a->RollBack("job", 1, record).ok());
+  EXPECT_EQ(**a->LatestCommitted("job", kMem), 1u);
+  EXPECT_EQ(**a->LatestCommitted("job", kDisk), 1u);
+  EXPECT_EQ(a->ListCommits("job")->size(), 2u) << "step 1 at two tiers";
+  EXPECT_FALSE(a->GetCommit("job", 3, kDisk)->has_value());
+  // The job goes on: step 2 commits anew.
+  EXPECT_THAT(*a->Vote("job", 2, 0, 1, {kMem}), ElementsAre(kMem));
+  EXPECT_EQ(**a->LatestCommitted("job", kMem), 2u);
+}
+
 TEST(EtcdUrlTest, ParsesEndpointsAndNamesWhatIsWrong) {
   EXPECT_THAT(*ParseEtcdUrl("etcd://10.0.0.1:2379,10.0.0.2:2379"),
               ElementsAre("10.0.0.1:2379", "10.0.0.2:2379"));

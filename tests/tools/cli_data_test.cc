@@ -389,5 +389,107 @@ TEST(CliGcTest, GcDropsOldStepsThroughTheDaemonAndDryRunOnlyPlans) {
   EXPECT_EQ(zero.exit_code, 2) << zero.out;
 }
 
+// ckpt restore: the operator's rollback in place (newer steps archived, or
+// discarded) and a fork into a new job; a trainer then resumes from the step
+// and saves on; a damaged step is refused before anything changes.
+TEST(CliRestoreTest, RollsBackInPlaceOrForksAndTheTrainerResumesThere) {
+  testing::DaemonProcess daemon({"--keep-disk", "10", "--keep-memory", "1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  auto state_of = [](uint64_t step) {
+    return std::string(20000, static_cast<char>('a' + step));
+  };
+  auto trainer = [&](const std::string& job, std::string* state) {
+    auto c = client::Checkpointer::Connect({job, 0, 1, daemon.socket()});
+    EXPECT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE((*c)->RegisterBytes("state", state).ok());
+    return *std::move(c);
+  };
+  std::vector<std::string> files;
+  {
+    std::string state;
+    auto c = trainer("rb", &state);
+    for (uint64_t step = 1; step <= 5; ++step) {
+      state = state_of(step);
+      auto save = c->SaveAsync(step);
+      ASSERT_TRUE(save.ok());
+      ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+      files.push_back(c->DescribeShard(step)->shard_path());
+    }
+  }
+  const std::string cli = "--data-dir " + daemon.data_dir() +
+                          " restore --socket " + daemon.socket() + " ";
+
+  // A fork first: job rb-fork resumes from step 2; rb is untouched.
+  Result fork = RunCli(cli + "rb 2 --into rb-fork");
+  ASSERT_EQ(fork.exit_code, 0) << fork.out;
+  EXPECT_THAT(fork.out, HasSubstr("job rb-fork forked from job rb at step 2"));
+  {
+    std::string state;
+    auto c = trainer("rb-fork", &state);
+    EXPECT_EQ(**c->LatestCommitted(proto::TIER_LOCAL_DISK), 2u);
+    ASSERT_TRUE(c->Restore(2).ok());
+    EXPECT_EQ(state, state_of(2));
+    state = state_of(3);
+    auto save = c->SaveAsync(3);  // the fork goes its own way
+    ASSERT_TRUE(save.ok());
+    ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+  }
+  EXPECT_EQ(RunCli(cli + "rb 2 --into rb-fork").exit_code, 1)
+      << "a fork never overwrites a job";
+
+  // In place, keeping the newer steps as an archive job.
+  Result back = RunCli(cli + "rb 3 --json");
+  ASSERT_EQ(back.exit_code, 0) << back.out;
+  nlohmann::json j = nlohmann::json::parse(back.out);
+  EXPECT_EQ(j["step"], 3);
+  EXPECT_EQ(j["from_step"], 5);
+  EXPECT_EQ(j["dropped_steps"], 2);
+  const std::string archive = j["archived_as"];
+  {
+    std::string state;
+    auto c = trainer(archive, &state);
+    EXPECT_THAT(*c->ListCommitted(proto::TIER_LOCAL_DISK),
+                ::testing::ElementsAre(4, 5));
+    ASSERT_TRUE(c->Restore(5).ok());
+    EXPECT_EQ(state, state_of(5));
+  }
+  {
+    std::string state;
+    auto c = trainer("rb", &state);
+    EXPECT_EQ(**c->LatestCommitted(proto::TIER_LOCAL_DISK), 3u);
+    EXPECT_EQ(**c->LatestCommitted(proto::TIER_MEMORY), 3u);
+    ASSERT_TRUE(c->Restore(3).ok());
+    EXPECT_EQ(state, state_of(3));
+    EXPECT_FALSE(c->Restore(5).ok()) << "step 5 left job rb";
+    // The job goes on from step 3: step 4 is saved anew and commits.
+    state = state_of(9);
+    auto save = c->SaveAsync(4);
+    ASSERT_TRUE(save.ok()) << save.status();
+    ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+  }
+  EXPECT_EQ(RunCli("--data-dir " + daemon.data_dir() + " verify rb").exit_code,
+            0);
+
+  // Discarding: back to step 2, no archive.
+  Result discard = RunCli(cli + "rb 2 --discard-newer");
+  ASSERT_EQ(discard.exit_code, 0) << discard.out;
+  EXPECT_THAT(discard.out, HasSubstr("2 newer step(s) discarded"));
+
+  // Refused: a step that is not committed, a damaged step, bad usage.
+  EXPECT_EQ(RunCli(cli + "rb 7").exit_code, 3);
+  EXPECT_EQ(RunCli(cli + "nosuchjob 1").exit_code, 3);
+  EXPECT_EQ(RunCli(cli + "rb 2 --into x --discard-newer").exit_code, 2);
+  std::string bytes = testing::ReadAll(files[0]);
+  bytes[bytes.size() / 2] ^= 0x20;
+  testing::WriteAll(files[0], bytes);
+  Result damaged = RunCli(cli + "rb 1");
+  EXPECT_EQ(damaged.exit_code, 1) << damaged.out;
+  EXPECT_THAT(damaged.out, HasSubstr("does not verify"));
+  EXPECT_THAT(damaged.out, HasSubstr("nothing was changed"));
+  std::string state;
+  auto c = trainer("rb", &state);
+  EXPECT_EQ(**c->LatestCommitted(proto::TIER_LOCAL_DISK), 2u);
+}
+
 }  // namespace
 }  // namespace ckpt
