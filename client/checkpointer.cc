@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -123,6 +124,8 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options)
       handover_(std::make_unique<io::ThreadPool>(1)) {}
 
 Checkpointer::~Checkpointer() {
+  stop_watching_ = true;
+  if (watcher_.joinable()) watcher_.join();
   if (copier_.joinable()) copier_.join();
   handover_.reset();  // finishes the hand-overs still queued
 }
@@ -946,6 +949,54 @@ absl::Status Checkpointer::VerifySlot(
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Checkpointer::WatchFailures(FailureCallback callback) {
+  if (watcher_.joinable()) {
+    return absl::AlreadyExistsError("failures are already being watched");
+  }
+  // The baseline first, so that a failure right after this call is seen.
+  proto::WatchMembersRequest req;
+  proto::WatchMembersResponse first;
+  RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::WatchMembers, req,
+                             &first, "watching the job's nodes"));
+  watcher_ = std::thread(
+      [this, callback = std::move(callback), first = std::move(first)] {
+        std::set<std::string> alive(first.nodes().begin(), first.nodes().end());
+        int64_t revision = first.revision();
+        while (!stop_watching_) {
+          proto::WatchMembersRequest req;
+          req.set_after_revision(revision);
+          req.set_timeout_ms(500);  // bounds how long a destructor waits
+          proto::WatchMembersResponse now;
+          absl::Status s =
+              rpc_->Call(&proto::CkptDaemon::Stub::WatchMembers, req, &now,
+                         "watching the job's nodes", absl::Milliseconds(500));
+          if (!s.ok()) {  // the daemon is restarting: try again
+            absl::SleepFor(absl::Milliseconds(200));
+            continue;
+          }
+          revision = now.revision();
+          std::set<std::string> current(now.nodes().begin(), now.nodes().end());
+          std::vector<std::string> lost;
+          for (const std::string& n : alive) {
+            if (current.count(n) == 0) lost.push_back(n);
+          }
+          alive = std::move(current);
+          if (lost.empty()) continue;
+          {
+            absl::MutexLock lock(&mu_);
+            lost_.insert(lost_.end(), lost.begin(), lost.end());
+          }
+          if (callback) callback(lost);
+        }
+      });
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Checkpointer::LostNodes() const {
+  absl::MutexLock lock(&mu_);
+  return lost_;
 }
 
 }  // namespace ckpt::client

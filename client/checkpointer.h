@@ -19,7 +19,9 @@
 #ifndef CKPT_CLIENT_CHECKPOINTER_H_
 #define CKPT_CLIENT_CHECKPOINTER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -171,6 +173,16 @@ class Checkpointer {
   // timestamps).
   absl::StatusOr<proto::ShardRecord> DescribeShard(uint64_t step);
 
+  // Failure notification: watches the nodes of the coordination store
+  // through ckptd (etcd's membership with --coordinator etcd://; a single
+  // node with the embedded backend). `callback` runs on a watcher thread with
+  // the nodes that left since the previous call; LostNodes() polls the same.
+  using FailureCallback =
+      std::function<void(const std::vector<std::string>& lost)>;
+  absl::Status WatchFailures(FailureCallback callback);
+  // Every node lost since WatchFailures started, in the order seen.
+  std::vector<std::string> LostNodes() const;
+
   const CheckpointerOptions& options() const { return options_; }
   CheckpointerStats stats() const;
 
@@ -229,6 +241,10 @@ class Checkpointer {
     uint32_t mismatches = 0, fallbacks = 0;
   };
   RestoreReport report_;  // touched only by the thread calling Restore
+  // The failure watcher (WatchFailures).
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
+  std::vector<std::string> lost_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex mu_;
   const std::shared_ptr<FailureLog> failures_ = std::make_shared<FailureLog>();
   CheckpointerStats stats_ ABSL_GUARDED_BY(mu_);

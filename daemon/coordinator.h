@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "proto/catalog.pb.h"
 
@@ -54,6 +55,16 @@ class Coordinator {
   // /ckpt/<job>/rollbacks/. The only way the latest step goes backward.
   virtual absl::Status RollBack(const std::string& job, uint64_t step,
                                 const proto::RollbackRecord& record) = 0;
+
+  // The nodes alive now (holding a lease), and the revision that state is
+  // at. With `after_revision` > 0, first waits (up to `timeout`) until the
+  // membership changed after it; on timeout returns the unchanged state.
+  struct Membership {
+    std::vector<std::string> nodes;  // sorted
+    int64_t revision = 0;
+  };
+  virtual absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
+                                                  absl::Duration timeout) = 0;
 };
 
 // Key helpers shared by the backends.

@@ -17,7 +17,8 @@ namespace ckpt::daemon {
 class EmbeddedCoordinator final : public Coordinator {
  public:
   // `store` must outlive this object.
-  explicit EmbeddedCoordinator(KvStore* store) : store_(store) {}
+  explicit EmbeddedCoordinator(KvStore* store, std::string node_id = "local")
+      : store_(store), node_id_(std::move(node_id)) {}
 
   absl::StatusOr<std::vector<proto::Tier>> Vote(
       const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
@@ -33,9 +34,13 @@ class EmbeddedCoordinator final : public Coordinator {
   absl::Status ForgetStep(const std::string& job, uint64_t step) override;
   absl::Status RollBack(const std::string& job, uint64_t step,
                         const proto::RollbackRecord& record) override;
+  // One node, which is alive while it answers: the membership never changes.
+  absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
+                                          absl::Duration timeout) override;
 
  private:
   KvStore* const store_;
+  const std::string node_id_;
   absl::Mutex mu_;  // serializes votes and GC
 };
 

@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<EtcdCoordinator>> EtcdCoordinator::Connect(
       target, grpc::InsecureChannelCredentials(), args);
   c->kv_ = etcdserverpb::KV::NewStub(c->channel_);
   c->lease_stub_ = etcdserverpb::Lease::NewStub(c->channel_);
+  c->watch_stub_ = etcdserverpb::Watch::NewStub(c->channel_);
   RETURN_IF_ERROR(c->Register());
   c->keep_alive_ = std::thread([p = c.get()] { p->KeepAliveLoop(); });
   CKPT_LOG_INFO("ckptd: node {} joined etcd at {} (lease {:x}, TTL {} s)",
@@ -557,6 +558,38 @@ absl::Status EtcdCoordinator::RollBack(const std::string& job, uint64_t step,
   return FencedOr(lease, absl::AbortedError(absl::StrCat(
                              "rolling job ", job, " back to step ", step,
                              ": the job committed meanwhile; stop it first")));
+}
+
+absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
+    int64_t after_revision, absl::Duration timeout) {
+  const std::string prefix = "/ckpt/nodes/";
+  if (after_revision > 0) {
+    // One watch from the revision after the caller's state: any event
+    // (a node joining or leaving) ends the wait.
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    auto stream = watch_stub_->Watch(&context);
+    etcdserverpb::WatchRequest req;
+    auto* create = req.mutable_create_request();
+    create->set_key(prefix);
+    create->set_range_end(PrefixEnd(prefix));
+    create->set_start_revision(after_revision + 1);
+    if (stream->Write(req)) {
+      etcdserverpb::WatchResponse resp;
+      while (stream->Read(&resp)) {
+        if (!resp.events().empty() || resp.canceled()) break;
+      }
+    }
+    context.TryCancel();
+    (void)stream->Finish();
+  }
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(prefix, true));
+  Membership m;
+  m.revision = r.header().revision();
+  for (const etcdserverpb::KeyValue& kv : r.kvs()) {
+    m.nodes.push_back(kv.key().substr(prefix.size()));
+  }
+  return m;
 }
 
 }  // namespace ckpt::daemon

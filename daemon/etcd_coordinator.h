@@ -64,6 +64,10 @@ class EtcdCoordinator final : public Coordinator {
   absl::Status ForgetStep(const std::string& job, uint64_t step) override;
   absl::Status RollBack(const std::string& job, uint64_t step,
                         const proto::RollbackRecord& record) override;
+  // Watches /ckpt/nodes/: a node that stops renewing its lease leaves when
+  // etcd expires it (within the TTL), and a joining node appears.
+  absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
+                                          absl::Duration timeout) override;
 
   // The nodes holding a lease now (their membership keys), sorted.
   absl::StatusOr<std::vector<std::string>> LiveNodes();
@@ -95,6 +99,7 @@ class EtcdCoordinator final : public Coordinator {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_stub_;
+  std::unique_ptr<etcdserverpb::Watch::Stub> watch_stub_;
   mutable absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -128,6 +129,19 @@ class DaemonService final : public proto::CkptDaemon::Service {
                                      req->discard_newer());
     if (!record.ok()) return ToGrpc(record.status());
     *resp->mutable_record() = *std::move(record);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchMembers(grpc::ServerContext*,
+                            const proto::WatchMembersRequest* req,
+                            proto::WatchMembersResponse* resp) override {
+    const absl::Duration timeout =
+        absl::Milliseconds(std::min<uint32_t>(req->timeout_ms(), 60000));
+    auto m =
+        service_->coordinator()->WatchMembers(req->after_revision(), timeout);
+    if (!m.ok()) return ToGrpc(m.status());
+    for (const std::string& n : m->nodes) resp->add_nodes(n);
+    resp->set_revision(m->revision);
     return grpc::Status::OK;
   }
 

@@ -247,6 +247,35 @@ class PyCheckpointer {
     return d;
   }
 
+  // Calls `callback(lost_nodes)` (on a watcher thread, holding the GIL) when
+  // nodes leave the job's cluster.
+  void WatchFailures(py::function callback) {
+    // The Python callable is copied and dropped by C++ threads: only ever
+    // with the GIL held.
+    std::shared_ptr<py::function> holder(new py::function(std::move(callback)),
+                                         [](py::function* f) {
+                                           py::gil_scoped_acquire gil;
+                                           delete f;
+                                         });
+    RaiseIfError(
+        Live()->WatchFailures([holder](const std::vector<std::string>& lost) {
+          py::gil_scoped_acquire gil;
+          try {
+            (*holder)(lost);
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("ckpt failure callback");
+          }
+        }));
+  }
+  std::vector<std::string> LostNodes() { return Live()->LostNodes(); }
+
+  ~PyCheckpointer() {
+    // The watcher thread may be waiting for the GIL to run a callback.
+    py::gil_scoped_release release;
+    impl_.reset();
+    last_.reset();
+  }
+
   // Waits for the copy in flight and the hand-overs, then disconnects.
   void Close() {
     if (impl_ == nullptr) return;
@@ -336,6 +365,11 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("tier") = "disk")
       .def("restore", &PyCheckpointer::Restore, py::arg("step"))
       .def("stats", &PyCheckpointer::Stats)
+      .def("watch_failures", &PyCheckpointer::WatchFailures,
+           py::arg("callback"),
+           "Calls callback(lost_nodes) when nodes leave the job's cluster.")
+      .def("lost_nodes", &PyCheckpointer::LostNodes,
+           "Every node lost since watch_failures started.")
       .def("close", &PyCheckpointer::Close)
       .def_property_readonly("closed", &PyCheckpointer::closed);
 }

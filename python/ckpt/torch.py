@@ -257,6 +257,16 @@ class Checkpointer:
                     self.state[key] = value
         return step
 
+    def on_failure(self, callback):
+        """Calls `callback(lost_nodes)` from a watcher thread when nodes of
+        the job's cluster fail (their ckptd's etcd lease expired). Failures
+        are also polled with lost_nodes()."""
+        self._failure_callback = callback
+        self._native.watch_failures(callback)
+
+    def lost_nodes(self):
+        return self._native.lost_nodes() if self._native is not None else []
+
     def reset(self):
         """Accepts tensors whose shape or dtype changed since they were
         registered (the next save registers the state afresh)."""
@@ -374,6 +384,8 @@ class Checkpointer:
                                        owner=tensor)
             for name in layout.bytes:
                 native.register_bytes(name)
+            if getattr(self, "_failure_callback", None) is not None:
+                native.watch_failures(self._failure_callback)
             self._native, self._registered = native, signature
             self._byte_names = set(layout.bytes)
         for name, value in layout.bytes.items():

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -148,6 +149,49 @@ TEST(CheckpointerTest, EtcdBackedDaemonCommitsAndRejoinsAfterAPause) {
   t.Fill(999, 0);
   ASSERT_TRUE(t.ckpt->Restore(1).ok());
   EXPECT_EQ(t.w, step1);
+}
+
+// Failure notification: two nodes on etcd; node b's daemon is SIGKILLed and
+// the trainer on node a is told (callback and LostNodes) once etcd expires
+// b's lease.
+TEST(CheckpointerTest, ANodeKilledIsReportedToTheSurvivors) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  const std::string url = "etcd://" + etcd.endpoint();
+  testing::DaemonProcess a(
+      {"--coordinator", url, "--lease-ttl", "2", "--node-id", "node-a"});
+  testing::DaemonProcess b(
+      {"--coordinator", url, "--lease-ttl", "2", "--node-id", "node-b"});
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  Trainer t(a.socket(), 0, 2);
+  ASSERT_TRUE(t.ckpt);
+  absl::Mutex mu;
+  std::vector<std::string> told;
+  ASSERT_TRUE(t.ckpt
+                  ->WatchFailures([&](const std::vector<std::string>& lost) {
+                    absl::MutexLock lock(&mu);
+                    told.insert(told.end(), lost.begin(), lost.end());
+                  })
+                  .ok());
+  EXPECT_EQ(t.ckpt->WatchFailures(nullptr).code(),
+            absl::StatusCode::kAlreadyExists);
+  const auto killed = std::chrono::steady_clock::now();
+  b.Kill();
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::vector<std::string>* v) { return !v->empty(); }, &told),
+        absl::Seconds(30)));
+    EXPECT_THAT(told, ::testing::ElementsAre("node-b"));
+  }
+  std::cout << "node-b's loss seen after "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                             killed)
+                   .count()
+            << " s (lease TTL 2 s)\n";
+  EXPECT_THAT(t.ckpt->LostNodes(), ::testing::ElementsAre("node-b"));
 }
 
 TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {

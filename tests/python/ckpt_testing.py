@@ -98,3 +98,44 @@ class DaemonTestCase(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.daemon.cleanup()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """A real etcd (Debian's etcd-server) on loopback ports, in a temporary
+    data directory."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="ckpt-pytest-etcd-")
+        self.port, peer = free_port(), free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        client_url, peer_url = f"http://{self.endpoint}", f"http://127.0.0.1:{peer}"
+        self.args = [
+            "/usr/bin/etcd", "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
+            "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"t={peer_url}"
+        ]
+        self.proc = None
+
+    def __enter__(self):
+        with open(os.path.join(self.dir, "etcd.log"), "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.025)
+        raise RuntimeError("etcd did not start")
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
