@@ -20,28 +20,6 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-namespace {
-
-// One unary call to the ckptd at `socket_path`, with a deadline.
-template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> CallDaemon(const std::string& socket_path,
-                                    Method method, const Request& req,
-                                    absl::string_view what,
-                                    std::chrono::seconds timeout) {
-  auto stub = proto::CkptDaemon::NewStub(
-      grpc::CreateChannel(absl::StrCat("unix://", socket_path),
-                          grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + timeout);
-  Response resp;
-  absl::Status s =
-      FromGrpc((stub.get()->*method)(&context, req, &resp), what, socket_path);
-  if (!s.ok()) return s;
-  return resp;
-}
-
-}  // namespace
-
 absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(
     const std::string& socket_path, const proto::CollectGarbageRequest& req) {
   return CallDaemon<proto::CollectGarbageRequest,

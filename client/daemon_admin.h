@@ -8,11 +8,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "proto/daemon.pb.h"
+#include "proto/daemon.grpc.pb.h"
 
 namespace ckpt::client {
 
@@ -21,6 +22,23 @@ namespace ckpt::client {
 // (`socket_path`, when given).
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
                       absl::string_view socket_path = "");
+
+// One unary call to the ckptd at `socket_path`, with a deadline.
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> CallDaemon(const std::string& socket_path,
+                                    Method method, const Request& req,
+                                    absl::string_view what,
+                                    std::chrono::milliseconds timeout) {
+  auto stub = proto::CkptDaemon::NewStub(grpc::CreateChannel(
+      "unix://" + socket_path, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  Response resp;
+  absl::Status s =
+      FromGrpc((stub.get()->*method)(&context, req, &resp), what, socket_path);
+  if (!s.ok()) return s;
+  return resp;
+}
 
 // Retention now, through the daemon that owns the catalog.
 absl::StatusOr<proto::CollectGarbageResponse> CollectGarbage(

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/records.h"
+#include "io/status_macros.h"
 #include "snapshot/names.h"
 
 namespace ckpt::daemon {
@@ -101,6 +104,93 @@ absl::StatusOr<proto::Tier> ParseTier(absl::string_view name) {
   return absl::InvalidArgumentError(
       absl::StrCat("unknown tier \"", name,
                    "\"; expected memory, peer, local_disk or shared"));
+}
+
+absl::StatusOr<proto::EpochRecord> Coordinator::Rendezvous(
+    const std::string& job, const std::string& participant,
+    uint32_t min_members, uint32_t max_members, absl::Duration settle,
+    absl::Duration timeout) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  RETURN_IF_ERROR(snapshot::ValidateJobId(participant));
+  if (min_members == 0 || max_members < min_members) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous of job ", job, ": bounds [", min_members, ", ",
+                     max_members, "] are empty"));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string root = absl::StrCat("/ckpt/", job, "/epochs/");
+  auto epoch_prefix = [&](uint64_t e) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%020" PRIu64 "/", e);
+    return root + buf;
+  };
+  // The next epoch: one past the newest closed one.
+  uint64_t epoch = 1;
+  ASSIGN_OR_RETURN(absl::optional<std::string> current,
+                   StoreGet(absl::StrCat("/ckpt/", job, "/epoch")));
+  if (current.has_value() && !absl::SimpleAtoi(*current, &epoch)) {
+    return absl::DataLossError("the job's epoch record is not a number");
+  }
+  if (current.has_value()) ++epoch;
+  bool joined = false;
+  size_t seen = 0;
+  absl::Time changed = absl::Now();
+  while (true) {
+    const std::string prefix = epoch_prefix(epoch);
+    ASSIGN_OR_RETURN(absl::optional<std::string> closed,
+                     StoreGet(prefix + "closed"));
+    if (closed.has_value()) {
+      ASSIGN_OR_RETURN(
+          proto::EpochRecord record,
+          ParseRecord<proto::EpochRecord>(prefix + "closed", *closed));
+      if (std::find(record.members().begin(), record.members().end(),
+                    participant) != record.members().end()) {
+        return record;
+      }
+      ++epoch;  // closed without us: the next one
+      joined = false;
+      seen = 0;
+      changed = absl::Now();
+      continue;
+    }
+    if (!joined) {
+      RETURN_IF_ERROR(
+          StorePut(prefix + "join/" + participant, participant, true));
+      joined = true;
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> members,
+                     StoreKeys(prefix + "join/"));
+    if (members.size() != seen) {
+      seen = members.size();
+      changed = absl::Now();
+    }
+    if (members.size() >= max_members ||
+        (members.size() >= min_members && absl::Now() - changed >= settle)) {
+      std::sort(members.begin(), members.end());
+      if (members.size() > max_members) members.resize(max_members);
+      proto::EpochRecord record;
+      record.set_epoch(epoch);
+      for (const std::string& m : members) record.add_members(m);
+      std::string id(128, '\0');
+      std::random_device random;
+      for (char& c : id) c = static_cast<char>(random());
+      record.set_unique_id(id);
+      record.set_closed_unix_micros(NowMicros());
+      ASSIGN_OR_RETURN(bool created, StoreCreate(prefix + "closed",
+                                                 record.SerializeAsString()));
+      if (created) {
+        RETURN_IF_ERROR(StorePut(absl::StrCat("/ckpt/", job, "/epoch"),
+                                 absl::StrCat(epoch), false));
+      }
+      continue;  // read the decision back, whoever made it
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous of job ", job, " epoch ", epoch, ": ", members.size(),
+          " of at least ", min_members, " participants joined"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
 }
 
 }  // namespace ckpt::daemon

@@ -65,6 +65,33 @@ class Coordinator {
   };
   virtual absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
                                                   absl::Duration timeout) = 0;
+
+  // Elastic restart: `participant` joins the job's next epoch. The epoch
+  // closes once `max_members` joined, or once at least `min_members` joined
+  // and nobody else did for `settle`; the closer writes the members (sorted:
+  // the rank order) and a fresh 128-byte NCCL unique id, created only if
+  // absent. A participant that arrives after an epoch closed without it joins
+  // the one after. DeadlineExceeded after `timeout`.
+  absl::StatusOr<proto::EpochRecord> Rendezvous(const std::string& job,
+                                                const std::string& participant,
+                                                uint32_t min_members,
+                                                uint32_t max_members,
+                                                absl::Duration settle,
+                                                absl::Duration timeout);
+
+ protected:
+  // The few store operations the rendezvous needs, in each backend's store.
+  virtual absl::StatusOr<absl::optional<std::string>> StoreGet(
+      const std::string& key) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> StoreKeys(
+      const std::string& prefix) = 0;
+  // `ephemeral`: the key goes when this node's lease does (etcd).
+  virtual absl::Status StorePut(const std::string& key,
+                                const std::string& value, bool ephemeral) = 0;
+  // Creates `key` unless it exists (and, for etcd, only while this node holds
+  // its lease); true if it was created.
+  virtual absl::StatusOr<bool> StoreCreate(const std::string& key,
+                                           const std::string& value) = 0;
 };
 
 // Key helpers shared by the backends.

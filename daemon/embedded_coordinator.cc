@@ -183,4 +183,36 @@ absl::StatusOr<Coordinator::Membership> EmbeddedCoordinator::WatchMembers(
   return Membership{{node_id_}, 1};
 }
 
+absl::StatusOr<absl::optional<std::string>> EmbeddedCoordinator::StoreGet(
+    const std::string& key) {
+  return store_->Get(key);
+}
+
+absl::StatusOr<std::vector<std::string>> EmbeddedCoordinator::StoreKeys(
+    const std::string& prefix) {
+  ASSIGN_OR_RETURN(auto entries, store_->Scan(prefix));
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : entries) {
+    keys.push_back(key.substr(prefix.size()));
+  }
+  return keys;
+}
+
+absl::Status EmbeddedCoordinator::StorePut(const std::string& key,
+                                           const std::string& value,
+                                           bool ephemeral) {
+  KvStore::Batch batch;
+  batch.puts.emplace_back(key, value);
+  return store_->Write(batch);
+}
+
+absl::StatusOr<bool> EmbeddedCoordinator::StoreCreate(
+    const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(auto existing, store_->Get(key));
+  if (existing.has_value()) return false;
+  RETURN_IF_ERROR(StorePut(key, value, false));
+  return true;
+}
+
 }  // namespace ckpt::daemon

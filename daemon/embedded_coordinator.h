@@ -38,6 +38,17 @@ class EmbeddedCoordinator final : public Coordinator {
   absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
                                           absl::Duration timeout) override;
 
+ protected:
+  absl::StatusOr<absl::optional<std::string>> StoreGet(
+      const std::string& key) override;
+  absl::StatusOr<std::vector<std::string>> StoreKeys(
+      const std::string& prefix) override;
+  absl::Status StorePut(const std::string& key, const std::string& value,
+                        bool ephemeral) override;
+  absl::StatusOr<bool> StoreCreate(const std::string& key,
+                                   const std::string& value) override;
+
+ public:
  private:
   KvStore* const store_;
   const std::string node_id_;

@@ -592,4 +592,55 @@ absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
   return m;
 }
 
+absl::StatusOr<absl::optional<std::string>> EtcdCoordinator::StoreGet(
+    const std::string& key) {
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(key, false));
+  if (r.kvs_size() == 0) return absl::optional<std::string>();
+  return absl::optional<std::string>(r.kvs(0).value());
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdCoordinator::StoreKeys(
+    const std::string& prefix) {
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(prefix, true));
+  std::vector<std::string> keys;
+  for (const etcdserverpb::KeyValue& kv : r.kvs()) {
+    keys.push_back(kv.key().substr(prefix.size()));
+  }
+  return keys;
+}
+
+absl::Status EtcdCoordinator::StorePut(const std::string& key,
+                                       const std::string& value,
+                                       bool ephemeral) {
+  // Ephemeral keys live on this node's lease: a participant whose daemon
+  // died leaves the rendezvous with it.
+  const int64_t lease = lease_id();
+  if (lease == 0) return FencedOr(lease, absl::OkStatus());
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = HoldsLease(lease);
+  *txn.add_success() = PutOp(key, value);
+  if (ephemeral)
+    txn.mutable_success(0)->mutable_request_put()->set_lease(lease);
+  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
+                   Txn(txn, absl::StrCat("writing ", key)));
+  if (done.succeeded()) return absl::OkStatus();
+  return FencedOr(lease, absl::AbortedError("writing " + key + " raced"));
+}
+
+absl::StatusOr<bool> EtcdCoordinator::StoreCreate(const std::string& key,
+                                                  const std::string& value) {
+  const int64_t lease = lease_id();
+  if (lease == 0) return FencedOr(lease, absl::OkStatus());
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = HoldsLease(lease);
+  *txn.add_compare() = CreatedNever(key);
+  *txn.add_success() = PutOp(key, value);
+  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
+                   Txn(txn, absl::StrCat("creating ", key)));
+  if (done.succeeded()) return true;
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(key, false));
+  if (r.kvs_size() == 1) return false;
+  return FencedOr(lease, absl::AbortedError("creating " + key + " raced"));
+}
+
 }  // namespace ckpt::daemon

@@ -69,6 +69,17 @@ class EtcdCoordinator final : public Coordinator {
   absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
                                           absl::Duration timeout) override;
 
+ protected:
+  absl::StatusOr<absl::optional<std::string>> StoreGet(
+      const std::string& key) override;
+  absl::StatusOr<std::vector<std::string>> StoreKeys(
+      const std::string& prefix) override;
+  absl::Status StorePut(const std::string& key, const std::string& value,
+                        bool ephemeral) override;
+  absl::StatusOr<bool> StoreCreate(const std::string& key,
+                                   const std::string& value) override;
+
+ public:
   // The nodes holding a lease now (their membership keys), sorted.
   absl::StatusOr<std::vector<std::string>> LiveNodes();
 

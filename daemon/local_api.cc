@@ -132,6 +132,18 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Rendezvous(grpc::ServerContext*,
+                          const proto::RendezvousRequest* req,
+                          proto::RendezvousResponse* resp) override {
+    auto epoch = service_->coordinator()->Rendezvous(
+        req->job(), req->participant(), req->min_members(), req->max_members(),
+        absl::Milliseconds(req->settle_ms()),
+        absl::Milliseconds(std::min<uint32_t>(req->timeout_ms(), 3600000)));
+    if (!epoch.ok()) return ToGrpc(epoch.status());
+    *resp->mutable_epoch() = *std::move(epoch);
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchMembers(grpc::ServerContext*,
                             const proto::WatchMembersRequest* req,
                             proto::WatchMembersResponse* resp) override {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/checkpointer.h"
+#include "client/elastic.h"
 #include "snapshot/dtype.h"
 
 namespace py = pybind11;
@@ -314,6 +315,30 @@ class PyCheckpointer {
   std::unique_ptr<client::Checkpointer> impl_;
 };
 
+py::dict Rejoin(const std::string& job, uint32_t min_ranks, uint32_t max_ranks,
+                const std::string& participant, const std::string& socket,
+                double settle_s, double timeout_s) {
+  absl::StatusOr<client::Epoch> epoch;
+  {
+    py::gil_scoped_release release;
+    epoch = client::Rejoin({.job = job,
+                            .socket_path = socket,
+                            .participant = participant,
+                            .min_ranks = min_ranks,
+                            .max_ranks = max_ranks,
+                            .settle = Seconds(settle_s),
+                            .timeout = Seconds(timeout_s)});
+  }
+  client::Epoch e = ValueOrRaise(std::move(epoch));
+  py::dict d;
+  d["epoch"] = e.epoch;
+  d["rank"] = e.rank;
+  d["world_size"] = e.world_size;
+  d["nccl_unique_id"] = py::bytes(e.nccl_unique_id);
+  d["members"] = e.members;
+  return d;
+}
+
 std::vector<std::string> DTypeNames() {
   std::vector<std::string> names;
   for (proto::DType d : snapshot::AllDTypes()) {
@@ -331,6 +356,13 @@ PYBIND11_MODULE(_ckpt, m) {
   m.doc() = "libckpt's Checkpointer; use the ckpt package, not this module.";
   m.def("dtypes", &ckpt::python::DTypeNames,
         "The element types a tensor may have.");
+  m.def("rejoin", &ckpt::python::Rejoin, py::arg("job"),
+        py::arg("min_ranks") = 1, py::arg("max_ranks") = 1,
+        py::arg("participant") = "", py::arg("socket") = "",
+        py::arg("settle") = 2.0, py::arg("timeout") = 300.0,
+        "Elastic restart: joins the job's next epoch; returns its epoch, this "
+        "process's rank, the world size, the members and a 128-byte NCCL "
+        "unique id.");
   m.def("default_socket", &ckpt::client::DefaultSocketPath,
         "ckptd's default socket for this uid.");
 

@@ -7,7 +7,7 @@ Errors are the exceptions of `ckpt.errors`."""
 
 from ckpt.errors import *  # noqa: F401,F403
 from ckpt.errors import __all__ as _error_names
-from ckpt._ckpt import Checkpointer, SaveHandle, default_socket, dtypes
+from ckpt._ckpt import Checkpointer, SaveHandle, default_socket, dtypes, rejoin
 
-__all__ = ["Checkpointer", "SaveHandle", "default_socket", "dtypes"] + list(
+__all__ = ["Checkpointer", "SaveHandle", "default_socket", "dtypes", "rejoin"] + list(
     _error_names)

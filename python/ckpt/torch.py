@@ -267,6 +267,20 @@ class Checkpointer:
     def lost_nodes(self):
         return self._native.lost_nodes() if self._native is not None else []
 
+    def rejoin(self, min_ranks, max_ranks, participant=None, settle=2.0,
+               timeout=300.0):
+        """Elastic restart without restarting the process: joins the job's
+        next epoch, takes the rank and world size it assigns, and returns the
+        epoch (a dict with epoch, rank, world_size, members, nccl_unique_id).
+        Call restore() next: it reshards when the world size changed."""
+        epoch = _ckpt.rejoin(self.job, min_ranks, max_ranks, participant or "",
+                             self.socket, settle, timeout)
+        self.rank, self.world_size = epoch["rank"], epoch["world_size"]
+        self._close_native()
+        self._registered = None
+        self._sync(self._flatten())
+        return epoch
+
     def reset(self):
         """Accepts tensors whose shape or dtype changed since they were
         registered (the next save registers the state afresh)."""

@@ -1,0 +1,47 @@
+// Elastic restart for trainers: Rejoin() is the rendezvous of a job's next
+// epoch through the node's ckptd and the coordination store (etcd for many
+// nodes). Survivors of a failure and replacement nodes call it; it returns
+// each one's new rank and world size and a fresh NCCL unique id they share.
+// The trainer then connects a Checkpointer with the new rank and world size
+// and restores the latest committed step (resharded if the world changed).
+//
+// Thread-safety: Rejoin is thread-safe.
+#ifndef CKPT_CLIENT_ELASTIC_H_
+#define CKPT_CLIENT_ELASTIC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ckpt::client {
+
+struct RejoinOptions {
+  std::string job;
+  std::string socket_path;  // default: ckptd's default socket
+  // Unique per process across the job (default: <hostname>-<pid>); the rank
+  // order is the sorted order of these ids.
+  std::string participant;
+  uint32_t min_ranks = 1;
+  uint32_t max_ranks = 1;
+  // The epoch closes once max_ranks joined, or min_ranks and nobody else
+  // joined for this long.
+  absl::Duration settle = absl::Seconds(2);
+  absl::Duration timeout = absl::Minutes(5);
+};
+
+struct Epoch {
+  uint64_t epoch = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  std::string nccl_unique_id;  // 128 bytes, the size of ncclUniqueId
+  std::vector<std::string> members;
+};
+
+absl::StatusOr<Epoch> Rejoin(const RejoinOptions& options);
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_ELASTIC_H_

@@ -1,0 +1,97 @@
+// Rejoin(): the rendezvous of a job's next epoch through real ckptd processes,
+// on the embedded backend (one node) and on a real etcd (two nodes).
+#include "client/elastic.h"
+
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/client/daemon_process.h"
+#include "tests/daemon/etcd_process.h"
+
+namespace ckpt::client {
+namespace {
+
+// `participants` call Rejoin at once, each on the daemon at sockets[i %
+// sockets.size()].
+std::vector<absl::StatusOr<Epoch>> RejoinAll(
+    const std::vector<std::string>& sockets,
+    const std::vector<std::string>& participants, uint32_t min_ranks,
+    uint32_t max_ranks) {
+  std::vector<absl::StatusOr<Epoch>> out(participants.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < participants.size(); ++i) {
+    threads.emplace_back([&, i] {
+      out[i] = Rejoin({.job = "elastic",
+                       .socket_path = sockets[i % sockets.size()],
+                       .participant = participants[i],
+                       .min_ranks = min_ranks,
+                       .max_ranks = max_ranks,
+                       .settle = absl::Milliseconds(500),
+                       .timeout = absl::Seconds(30)});
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Every participant got the same epoch, its rank in sorted order, and the
+// same 128-byte NCCL unique id.
+void ExpectOneEpoch(const std::vector<absl::StatusOr<Epoch>>& got,
+                    const std::vector<std::string>& participants,
+                    uint64_t epoch) {
+  std::vector<std::string> sorted = participants;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(got[i]->epoch, epoch);
+    EXPECT_EQ(got[i]->world_size, participants.size());
+    EXPECT_EQ(sorted[got[i]->rank], participants[i]);
+    EXPECT_EQ(got[i]->nccl_unique_id.size(), 128u);
+    EXPECT_EQ(got[i]->nccl_unique_id, got[0]->nccl_unique_id);
+  }
+}
+
+TEST(ElasticTest, RanksOfOneNodeRendezvousEpochAfterEpoch) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  const std::vector<std::string> first = {"p-c", "p-a", "p-b"};
+  auto one = RejoinAll({daemon.socket()}, first, 2, 4);
+  ExpectOneEpoch(one, first, 1);
+  // The job shrinks: two survivors, the epoch closes when both joined.
+  const std::vector<std::string> survivors = {"p-a", "p-c"};
+  auto two = RejoinAll({daemon.socket()}, survivors, 2, 2);
+  ExpectOneEpoch(two, survivors, 2);
+  EXPECT_NE((*two[0]).nccl_unique_id, (*one[0]).nccl_unique_id);
+  // A latecomer finds epoch 2 closed without it and opens the next one.
+  auto late = RejoinAll({daemon.socket()}, {"p-late"}, 1, 1);
+  ExpectOneEpoch(late, {"p-late"}, 3);
+  // Too few participants: a clear timeout.
+  auto alone = Rejoin({.job = "elastic",
+                       .socket_path = daemon.socket(),
+                       .participant = "p-x",
+                       .min_ranks = 2,
+                       .max_ranks = 2,
+                       .timeout = absl::Seconds(1)});
+  EXPECT_EQ(alone.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(alone.status().message(),
+              ::testing::HasSubstr("1 of at least 2"));
+}
+
+TEST(ElasticTest, RanksOnTwoNodesRendezvousThroughEtcd) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  const std::string url = "etcd://" + etcd.endpoint();
+  testing::DaemonProcess a({"--coordinator", url, "--node-id", "node-a"});
+  testing::DaemonProcess b({"--coordinator", url, "--node-id", "node-b"});
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  const std::vector<std::string> ranks = {"a-0", "b-0", "a-1", "b-1"};
+  auto got = RejoinAll({a.socket(), b.socket()}, ranks, 4, 8);
+  ExpectOneEpoch(got, ranks, 1);
+}
+
+}  // namespace
+}  // namespace ckpt::client
