@@ -9,10 +9,8 @@
 // O_DIRECT, 1 MiB blocks, sequential, same queue depth) on the same directory.
 // Runs are interleaved; medians are reported.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -505,19 +503,6 @@ int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
-// A loopback TCP port nobody listens on now.
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // `ckpt-bench control-plane`: `ranks` ranks of one job, spread over `nodes`
 // etcd coordinators (one per simulated ckptd, voting for their ranks in
 // parallel), vote for one step; the time from the first vote to the commit.
@@ -527,7 +512,8 @@ int RunControlPlane(const std::string& dir, std::string etcd, int ranks,
   pid_t etcd_pid = -1;
   if (etcd.empty()) {
     std::filesystem::create_directories(dir);
-    const int client = FreePort(), peer = FreePort();
+    const int client = ckpt::tools::FreeLoopbackPort(),
+              peer = ckpt::tools::FreeLoopbackPort();
     etcd = absl::StrCat("127.0.0.1:", client);
     const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
     etcd_pid = ckpt::tools::Spawn(

@@ -1,5 +1,7 @@
 #include "tools/process.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,6 +32,18 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
 std::string Sibling(const std::string& relative) {
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   return (self.parent_path() / relative).lexically_normal().string();
+}
+
+int FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace ckpt::tools

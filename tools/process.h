@@ -1,5 +1,6 @@
-// Child processes for the demo and the chaos harness: start a binary with its
-// output appended to a log, find a binary next to this one.
+// Child processes for the demo, the chaos harness, the benchmarks and the
+// tests: start a binary with its output appended to a log, find a binary next
+// to this one, pick a free loopback port.
 #ifndef CKPT_TOOLS_PROCESS_H_
 #define CKPT_TOOLS_PROCESS_H_
 
@@ -18,6 +19,9 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
 
 // The path of `relative` taken from this executable's directory.
 std::string Sibling(const std::string& relative);
+
+// A loopback TCP port nobody listens on now (for a local etcd).
+int FreeLoopbackPort();
 
 }  // namespace ckpt::tools
 

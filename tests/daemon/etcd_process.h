@@ -16,27 +16,17 @@
 #include <vector>
 
 #include "tests/test_util.h"
+#include "tools/process.h"
 
 namespace ckpt::testing {
-
-// A loopback TCP port nobody listens on now.
-inline int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 class EtcdProcess {
  public:
   static constexpr const char* kBinary = "/usr/bin/etcd";
 
-  EtcdProcess() : client_port_(FreePort()), peer_port_(FreePort()) {}
+  EtcdProcess()
+      : client_port_(tools::FreeLoopbackPort()),
+        peer_port_(tools::FreeLoopbackPort()) {}
   ~EtcdProcess() { Kill(); }
 
   std::string endpoint() const {
