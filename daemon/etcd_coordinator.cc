@@ -305,16 +305,25 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
   const std::string votes_prefix = StepPrefix(job, step) + "votes/";
   const std::string commits_prefix = StepPrefix(job, step) + "commit/";
   etcdserverpb::TxnResponse voted;
+  // This node is the only writer of its ranks' votes: what it wrote last
+  // (and the revision it was written at) is remembered, so a vote is one
+  // transaction. Without that memory (the first vote, a restart), the key is
+  // assumed absent; a failed comparison then reads it and retries.
+  absl::optional<std::pair<std::string, int64_t>> known;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = my_votes_.find(vote_key);
+    if (it != my_votes_.end()) known = it->second;
+  }
   for (int attempt = 0;; ++attempt) {
-    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse old, Range(vote_key, false));
     proto::VoteRecord mine;
     mine.set_rank(rank);
     mine.set_world_size(world_size);
     int64_t revision = 0;
-    if (old.kvs_size() == 1) {
-      ASSIGN_OR_RETURN(
-          mine, ParseRecord<proto::VoteRecord>(vote_key, old.kvs(0).value()));
-      revision = old.kvs(0).mod_revision();
+    if (known.has_value()) {
+      ASSIGN_OR_RETURN(mine,
+                       ParseRecord<proto::VoteRecord>(vote_key, known->first));
+      revision = known->second;
     }
     std::set<int> merged(mine.tiers().begin(), mine.tiers().end());
     for (proto::Tier t : tiers) merged.insert(t);
@@ -330,11 +339,22 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
       range->set_range_end(PrefixEnd(*prefix));
     }
     ASSIGN_OR_RETURN(voted, Txn(txn, what));
-    if (voted.succeeded()) break;
+    if (voted.succeeded()) {
+      absl::MutexLock lock(&mu_);
+      if (my_votes_.size() > 100000) my_votes_.clear();  // bounded memory
+      my_votes_[vote_key] = {mine.SerializeAsString(),
+                             voted.header().revision()};
+      break;
+    }
     absl::Status why = FencedOr(lease, absl::AbortedError(absl::StrCat(
                                            what, ": the vote kept changing")));
     if (why.code() != absl::StatusCode::kAborted || attempt >= kAttempts) {
       return why;
+    }
+    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse old, Range(vote_key, false));
+    known.reset();
+    if (old.kvs_size() == 1) {
+      known = std::make_pair(old.kvs(0).value(), old.kvs(0).mod_revision());
     }
   }
   std::vector<proto::VoteRecord> votes;

@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -115,6 +116,9 @@ class EtcdCoordinator final : public Coordinator {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  // The votes this node wrote: key -> (record, revision written at).
+  std::map<std::string, std::pair<std::string, int64_t>> my_votes_
+      ABSL_GUARDED_BY(mu_);
   std::atomic<int> rejoins_{0};
   std::thread keep_alive_;
 };
