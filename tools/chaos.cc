@@ -78,8 +78,7 @@ void KillAndReap(pid_t pid) {
 // run from scratch, outside the system.
 class Oracle {
  public:
-  Oracle(uint32_t world, int64_t elements)
-      : world_(world), elements_(elements) {}
+  explicit Oracle(int64_t elements) : elements_(elements) {}
 
   std::string Expected(uint32_t rank, uint64_t step) {
     auto it = cache_.find(rank);
@@ -96,7 +95,6 @@ class Oracle {
   }
 
  private:
-  const uint32_t world_;
   const int64_t elements_;
   std::map<uint32_t, std::pair<uint64_t, ckpt::demo::RankModel>> cache_;
 };
@@ -129,7 +127,7 @@ class Chaos {
       : o_(o),
         rng_(o.seed),
         check_rng_(o.seed + 1),
-        oracle_(o.ranks, o.elements),
+        oracle_(o.elements),
         socket_(o.dir + "/run/ckptd.sock"),
         staging_(absl::StrCat("/dev/shm/ckpt-chaos-staging-", ::getpid())),
         log_(o.dir + "/chaos.log"),
