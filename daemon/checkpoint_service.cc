@@ -118,6 +118,17 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
           : std::make_shared<EmbeddedCoordinator>(service->store_.get());
   ASSIGN_OR_RETURN(service->arena_,
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
+  if (!o.replication.dir.empty()) {
+    CheckpointService* self = service.get();
+    ASSIGN_OR_RETURN(
+        service->replicator_,
+        Replicator::Start(fs, o.replication, service->coordinator_.get(),
+                          &service->metrics_,
+                          [self](const proto::ShardRecord& shard,
+                                 const std::vector<std::string>& nodes) {
+                            self->Replicated(shard, nodes);
+                          }));
+  }
   RETURN_IF_ERROR(service->Recover());
   for (int i = 0; i < o.persist_threads; ++i) {
     service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
@@ -131,6 +142,7 @@ CheckpointService::~CheckpointService() {
     stopping_ = true;
   }
   for (std::thread& t : workers_) t.join();
+  replicator_.reset();  // its callback uses the catalog
 }
 
 absl::Status CheckpointService::Recover() {
@@ -149,6 +161,12 @@ absl::Status CheckpointService::Recover() {
     if (!r.slot_path().empty()) keep_slots.insert(r.slot_path());
     if (!r.shard_path().empty()) keep_files.insert(r.shard_path());
     if (r.state() == proto::SHARD_STAGED) to_persist.push_back(r);
+    // Persisted but short of its peers when the daemon went down.
+    if (replicator_ != nullptr && r.state() == proto::SHARD_PERSISTED &&
+        r.replica_nodes_size() < options_.replication.replicas) {
+      replicator_->Enqueue(
+          r, {r.replica_nodes().begin(), r.replica_nodes().end()});
+    }
   }
   {
     std::set<std::string> jobs;
@@ -743,6 +761,7 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
                  static_cast<double>(stored) / static_cast<double>(raw));
   }
   Committed(r.job(), r.step(), committed);
+  if (replicator_ != nullptr) replicator_->Enqueue(r);
   const absl::Time end = absl::Now();
   const double seconds = absl::ToDoubleSeconds(end - start);
   CKPT_LOG_INFO(
@@ -762,6 +781,40 @@ void CheckpointService::CollectGarbage(const std::string& job) {
   if (!done.ok()) {
     CKPT_LOG_WARN("gc of job {}: {}", job, done.status().ToString());
   }
+  if (replicator_ != nullptr) replicator_->CollectGarbage(job);
+}
+
+void CheckpointService::Replicated(const proto::ShardRecord& shard,
+                                   const std::vector<std::string>& nodes) {
+  const std::string what = Describe(shard.job(), shard.step(), shard.rank());
+  {
+    // Garbage collection rewrites records from its own snapshot: not now.
+    absl::MutexLock gc(&gc_mu_);
+    absl::StatusOr<absl::optional<proto::ShardRecord>> current =
+        catalog_->GetShard(shard.job(), shard.step(), shard.rank());
+    if (!current.ok() || !current->has_value() ||
+        (*current)->shard_path() != shard.shard_path()) {
+      return;  // dropped or replaced meanwhile
+    }
+    proto::ShardRecord& r = **current;
+    r.clear_replica_nodes();
+    for (const std::string& n : nodes) r.add_replica_nodes(n);
+    absl::Status put = catalog_->PutShard(r);
+    if (!put.ok()) {
+      CKPT_LOG_WARN("{}: recording its replicas: {}", what, put.ToString());
+    }
+  }
+  absl::StatusOr<std::vector<proto::Tier>> committed =
+      coordinator_->Vote(shard.job(), shard.step(), shard.rank(),
+                         shard.world_size(), {proto::TIER_PEER});
+  if (!committed.ok()) {
+    CKPT_LOG_WARN("{}: peer-tier vote failed: {}", what,
+                  committed.status().ToString());
+    return;
+  }
+  Committed(shard.job(), shard.step(), *committed);
+  absl::MutexLock lock(&mu_);
+  ++generation_;  // WaitCommitted(TIER_PEER) looks again
 }
 
 absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
@@ -879,7 +932,12 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
     auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return generation_ != seen;
     };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&changed), deadline)) {
+    // Another node's vote may commit the step (etcd): look again every
+    // 100 ms even when nothing changed here.
+    if (!mu_.AwaitWithDeadline(
+            absl::Condition(&changed),
+            std::min(deadline, absl::Now() + absl::Milliseconds(100))) &&
+        absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "job ", job, " step ", step, " is not committed at tier ",
           TierName(tier), " after ", absl::FormatDuration(timeout)));
@@ -902,11 +960,40 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
     const std::string& job, uint64_t step, uint32_t rank) {
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
                    catalog_->GetShard(job, step, rank));
+  // Whole here: staged (its slot), persisted (its file), or failed to persist
+  // with its slot left.
+  const bool whole =
+      r.has_value() &&
+      (r->state() == proto::SHARD_STAGED ||
+       r->state() == proto::SHARD_PERSISTED ||
+       (r->state() == proto::SHARD_FAILED && !r->slot_path().empty()));
+  if (whole || (r.has_value() && r->state() == proto::SHARD_STAGING)) {
+    return *r;
+  }
+  if (replicator_ != nullptr) {
+    absl::StatusOr<proto::ShardRecord> fetched =
+        replicator_->Fetch(job, step, rank);
+    if (fetched.ok() || !r.has_value()) return fetched;
+    CKPT_LOG_WARN("{}: no copy from peers either: {}",
+                  Describe(job, step, rank), fetched.status().ToString());
+  }
   if (!r.has_value()) {
     return absl::NotFoundError(
         absl::StrCat("no shard for ", Describe(job, step, rank)));
   }
   return *r;
+}
+
+absl::StatusOr<absl::optional<std::string>> CheckpointService::LocalShardFile(
+    const std::string& job, uint64_t step, uint32_t rank) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
+                   catalog_->GetShard(job, step, rank));
+  if (!r.has_value() || r->state() != proto::SHARD_PERSISTED ||
+      r->shard_path().empty()) {
+    return absl::optional<std::string>();
+  }
+  return absl::optional<std::string>(r->shard_path());
 }
 
 void CheckpointService::WaitIdle() {

@@ -33,6 +33,7 @@
 #include "daemon/embedded_coordinator.h"
 #include "daemon/kv_store.h"
 #include "daemon/metrics.h"
+#include "daemon/replicator.h"
 #include "daemon/retention.h"
 #include "daemon/staging_arena.h"
 #include "io/file_system.h"
@@ -55,6 +56,9 @@ struct ServiceOptions {
   // The coordination backend (etcd for many nodes); null: the embedded one,
   // in this daemon's catalog.
   std::shared_ptr<Coordinator> coordinator;
+  // Peer replication (tier T1) and restores from peers: on when
+  // `replication.dir` is set (ckptd's --peer-address).
+  ReplicationOptions replication;
 };
 
 class CheckpointService {
@@ -93,8 +97,13 @@ class CheckpointService {
   // Every commit record of the job still kept, by step then tier.
   absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job);
+  // A shard's record: this node's own, else (with peer replication on) a
+  // verified copy fetched from a peer, whose `shard_path` is a local file.
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
+  // The shard file this node persisted for a shard, if it has one.
+  absl::StatusOr<absl::optional<std::string>> LocalShardFile(
+      const std::string& job, uint64_t step, uint32_t rank);
   // Counts a finished restore: bytes per source tier, checksum mismatches,
   // fallbacks.
   // ckpt restore: makes committed `step` of `job` the state a job resumes
@@ -123,6 +132,8 @@ class CheckpointService {
   Catalog* catalog() { return catalog_.get(); }
   Coordinator* coordinator() { return coordinator_.get(); }
   StagingArena* arena() { return arena_.get(); }
+  // Null unless peer replication is on.
+  Replicator* replicator() { return replicator_.get(); }
   std::string ShardPath(const std::string& job, uint64_t step,
                         uint32_t rank) const;
 
@@ -157,6 +168,9 @@ class CheckpointService {
   // withdraws its vote and deletes it. AlreadyExists once the step is
   // committed at any tier.
   absl::Status Supersede(const proto::ShardRecord& old);
+  // K peers verified a replica of `shard`: recorded, then voted at TIER_PEER.
+  void Replicated(const proto::ShardRecord& shard,
+                  const std::vector<std::string>& nodes);
 
   io::FileSystem* const fs_;
   const ServiceOptions options_;
@@ -164,6 +178,7 @@ class CheckpointService {
   std::unique_ptr<Catalog> catalog_;
   std::shared_ptr<Coordinator> coordinator_;
   std::unique_ptr<StagingArena> arena_;
+  std::unique_ptr<Replicator> replicator_;
 
   absl::Mutex mu_;
   std::deque<SlotId> queue_ ABSL_GUARDED_BY(mu_);

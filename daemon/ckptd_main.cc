@@ -1,4 +1,4 @@
-// ckptd: the per-node checkpoint daemon (one node, embedded coordination).
+// ckptd: the per-node checkpoint daemon.
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include "daemon/etcd_coordinator.h"
 #include "daemon/local_api.h"
 #include "daemon/metrics_server.h"
+#include "daemon/peer_service.h"
 #include "io/logging.h"
 
 namespace {
@@ -116,6 +117,34 @@ int main(int argc, char** argv) {
                  "dead (it is then fenced until it rejoins)")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
+  std::string peer_address, failure_domain, replica_dir, replica_budget = "1G";
+  std::string tls_ca, tls_cert, tls_key;
+  int peer_replicas = 1;
+  app.add_option("--peer-address", peer_address,
+                 "HOST:PORT of this node's peer service (port 0 picks one): "
+                 "turns on peer replication (tier T1) and restores from peers; "
+                 "needs --coordinator etcd://... to find the other nodes");
+  app.add_option("--peer-replicas", peer_replicas,
+                 "K: peers that keep a replica of each persisted shard")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
+  app.add_option("--failure-domain", failure_domain,
+                 "this node's failure domain (rack, switch): replicas go to "
+                 "other domains first");
+  app.add_option("--replica-dir", replica_dir,
+                 "tmpfs directory for the replicas held for peers and the "
+                 "copies fetched from them (default: <staging-dir>.peer)");
+  app.add_option("--replica-budget", replica_budget,
+                 "bytes of replicas held for peers, e.g. 512M, 4G (fetched "
+                 "copies get as much again)")
+      ->capture_default_str();
+  app.add_option("--peer-tls-ca", tls_ca,
+                 "mutual TLS between peers: PEM file of the CA that signs "
+                 "every node's certificate");
+  app.add_option("--peer-tls-cert", tls_cert,
+                 "mutual TLS: this node's certificate (PEM)");
+  app.add_option("--peer-tls-key", tls_key,
+                 "mutual TLS: this node's private key (PEM)");
   bool fault_injection = false;
   app.add_flag("--fault-injection", fault_injection,
                "chaos testing: write through the fault-injecting file system "
@@ -138,6 +167,48 @@ int main(int argc, char** argv) {
   options.keep_memory_steps = keep_memory;
   options.persist_threads = persist_threads;
   options.writer.codec.zstd_level = zstd_level;
+
+  if (!peer_address.empty()) {
+    ckpt::daemon::ReplicationOptions& r = options.replication;
+    r.node_id = node_id;
+    r.failure_domain = failure_domain;
+    r.replicas = peer_replicas;
+    r.dir = replica_dir.empty() ? staging_dir + ".peer" : replica_dir;
+    r.keep_steps = keep_memory;
+    if (!ParseBytes(replica_budget, &r.held_budget_bytes)) {
+      std::fprintf(stderr,
+                   "ckptd: --replica-budget \"%s\" is not a size like 512M "
+                   "or 4G\n",
+                   replica_budget.c_str());
+      return 2;
+    }
+    r.fetched_budget_bytes = r.held_budget_bytes;
+    const int tls_files =
+        !tls_ca.empty() + !tls_cert.empty() + !tls_key.empty();
+    if (tls_files != 0 && tls_files != 3) {
+      std::fprintf(stderr,
+                   "ckptd: mutual TLS needs --peer-tls-ca, --peer-tls-cert "
+                   "and --peer-tls-key together\n");
+      return 2;
+    }
+    if (tls_files == 3) {
+      auto creds = ckpt::daemon::PeerTlsCredentials(tls_ca, tls_cert, tls_key);
+      if (!creds.ok()) {
+        std::fprintf(stderr, "ckptd: %s\n",
+                     std::string(creds.status().message()).c_str());
+        return 2;
+      }
+      r.credentials = *std::move(creds);
+    }
+    if (coordinator == "embedded") {
+      CKPT_LOG_WARN(
+          "ckptd: --peer-address without --coordinator etcd://...: no other "
+          "node can be found, so nothing is replicated");
+    }
+  } else if (!tls_ca.empty() || !tls_cert.empty() || !tls_key.empty()) {
+    std::fprintf(stderr, "ckptd: --peer-tls-* need --peer-address\n");
+    return 2;
+  }
 
   // Termination signals are taken synchronously below, after every thread has
   // them blocked.
@@ -192,6 +263,25 @@ int main(int argc, char** argv) {
     CKPT_LOG_INFO("ckptd: metrics on http://{}:{}/metrics", metrics->host(),
                   metrics->port());
   }
+  std::unique_ptr<ckpt::daemon::PeerServer> peers;
+  if ((*service)->replicator() != nullptr) {
+    auto started = ckpt::daemon::PeerServer::Start(service->get(),
+                                                   (*service)->replicator(),
+                                                   {.address = peer_address,
+                                                    .tls_ca_file = tls_ca,
+                                                    .tls_cert_file = tls_cert,
+                                                    .tls_key_file = tls_key});
+    if (!started.ok()) {
+      std::fprintf(stderr, "ckptd: %s\n",
+                   std::string(started.status().message()).c_str());
+      return 1;
+    }
+    peers = *std::move(started);
+    (*service)->replicator()->SetAddress(peers->address());
+    CKPT_LOG_INFO("ckptd: peer service on {}{} ({} replicas per shard)",
+                  peers->address(), tls_ca.empty() ? "" : " with mutual TLS",
+                  peer_replicas);
+  }
   auto server = ckpt::daemon::LocalApiServer::Start(
       service->get(), {.socket_path = socket_path, .faults = faults.get()});
   if (!server.ok()) {
@@ -207,6 +297,7 @@ int main(int argc, char** argv) {
   CKPT_LOG_INFO("ckptd: signal {}, shutting down", sig);
   metrics.reset();
   server->reset();
+  peers.reset();
   service->reset();
   return 0;
 }

@@ -193,4 +193,35 @@ absl::StatusOr<proto::EpochRecord> Coordinator::Rendezvous(
   }
 }
 
+namespace {
+constexpr char kPeersPrefix[] = "/ckpt/peers/";
+}  // namespace
+
+absl::Status Coordinator::PublishPeer(const proto::PeerInfo& info) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(info.node_id()));
+  if (info.address().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node ", info.node_id(), " publishes no peer address"));
+  }
+  return StorePut(kPeersPrefix + info.node_id(), info.SerializeAsString(),
+                  /*ephemeral=*/true);
+}
+
+absl::StatusOr<std::vector<proto::PeerInfo>> Coordinator::ListPeers() {
+  ASSIGN_OR_RETURN(std::vector<std::string> nodes, StoreKeys(kPeersPrefix));
+  std::vector<proto::PeerInfo> peers;
+  for (const std::string& node : nodes) {
+    ASSIGN_OR_RETURN(absl::optional<std::string> value,
+                     StoreGet(kPeersPrefix + node));
+    if (!value.has_value()) continue;  // gone meanwhile
+    proto::PeerInfo info;
+    if (!info.ParseFromString(*value) || info.node_id() != node) {
+      return absl::DataLossError(
+          absl::StrCat("the peer record of node ", node, " is damaged"));
+    }
+    peers.push_back(std::move(info));
+  }
+  return peers;
+}
+
 }  // namespace ckpt::daemon

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "proto/catalog.pb.h"
+#include "proto/peer.pb.h"
 
 namespace ckpt::daemon {
 
@@ -78,6 +79,12 @@ class Coordinator {
                                                 uint32_t max_members,
                                                 absl::Duration settle,
                                                 absl::Duration timeout);
+
+  // Peer replication (tier T1): publishes where this node's peer service
+  // listens, under /ckpt/peers/<node> (with etcd, for as long as its lease
+  // lives), and lists the nodes that published one (with etcd: the live ones).
+  absl::Status PublishPeer(const proto::PeerInfo& info);
+  absl::StatusOr<std::vector<proto::PeerInfo>> ListPeers();
 
  protected:
   // The few store operations the rendezvous needs, in each backend's store.

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/grpc_status.h"
 #include "io/errno_status.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -21,14 +22,6 @@
 
 namespace ckpt::daemon {
 namespace {
-
-// The one place where absl::Status becomes a gRPC status (the codes are the
-// same numbers).
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
 
 class DaemonService final : public proto::CkptDaemon::Service {
  public:

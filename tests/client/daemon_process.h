@@ -33,11 +33,14 @@ class DaemonProcess {
     Kill();
     std::error_code ec;
     std::filesystem::remove_all(staging_, ec);
+    std::filesystem::remove_all(staging_ + ".peer", ec);
   }
 
   std::string socket() const { return dir_.File("run/ckptd.sock"); }
   std::string data_dir() const { return dir_.File("data"); }
   const std::string& staging_dir() const { return staging_; }
+  // ckptd's default --replica-dir.
+  std::string replica_dir() const { return staging_ + ".peer"; }
   std::string log() const { return ReadAll(dir_.File("ckptd.log")); }
 
   // Starts ckptd and waits until its socket accepts; returns false (with the

@@ -1,0 +1,199 @@
+#include "daemon/peer_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/grpc_status.h"
+#include "io/kill_point.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/peer.grpc.pb.h"
+
+namespace ckpt::daemon {
+namespace {
+
+constexpr size_t kPieceBytes = 1 << 20;
+
+ReplicaStore::Key KeyOf(const proto::PeerShardKey& k) {
+  return {k.job(), k.step(), k.rank()};
+}
+
+std::string Describe(const ReplicaStore::Key& k) {
+  return absl::StrCat("job ", k.job, " step ", k.step, " rank ", k.rank);
+}
+
+class PeerService final : public proto::CkptPeer::Service {
+ public:
+  PeerService(CheckpointService* service, Replicator* replicator)
+      : service_(service), replicator_(replicator) {}
+
+  grpc::Status PushReplica(grpc::ServerContext* ctx,
+                           grpc::ServerReader<proto::ReplicaPiece>* reader,
+                           proto::PushReplicaResponse* resp) override {
+    proto::ReplicaPiece piece;
+    if (!reader->Read(&piece)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a replica push without a first piece");
+    }
+    const ReplicaStore::Key key = KeyOf(piece.shard());
+    ReplicaStore* held = replicator_->held();
+    absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> receiver =
+        held->Receive(key, piece.file_bytes());
+    if (absl::IsResourceExhausted(receiver.status())) {
+      // Replicas of steps retention no longer keeps make room.
+      replicator_->CollectGarbage(key.job);
+      receiver = held->Receive(key, piece.file_bytes());
+    }
+    if (!receiver.ok()) return ToGrpc(receiver.status());
+    const std::string from = piece.from_node();
+    do {
+      absl::Status s = (*receiver)->Append(piece.data());
+      if (!s.ok()) return ToGrpc(s);
+      CKPT_KILL_POINT("peer.piece_received");
+    } while (reader->Read(&piece));
+    if (ctx->IsCancelled()) {
+      return grpc::Status(
+          grpc::StatusCode::CANCELLED,
+          absl::StrCat("the push of ", Describe(key), " was cancelled"));
+    }
+    absl::StatusOr<ReplicaStore::Entry> stored = (*receiver)->Finish();
+    if (!stored.ok()) {
+      CKPT_LOG_WARN("replica of {} from node {} refused: {}", Describe(key),
+                    from, stored.status().ToString());
+      return ToGrpc(stored.status());
+    }
+    resp->set_bytes(stored->bytes);
+    CKPT_LOG_INFO("holding a replica of {} for node {} ({} bytes)",
+                  Describe(key), from, stored->bytes);
+    replicator_->CollectGarbage(key.job);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status LocateShard(grpc::ServerContext*,
+                           const proto::LocateShardRequest* req,
+                           proto::LocateShardResponse* resp) override {
+    absl::StatusOr<Copy> copy = Best(KeyOf(req->shard()));
+    if (absl::IsNotFound(copy.status())) {
+      resp->set_tier(proto::TIER_UNSPECIFIED);
+      return grpc::Status::OK;
+    }
+    if (!copy.ok()) return ToGrpc(copy.status());
+    resp->set_tier(copy->tier);
+    resp->set_file_bytes(copy->bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchShard(
+      grpc::ServerContext* ctx, const proto::FetchShardRequest* req,
+      grpc::ServerWriter<proto::ShardPiece>* writer) override {
+    const ReplicaStore::Key key = KeyOf(req->shard());
+    absl::StatusOr<Copy> copy = Best(key);
+    if (!copy.ok()) return ToGrpc(copy.status());
+    // Opened once: garbage collection unlinking it meanwhile does not cut
+    // the transfer short.
+    absl::StatusOr<std::unique_ptr<io::ReadableFile>> file =
+        io::DefaultFileSystem()->NewReadableFile(copy->path, {});
+    if (!file.ok()) return ToGrpc(file.status());
+    absl::StatusOr<uint64_t> size = (*file)->Size();
+    if (!size.ok()) return ToGrpc(size.status());
+    proto::ShardPiece piece;
+    piece.set_file_bytes(*size);
+    for (uint64_t at = 0; at < *size && !ctx->IsCancelled();) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(kPieceBytes, *size - at));
+      std::string* data = piece.mutable_data();
+      data->resize(n);
+      absl::Status read = (*file)->Read(
+          at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
+      if (!read.ok()) return ToGrpc(read);
+      if (!writer->Write(piece)) break;
+      at += n;
+      piece.Clear();
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Copy {
+    proto::Tier tier;
+    std::string path;
+    uint64_t bytes;
+  };
+  // A replica held in memory, else this node's own shard file.
+  absl::StatusOr<Copy> Best(const ReplicaStore::Key& key) {
+    if (absl::optional<ReplicaStore::Entry> e =
+            replicator_->held()->Find(key)) {
+      return Copy{proto::TIER_PEER, e->path, e->bytes};
+    }
+    ASSIGN_OR_RETURN(absl::optional<std::string> own,
+                     service_->LocalShardFile(key.job, key.step, key.rank));
+    if (own.has_value()) {
+      ASSIGN_OR_RETURN(uint64_t bytes, io::DefaultFileSystem()->FileSize(*own));
+      return Copy{proto::TIER_LOCAL_DISK, *own, bytes};
+    }
+    return absl::NotFoundError(
+        absl::StrCat("this node has no copy of ", Describe(key)));
+  }
+
+  CheckpointService* const service_;
+  Replicator* const replicator_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
+    CheckpointService* service, Replicator* replicator,
+    const PeerServerOptions& options) {
+  const size_t colon = options.address.rfind(':');
+  int wanted_port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(options.address.substr(colon + 1), &wanted_port) ||
+      wanted_port < 0 || wanted_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer address \"", options.address, "\" is not HOST:PORT"));
+  }
+  const int tls_files = !options.tls_ca_file.empty() +
+                        !options.tls_cert_file.empty() +
+                        !options.tls_key_file.empty();
+  if (tls_files != 0 && tls_files != 3) {
+    return absl::InvalidArgumentError(
+        "peer TLS needs a CA, a certificate and a key file (all three)");
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds =
+      grpc::InsecureServerCredentials();
+  if (tls_files == 3) {
+    grpc::SslServerCredentialsOptions o(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ASSIGN_OR_RETURN(o.pem_root_certs, ReadPeerTlsFile(options.tls_ca_file));
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    ASSIGN_OR_RETURN(pair.private_key, ReadPeerTlsFile(options.tls_key_file));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadPeerTlsFile(options.tls_cert_file));
+    o.pem_key_cert_pairs.push_back(pair);
+    creds = grpc::SslServerCredentials(o);
+  }
+  std::unique_ptr<PeerServer> server(new PeerServer());
+  server->service_ = std::make_unique<PeerService>(service, replicator);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, creds, &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for peers on ", options.address,
+                     " (in use, or not an address of this host?)"));
+  }
+  server->address_ =
+      absl::StrCat(options.address.substr(0, colon), ":", server->port_);
+  return server;
+}
+
+PeerServer::~PeerServer() {
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,59 @@
+// PeerServer is ckptd's peer API (proto/peer.proto) over TCP: it takes the
+// replicas other nodes push here (into the Replicator's ReplicaStore, verified
+// before they count) and serves this node's copies of shards to nodes that
+// restore them: a replica held in memory first, else the owner's shard file.
+// With TLS files it requires mutual TLS: a client without a certificate, or
+// with one no CA in `tls_ca_file` signed, is refused at the handshake.
+//
+// Thread-safety: thread-safe; calls run on gRPC's threads.
+#ifndef CKPT_DAEMON_PEER_SERVICE_H_
+#define CKPT_DAEMON_PEER_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/checkpoint_service.h"
+#include "daemon/replicator.h"
+
+namespace grpc {
+class Server;
+class Service;
+}  // namespace grpc
+
+namespace ckpt::daemon {
+
+struct PeerServerOptions {
+  // host:port to listen on; port 0 picks a free one (see port()).
+  std::string address;
+  // PEM files; all three or none.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  int max_message_bytes = 4 << 20;
+};
+
+class PeerServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PeerServer>> Start(
+      CheckpointService* service, Replicator* replicator,
+      const PeerServerOptions& options);
+  // Cancels calls in flight (an unfinished push leaves nothing).
+  ~PeerServer();
+
+  int port() const { return port_; }
+  // The address to publish: the host of --peer-address with the bound port.
+  const std::string& address() const { return address_; }
+
+ private:
+  PeerServer() = default;
+
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_PEER_SERVICE_H_

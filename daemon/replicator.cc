@@ -1,0 +1,480 @@
+#include "daemon/replicator.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/grpc_status.h"
+#include "io/kill_point.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/peer.grpc.pb.h"
+#include "snapshot/names.h"
+
+namespace ckpt::daemon {
+namespace {
+
+constexpr size_t kPieceBytes = 1 << 20;
+
+std::string Describe(const std::string& job, uint64_t step, uint32_t rank) {
+  return absl::StrCat("job ", job, " step ", step, " rank ", rank);
+}
+
+// FNV-1a: a placement that is the same in every process and every run.
+uint64_t StableHash(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// A deadline for moving `bytes`: generous (20 MiB/s) plus a fixed margin.
+absl::Time TransferDeadline(uint64_t bytes) {
+  return absl::Now() + absl::Seconds(30) +
+         absl::Seconds(static_cast<double>(bytes) / (20 << 20));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
+    io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
+    Metrics* metrics, OnReplicated on_replicated) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(options.node_id));
+  if (options.replicas < 0) {
+    return absl::InvalidArgumentError("peer replicas must be 0 or more");
+  }
+  std::unique_ptr<Replicator> r(new Replicator(
+      fs, std::move(options), coordinator, metrics, std::move(on_replicated)));
+  ASSIGN_OR_RETURN(r->held_,
+                   ReplicaStore::Open(fs, io::JoinPath(r->options_.dir, "held"),
+                                      r->options_.held_budget_bytes));
+  ASSIGN_OR_RETURN(
+      r->fetched_,
+      ReplicaStore::Open(fs, io::JoinPath(r->options_.dir, "fetched"),
+                         r->options_.fetched_budget_bytes));
+  using T = Metrics::Type;
+  metrics->Declare("ckpt_replicated_bytes_total", T::kCounter,
+                   "shard-file bytes pushed to peers and verified there");
+  metrics->Declare("ckpt_replication_failures_total", T::kCounter,
+                   "pushes to a peer that failed (the next peer is tried)");
+  metrics->Declare("ckpt_replication_pending_shards", T::kGauge,
+                   "persisted shards held by fewer than K peers");
+  metrics->Declare("ckpt_replica_bytes", T::kGauge,
+                   "bytes of replicas this node holds for its peers");
+  metrics->Declare("ckpt_peer_fetched_bytes_total", T::kCounter,
+                   "shard-file bytes fetched from peers for restores");
+  Replicator* self = r.get();
+  metrics->OnScrape([self](Metrics& m) {
+    m.Set("ckpt_replication_pending_shards", {},
+          static_cast<double>(self->pending()));
+    m.Set("ckpt_replica_bytes", {},
+          static_cast<double>(self->held_->used_bytes()));
+  });
+  r->thread_ = std::thread([self] { self->Loop(); });
+  return r;
+}
+
+Replicator::Replicator(io::FileSystem* fs, ReplicationOptions options,
+                       Coordinator* coordinator, Metrics* metrics,
+                       OnReplicated on_replicated)
+    : fs_(fs),
+      options_(std::move(options)),
+      coordinator_(coordinator),
+      metrics_(metrics),
+      on_replicated_(std::move(on_replicated)) {}
+
+Replicator::~Replicator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Replicator::SetAddress(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  address_ = address;
+  wake_ = true;
+}
+
+void Replicator::Enqueue(const proto::ShardRecord& shard,
+                         const std::vector<std::string>& holders) {
+  if (options_.replicas == 0) return;
+  absl::MutexLock lock(&mu_);
+  for (Pending& p : pending_) {
+    if (p.shard.job() == shard.job() && p.shard.step() == shard.step() &&
+        p.shard.rank() == shard.rank()) {
+      p.shard = shard;
+      return;
+    }
+  }
+  pending_.push_back({shard, holders});
+  wake_ = true;
+}
+
+size_t Replicator::pending() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.size();
+}
+
+void Replicator::Loop() {
+  absl::Time last_publish = absl::InfinitePast();
+  while (true) {
+    std::vector<Pending> work;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || wake_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), options_.retry_interval);
+      if (stopping_) return;
+      wake_ = false;
+      work.swap(pending_);
+    }
+    // Publishing (again, should a lapsed lease have taken it) is cheap; do it
+    // at most once per interval when there is nothing to push.
+    absl::StatusOr<std::vector<proto::PeerInfo>> peers =
+        absl::UnavailableError("not asked");
+    if (!work.empty() ||
+        absl::Now() - last_publish >= options_.retry_interval) {
+      peers = Peers();
+      last_publish = absl::Now();
+    }
+    std::vector<Pending> left;
+    for (Pending& p : work) {
+      if (!peers.ok()) {
+        left.push_back(std::move(p));
+        continue;
+      }
+      if (!Replicate(p, *peers)) left.push_back(std::move(p));
+    }
+    if (!work.empty() && !peers.ok()) {
+      CKPT_LOG_WARN("replication: no peer list: {}", peers.status().ToString());
+    }
+    absl::MutexLock lock(&mu_);
+    // Shards enqueued meanwhile go after the ones that waited.
+    left.insert(left.end(), std::make_move_iterator(pending_.begin()),
+                std::make_move_iterator(pending_.end()));
+    pending_ = std::move(left);
+  }
+}
+
+absl::StatusOr<std::vector<proto::PeerInfo>> Replicator::Peers() {
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    address = address_;
+  }
+  ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> all, coordinator_->ListPeers());
+  std::vector<proto::PeerInfo> others;
+  bool published = false;
+  for (proto::PeerInfo& p : all) {
+    if (p.node_id() == options_.node_id) {
+      published = p.address() == address;
+    } else {
+      others.push_back(std::move(p));
+    }
+  }
+  if (!published && !address.empty()) {
+    proto::PeerInfo me;
+    me.set_node_id(options_.node_id);
+    me.set_address(address);
+    me.set_failure_domain(options_.failure_domain);
+    absl::Status s = coordinator_->PublishPeer(me);
+    if (!s.ok()) {
+      CKPT_LOG_WARN("replication: publishing this node's peer address: {}",
+                    s.ToString());
+    }
+  }
+  return others;
+}
+
+bool Replicator::Replicate(Pending& p,
+                           const std::vector<proto::PeerInfo>& peers) {
+  const proto::ShardRecord& shard = p.shard;
+  const size_t want = static_cast<size_t>(options_.replicas);
+  // Other failure domains first; within a group, an order of its own per rank
+  // so that the ranks of a node spread over the peers.
+  std::vector<const proto::PeerInfo*> order;
+  for (const proto::PeerInfo& peer : peers) {
+    if (std::find(p.holders.begin(), p.holders.end(), peer.node_id()) ==
+        p.holders.end()) {
+      order.push_back(&peer);
+    }
+  }
+  const std::string spread = absl::StrCat(shard.job(), "/", shard.rank());
+  std::sort(
+      order.begin(), order.end(),
+      [&](const proto::PeerInfo* a, const proto::PeerInfo* b) {
+        const bool a_same = !options_.failure_domain.empty() &&
+                            a->failure_domain() == options_.failure_domain;
+        const bool b_same = !options_.failure_domain.empty() &&
+                            b->failure_domain() == options_.failure_domain;
+        if (a_same != b_same) return !a_same;
+        return StableHash(spread + a->node_id()) <
+               StableHash(spread + b->node_id());
+      });
+  for (const proto::PeerInfo* peer : order) {
+    if (p.holders.size() >= want) break;
+    absl::Status pushed = Push(shard, *peer);
+    if (pushed.ok()) {
+      p.holders.push_back(peer->node_id());
+      continue;
+    }
+    metrics_->Add("ckpt_replication_failures_total", {{"job", shard.job()}});
+    if (absl::IsNotFound(pushed) &&
+        !fs_->Exists(shard.shard_path()).value_or(false)) {
+      // Garbage collection dropped the shard: nothing left to replicate.
+      return true;
+    }
+    if (p.attempts == 0 || p.attempts % 30 == 0) {
+      CKPT_LOG_WARN("replication of {} to node {}: {}",
+                    Describe(shard.job(), shard.step(), shard.rank()),
+                    peer->node_id(), pushed.ToString());
+    }
+  }
+  ++p.attempts;
+  if (p.holders.size() < want) return false;
+  on_replicated_(shard, p.holders);
+  return true;
+}
+
+std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
+    const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(address);
+  if (it != channels_.end()) return it->second;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
+  // A restarted peer is reached again at once, not after a long backoff.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto creds = options_.credentials != nullptr
+                   ? options_.credentials
+                   : grpc::InsecureChannelCredentials();
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
+  channels_[address] = channel;
+  return channel;
+}
+
+absl::Status Replicator::Push(const proto::ShardRecord& shard,
+                              const proto::PeerInfo& peer) {
+  const std::string what = absl::StrCat(
+      "pushing ", Describe(shard.job(), shard.step(), shard.rank()),
+      " to node ", peer.node_id(), " at ", peer.address());
+  ASSIGN_OR_RETURN(std::unique_ptr<io::ReadableFile> file,
+                   fs_->NewReadableFile(shard.shard_path(), {}));
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(TransferDeadline(size)));
+  proto::PushReplicaResponse resp;
+  std::unique_ptr<grpc::ClientWriter<proto::ReplicaPiece>> writer =
+      stub->PushReplica(&ctx, &resp);
+  proto::ReplicaPiece piece;
+  piece.mutable_shard()->set_job(shard.job());
+  piece.mutable_shard()->set_step(shard.step());
+  piece.mutable_shard()->set_rank(shard.rank());
+  piece.set_file_bytes(size);
+  piece.set_from_node(options_.node_id);
+  absl::Status read;
+  for (uint64_t at = 0; at < size;) {
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - at));
+    std::string* data = piece.mutable_data();
+    data->resize(n);
+    read = file->Read(
+        at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
+    if (!read.ok()) break;
+    if (!writer->Write(piece)) break;  // the stream broke: Finish says why
+    at += n;
+    piece.Clear();
+    CKPT_KILL_POINT("replicator.piece_sent");
+  }
+  if (!read.ok()) ctx.TryCancel();
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!read.ok()) return read;
+  RETURN_IF_ERROR(FromGrpc(status, what));
+  if (resp.bytes() != size) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": the peer verified ", resp.bytes(), " of ", size, " bytes"));
+  }
+  metrics_->Add("ckpt_replicated_bytes_total", {{"job", shard.job()}},
+                static_cast<double>(size));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
+                                                     uint64_t step,
+                                                     uint32_t rank) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  const ReplicaStore::Key key{job, step, rank};
+  const std::string what = Describe(job, step, rank);
+  absl::MutexLock fetching(&fetch_mu_);
+  // A copy here already: fetched before, or a replica a peer pushed here.
+  for (ReplicaStore* store : {fetched_.get(), held_.get()}) {
+    if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
+      absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
+      if (r.ok()) return r;
+      CKPT_LOG_WARN("{}: the copy in {} is unusable ({}); dropping it", what,
+                    e->path, r.status().ToString());
+      (void)store->Drop(key);
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
+  struct Candidate {
+    const proto::PeerInfo* peer;
+    proto::Tier tier;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<std::string> asked;
+  for (const proto::PeerInfo& peer : peers) {
+    asked.push_back(peer.node_id());
+    auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    proto::LocateShardRequest req;
+    req.mutable_shard()->set_job(job);
+    req.mutable_shard()->set_step(step);
+    req.mutable_shard()->set_rank(rank);
+    proto::LocateShardResponse resp;
+    if (stub->LocateShard(&ctx, req, &resp).ok() &&
+        resp.tier() != proto::TIER_UNSPECIFIED) {
+      candidates.push_back({&peer, resp.tier()});
+    }
+  }
+  // A peer's memory before a peer's disk (DESIGN.md §2).
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const Candidate& a, const Candidate& b) { return a.tier < b.tier; });
+  std::vector<std::string> failures;
+  for (const Candidate& c : candidates) {
+    absl::StatusOr<ReplicaStore::Entry> got = FetchFrom(key, *c.peer);
+    if (got.ok()) {
+      metrics_->Add("ckpt_peer_fetched_bytes_total",
+                    {{"job", job},
+                     {"source", c.tier == proto::TIER_PEER ? "peer_memory"
+                                                           : "peer_disk"}},
+                    static_cast<double>(got->bytes));
+      CKPT_LOG_INFO("{}: fetched {} bytes from node {}", what, got->bytes,
+                    c.peer->node_id());
+      return ReplicaStore::RecordOf(fs_, *got);
+    }
+    CKPT_LOG_WARN("{}: fetching from node {}: {}", what, c.peer->node_id(),
+                  got.status().ToString());
+    failures.push_back(
+        absl::StrCat(c.peer->node_id(), ": ", got.status().message()));
+  }
+  if (!failures.empty()) {
+    return absl::DataLossError(
+        absl::StrCat("no good copy of ", what, " on any live node (",
+                     absl::StrJoin(failures, "; "), ")"));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no shard for ", what, " on this node or on any live peer (asked: ",
+      asked.empty() ? "none is known" : absl::StrJoin(asked, ", "), ")"));
+}
+
+absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
+    const ReplicaStore::Key& key, const proto::PeerInfo& peer) {
+  const std::string what =
+      absl::StrCat("fetching ", Describe(key.job, key.step, key.rank),
+                   " from node ", peer.node_id(), " at ", peer.address());
+  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(TransferDeadline(4ull << 30)));
+  proto::FetchShardRequest req;
+  req.mutable_shard()->set_job(key.job);
+  req.mutable_shard()->set_step(key.step);
+  req.mutable_shard()->set_rank(key.rank);
+  std::unique_ptr<grpc::ClientReader<proto::ShardPiece>> reader =
+      stub->FetchShard(&ctx, req);
+  std::unique_ptr<ReplicaStore::Receiver> receiver;
+  absl::Status failed;
+  proto::ShardPiece piece;
+  while (failed.ok() && reader->Read(&piece)) {
+    if (receiver == nullptr) {
+      absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
+          fetched_->Receive(key, piece.file_bytes());
+      if (absl::IsResourceExhausted(r.status())) {
+        // A cache: copies of other shards make room.
+        for (const ReplicaStore::Entry& e : fetched_->List()) {
+          (void)fetched_->Drop(e.key);
+        }
+        r = fetched_->Receive(key, piece.file_bytes());
+      }
+      if (!r.ok()) {
+        failed = r.status();
+        break;
+      }
+      receiver = *std::move(r);
+    }
+    failed = receiver->Append(piece.data());
+  }
+  if (!failed.ok()) ctx.TryCancel();
+  grpc::Status status = reader->Finish();
+  RETURN_IF_ERROR(failed);
+  RETURN_IF_ERROR(FromGrpc(status, what));
+  if (receiver == nullptr) {
+    return absl::DataLossError(absl::StrCat(what, ": the peer sent nothing"));
+  }
+  return receiver->Finish();
+}
+
+void Replicator::CollectGarbage(const std::string& job) {
+  absl::StatusOr<std::vector<proto::CommitRecord>> commits =
+      coordinator_->ListCommits(job);
+  if (!commits.ok()) {
+    CKPT_LOG_WARN("replicas of job {}: {}", job, commits.status().ToString());
+    return;
+  }
+  std::vector<uint64_t> steps;
+  for (const proto::CommitRecord& c : *commits) steps.push_back(c.step());
+  std::sort(steps.rbegin(), steps.rend());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  if (steps.empty()) return;  // nothing is committed: everything is in flight
+  const size_t keep = static_cast<size_t>(std::max(options_.keep_steps, 1));
+  const uint64_t newest = steps.front();
+  if (steps.size() > keep) steps.resize(keep);
+  for (ReplicaStore* store : {held_.get(), fetched_.get()}) {
+    for (const ReplicaStore::Entry& e : store->List(job)) {
+      const bool kept =
+          e.key.step > newest ||
+          std::find(steps.begin(), steps.end(), e.key.step) != steps.end();
+      if (!kept) (void)store->Drop(e.key);
+    }
+  }
+}
+
+absl::StatusOr<std::string> ReadPeerTlsFile(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("peer TLS: cannot read ", file));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer TLS: ", file, " is not a PEM file"));
+  }
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PeerTlsCredentials(
+    const std::string& ca_file, const std::string& cert_file,
+    const std::string& key_file) {
+  grpc::SslCredentialsOptions o;
+  ASSIGN_OR_RETURN(o.pem_root_certs, ReadPeerTlsFile(ca_file));
+  ASSIGN_OR_RETURN(o.pem_cert_chain, ReadPeerTlsFile(cert_file));
+  ASSIGN_OR_RETURN(o.pem_private_key, ReadPeerTlsFile(key_file));
+  return grpc::SslCredentials(o);
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,147 @@
+// Replicator is ckptd's side of tier T1 (DESIGN.md §2-§3). It pushes the shard
+// file of every shard this node persisted to K peers, chosen among the live
+// nodes that published a peer address, other failure domains first; a push
+// counts only when the peer verified the whole file, and once K peers hold the
+// shard the service votes TIER_PEER for it. A push that fails (the peer died
+// mid-transfer, it is full) moves on to the next peer; a shard short of K
+// peers is tried again every `retry_interval`, so replication reaches K again
+// when peers return. It also fetches, for a restore, a shard this node lacks
+// from the peers that have one (a replica in memory first, then the owner's
+// disk), verifies it and keeps it in a local cache. It keeps the replicas peers
+// pushed here (ReplicaStore) and drops them, and cached copies, once retention
+// no longer keeps their step.
+//
+// Thread-safety: thread-safe; one thread pushes.
+#ifndef CKPT_DAEMON_REPLICATOR_H_
+#define CKPT_DAEMON_REPLICATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/coordinator.h"
+#include "daemon/metrics.h"
+#include "daemon/replica_store.h"
+#include "io/file_system.h"
+#include "proto/catalog.pb.h"
+#include "proto/peer.pb.h"
+
+namespace grpc {
+class Channel;
+class ChannelCredentials;
+}  // namespace grpc
+
+namespace ckpt::daemon {
+
+struct ReplicationOptions {
+  std::string node_id;
+  std::string failure_domain;
+  // K: peers that hold each shard. 0 keeps replicas for others and fetches
+  // from them, but pushes nothing.
+  int replicas = 1;
+  // On tmpfs (memory): <dir>/held (replicas pushed here), <dir>/fetched
+  // (copies fetched for restores).
+  std::string dir;
+  uint64_t held_budget_bytes = 1ull << 30;
+  uint64_t fetched_budget_bytes = 1ull << 30;
+  // Per job, the newest committed steps whose replicas and fetched copies
+  // stay (steps newer than the latest commit, in progress, stay too).
+  int keep_steps = 1;
+  // Credentials for the connections to peers (mutual TLS); null: insecure.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  absl::Duration retry_interval = absl::Seconds(1);
+  int max_message_bytes = 4 << 20;
+};
+
+class Replicator {
+ public:
+  // Called (on the pushing thread) once K peers verified a shard.
+  using OnReplicated = std::function<void(
+      const proto::ShardRecord& shard, const std::vector<std::string>& nodes)>;
+
+  static absl::StatusOr<std::unique_ptr<Replicator>> Start(
+      io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
+      Metrics* metrics, OnReplicated on_replicated);
+  ~Replicator();
+
+  // Where this node's peer service listens (known once it started): published
+  // for the other nodes, and again whenever it went missing (a lease that
+  // expired took it along).
+  void SetAddress(const std::string& address);
+  // A persisted shard (state PERSISTED, `shard_path` set) to push; nodes that
+  // already hold it count.
+  void Enqueue(const proto::ShardRecord& shard,
+               const std::vector<std::string>& holders = {});
+  // A shard this node does not have, from a local cached copy or else from a
+  // peer. NotFound names the peers asked when none has a good copy.
+  absl::StatusOr<proto::ShardRecord> Fetch(const std::string& job,
+                                           uint64_t step, uint32_t rank);
+  // Drops this node's replicas and cached copies of `job` that retention no
+  // longer keeps.
+  void CollectGarbage(const std::string& job);
+
+  ReplicaStore* held() { return held_.get(); }
+  const ReplicationOptions& options() const { return options_; }
+  // Shards waiting for peers (for tests and `ckpt status`).
+  size_t pending() const;
+
+ private:
+  struct Pending {
+    proto::ShardRecord shard;
+    std::vector<std::string> holders;
+    int attempts = 0;
+  };
+  Replicator(io::FileSystem* fs, ReplicationOptions options,
+             Coordinator* coordinator, Metrics* metrics,
+             OnReplicated on_replicated);
+  void Loop();
+  // Pushes `p` to peers until K hold it; true when done (or hopeless: its
+  // file is gone).
+  bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers);
+  absl::Status Push(const proto::ShardRecord& shard,
+                    const proto::PeerInfo& peer);
+  absl::StatusOr<ReplicaStore::Entry> FetchFrom(const ReplicaStore::Key& key,
+                                                const proto::PeerInfo& peer);
+  // The live peers other than this node; publishes this node when missing.
+  absl::StatusOr<std::vector<proto::PeerInfo>> Peers();
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+
+  io::FileSystem* const fs_;
+  const ReplicationOptions options_;
+  Coordinator* const coordinator_;
+  Metrics* const metrics_;
+  const OnReplicated on_replicated_;
+  std::unique_ptr<ReplicaStore> held_;
+  std::unique_ptr<ReplicaStore> fetched_;
+  absl::Mutex fetch_mu_;  // one fetch at a time: concurrent ranks share it
+
+  mutable absl::Mutex mu_;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
+      ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// The text of a PEM file; the error names a file that is missing or no PEM.
+absl::StatusOr<std::string> ReadPeerTlsFile(const std::string& file);
+// Builds channel credentials for mutual TLS from PEM files (the CA that signed
+// the peers' certificates, this node's certificate and key); every file is
+// read here and a missing one is named.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PeerTlsCredentials(
+    const std::string& ca_file, const std::string& cert_file,
+    const std::string& key_file);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_REPLICATOR_H_

@@ -1,0 +1,305 @@
+// Peer replication (tier T1) across real ckptd processes on loopback with a
+// real etcd: the shards of a node that is lost (SIGKILL, its directories
+// deleted) restore on another node from the replicas, at the same and at
+// another world size; a peer killed in the middle of receiving a replica holds
+// nothing that counts, and replication reaches K once it returns; with mutual
+// TLS, peers replicate to each other and a client without a good certificate
+// is refused at the handshake.
+#include <grpcpp/grpcpp.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/peer.grpc.pb.h"
+#include "tests/client/daemon_process.h"
+#include "tests/daemon/etcd_process.h"
+#include "tests/test_util.h"
+
+namespace ckpt::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr proto::Tier kPeer = proto::TIER_PEER;
+
+// Incompressible values, a function of the step and the global index only, so
+// that any sharding of the same step holds the same numbers.
+float Value(uint64_t step, int64_t g) {
+  uint64_t z = step * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(g);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) / 1024.0f;
+}
+
+// One rank's box of a global float vector, and its RNG byte item.
+struct Rank {
+  uint32_t rank, world;
+  int64_t global, offset, length;
+  std::vector<float> w;
+  std::string rng;
+  std::unique_ptr<Checkpointer> ckpt;
+
+  Rank(const std::string& socket, const std::string& job, uint32_t rank,
+       uint32_t world, int64_t global)
+      : rank(rank),
+        world(world),
+        global(global),
+        offset(global / world * rank),
+        length(global / world),
+        w(length) {
+    auto c = Checkpointer::Connect({job, rank, world, socket});
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return;
+    ckpt = *std::move(c);
+    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
+                                     {global}, {offset}, {length})
+                    .ok());
+    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
+  }
+  void Fill(uint64_t step) {
+    for (int64_t i = 0; i < length; ++i) w[i] = Value(step, offset + i);
+    rng = absl::StrCat("rng-", step, "-", rank);
+  }
+  // The state of `step`, except the RNG item of a rank the step did not have.
+  bool Matches(uint64_t step, bool rng_too = true) const {
+    for (int64_t i = 0; i < length; ++i) {
+      if (w[i] != Value(step, offset + i)) return false;
+    }
+    return !rng_too || rng == absl::StrCat("rng-", step, "-", rank);
+  }
+};
+
+std::vector<std::string> NodeArgs(const std::string& etcd,
+                                  const std::string& node,
+                                  std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {"--coordinator",   "etcd://" + etcd,
+                                   "--lease-ttl",     "2",
+                                   "--node-id",       node,
+                                   "--peer-address",  "127.0.0.1:0",
+                                   "--peer-replicas", "1"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Saves `step` on every rank and waits until it is committed at `tier`.
+absl::Status SaveAll(std::vector<Rank*> ranks, uint64_t step, proto::Tier tier,
+                     absl::Duration timeout = absl::Seconds(60)) {
+  std::vector<std::shared_ptr<SaveHandle>> saves;
+  for (Rank* r : ranks) {
+    r->Fill(step);
+    auto save = r->ckpt->SaveAsync(step);
+    if (!save.ok()) return save.status();
+    saves.push_back(*std::move(save));
+  }
+  for (auto& s : saves) {
+    absl::Status st = s->WaitCommitted(tier, timeout);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+size_t FilesUnder(const std::string& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); ++it) {
+    if (it->is_regular_file()) ++n;
+  }
+  return n;
+}
+
+TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
+      b(NodeArgs(etcd.endpoint(), "node-b")),
+      c(NodeArgs(etcd.endpoint(), "node-c"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  ASSERT_TRUE(c.Start()) << c.log();
+  constexpr int64_t kGlobal = 1 << 21;  // 4 MiB per rank of 2
+  {
+    Rank r0(a.socket(), "rep", 0, 2, kGlobal),
+        r1(b.socket(), "rep", 1, 2, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    for (uint64_t step = 1; step <= 2; ++step) {
+      absl::Status s = SaveAll({&r0, &r1}, step, kPeer);
+      ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log();
+    }
+    auto on_peers = r0.ckpt->ListCommitted(kPeer);
+    ASSERT_TRUE(on_peers.ok());
+    EXPECT_THAT(*on_peers, ::testing::Contains(2u));
+  }
+  // Node a is lost with everything it had: daemon, memory tier, disk.
+  a.Kill();
+  std::error_code ec;
+  std::filesystem::remove_all(a.data_dir(), ec);
+  std::filesystem::remove_all(a.staging_dir(), ec);
+  std::filesystem::remove_all(a.replica_dir(), ec);
+
+  // Its rank restarts on node c, at the same world size.
+  Rank moved(c.socket(), "rep", 0, 2, kGlobal);
+  ASSERT_TRUE(moved.ckpt);
+  absl::Status restored = moved.ckpt->Restore(2);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << c.log();
+  EXPECT_TRUE(moved.Matches(2));
+  // The whole job on node c alone (world 1): both saved ranks' boxes.
+  Rank alone(c.socket(), "rep", 0, 1, kGlobal);
+  ASSERT_TRUE(alone.ckpt);
+  restored = alone.ckpt->Restore(2);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << c.log();
+  EXPECT_TRUE(alone.Matches(2, /*rng_too=*/false));
+  EXPECT_EQ(alone.rng, "rng-2-0");
+  // And on node b at world 4, whose ranks each read a part of a saved box.
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    Rank quarter(b.socket(), "rep", rank, 4, kGlobal);
+    ASSERT_TRUE(quarter.ckpt);
+    restored = quarter.ckpt->Restore(2);
+    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored;
+    EXPECT_TRUE(quarter.Matches(2, /*rng_too=*/false)) << "rank " << rank;
+  }
+  EXPECT_THAT(c.log() + b.log(), HasSubstr("fetched"));
+  // A shard nobody has gets an error naming it and the peers asked.
+  Rank late(c.socket(), "rep", 0, 2, kGlobal);
+  ASSERT_TRUE(late.ckpt);
+  absl::Status missing = late.ckpt->Restore(3);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(missing.message(), HasSubstr("step 3"));
+}
+
+TEST(ReplicationTest, APeerKilledMidTransferHoldsNothingAndKIsReachedLater) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
+      b(NodeArgs(etcd.endpoint(), "node-b"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  // Node b dies when the second piece of the first replica arrives.
+  ::setenv("CKPT_KILL_POINT", "peer.piece_received:2", 1);
+  const bool started = b.Start();
+  ::unsetenv("CKPT_KILL_POINT");
+  ASSERT_TRUE(started) << b.log();
+  Rank r(a.socket(), "cut", 0, 1, 1 << 21);  // an 8 MiB shard file
+  ASSERT_TRUE(r.ckpt);
+  r.Fill(1);
+  auto save = r.ckpt->SaveAsync(1);
+  ASSERT_TRUE(save.ok()) << save.status();
+  ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok()) << a.log();
+  // b died mid-transfer: the step is not committed at T1.
+  for (int i = 0; i < 200 && b.Accepting(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_FALSE(b.Accepting()) << b.log();
+  EXPECT_FALSE((*save)->WaitCommitted(kPeer, absl::Seconds(2)).ok());
+  auto on_peers = r.ckpt->ListCommitted(kPeer);
+  ASSERT_TRUE(on_peers.ok());
+  EXPECT_TRUE(on_peers->empty());
+  b.Kill();  // reap it
+  EXPECT_EQ(FilesUnder(b.replica_dir() + "/held"), 1u)
+      << "the partial file a killed peer leaves";
+  // b returns: the partial file is dropped and the push is made again.
+  ASSERT_TRUE(b.Start()) << b.log();
+  absl::Status replicated = (*save)->WaitCommitted(kPeer, absl::Seconds(60));
+  ASSERT_TRUE(replicated.ok()) << replicated << "\n" << a.log() << b.log();
+  EXPECT_THAT(b.log(), HasSubstr("not a complete replica"));
+  EXPECT_EQ(FilesUnder(b.replica_dir() + "/held"), 1u);
+  EXPECT_TRUE(std::filesystem::exists(
+      b.replica_dir() + "/held/cut/00000000000000000001-0000000000.ckpt"));
+}
+
+// A CA, and a certificate it signed for 127.0.0.1, made with openssl.
+struct Pki {
+  testing::TempDir dir;
+  bool Make(const std::string& name) {
+    const std::string d = dir.path();
+    const std::string cmd = absl::StrCat(
+        "cd ", d, " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 ",
+        "-subj /CN=", name, "-ca -keyout ", name, "-ca.key -out ", name,
+        "-ca.pem >/dev/null 2>&1 && openssl req -newkey rsa:2048 -nodes ",
+        "-subj /CN=127.0.0.1 -keyout ", name, ".key -out ", name,
+        ".csr >/dev/null 2>&1 && printf 'subjectAltName=IP:127.0.0.1' > ", name,
+        ".ext && openssl x509 -req -in ", name, ".csr -CA ", name,
+        "-ca.pem -CAkey ", name, "-ca.key -CAcreateserial -days 2 -extfile ",
+        name, ".ext -out ", name, ".pem >/dev/null 2>&1");
+    return std::system(cmd.c_str()) == 0;
+  }
+  std::string File(const std::string& f) const { return dir.File(f); }
+  std::vector<std::string> Args(const std::string& name) const {
+    return {"--peer-tls-ca",     File(name + "-ca.pem"), "--peer-tls-cert",
+            File(name + ".pem"), "--peer-tls-key",       File(name + ".key")};
+  }
+};
+
+// The port node `log` said its peer service listens on.
+std::string PeerAddress(const std::string& log) {
+  const std::string mark = "peer service on ";
+  const size_t at = log.find(mark);
+  if (at == std::string::npos) return "";
+  const size_t end = log.find_first_of(" \n", at + mark.size());
+  return log.substr(at + mark.size(), end - at - mark.size());
+}
+
+grpc::Status Locate(const std::string& address,
+                    std::shared_ptr<grpc::ChannelCredentials> creds) {
+  auto stub =
+      proto::CkptPeer::NewStub(grpc::CreateChannel(address, std::move(creds)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::LocateShardRequest req;
+  req.mutable_shard()->set_job("tls");
+  proto::LocateShardResponse resp;
+  return stub->LocateShard(&ctx, req, &resp);
+}
+
+TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
+  Pki pki;
+  ASSERT_TRUE(pki.Make("good")) << "openssl failed";
+  ASSERT_TRUE(pki.Make("rogue")) << "openssl failed";
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess a(
+      NodeArgs(etcd.endpoint(), "node-a", pki.Args("good"))),
+      b(NodeArgs(etcd.endpoint(), "node-b", pki.Args("good")));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  Rank r(a.socket(), "tls", 0, 1, 1 << 16);
+  ASSERT_TRUE(r.ckpt);
+  absl::Status s = SaveAll({&r}, 1, kPeer);
+  ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log();
+  const std::string address = PeerAddress(b.log());
+  ASSERT_FALSE(address.empty()) << b.log();
+  EXPECT_THAT(b.log(), HasSubstr("with mutual TLS"));
+  // A peer with a certificate of the same CA gets in.
+  grpc::SslCredentialsOptions good;
+  good.pem_root_certs = testing::ReadAll(pki.File("good-ca.pem"));
+  good.pem_cert_chain = testing::ReadAll(pki.File("good.pem"));
+  good.pem_private_key = testing::ReadAll(pki.File("good.key"));
+  EXPECT_TRUE(Locate(address, grpc::SslCredentials(good)).ok());
+  // No TLS at all, TLS without a client certificate, a certificate of
+  // another CA: refused before any call.
+  EXPECT_FALSE(Locate(address, grpc::InsecureChannelCredentials()).ok());
+  grpc::SslCredentialsOptions anonymous;
+  anonymous.pem_root_certs = good.pem_root_certs;
+  EXPECT_FALSE(Locate(address, grpc::SslCredentials(anonymous)).ok());
+  grpc::SslCredentialsOptions rogue = good;
+  rogue.pem_cert_chain = testing::ReadAll(pki.File("rogue.pem"));
+  rogue.pem_private_key = testing::ReadAll(pki.File("rogue.key"));
+  EXPECT_FALSE(Locate(address, grpc::SslCredentials(rogue)).ok());
+  // Half a TLS configuration is refused with a clear error.
+  testing::DaemonProcess half(NodeArgs(
+      etcd.endpoint(), "node-h", {"--peer-tls-ca", pki.File("good-ca.pem")}));
+  EXPECT_FALSE(half.Start());
+  EXPECT_THAT(half.log(), HasSubstr("--peer-tls-ca, --peer-tls-cert"));
+}
+
+}  // namespace
+}  // namespace ckpt::client

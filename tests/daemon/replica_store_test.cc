@@ -1,0 +1,148 @@
+// ReplicaStore: a replica counts only when complete and verified, a transfer
+// cut short leaves nothing, the budget holds, and a restart keeps the complete
+// files and drops the partial ones.
+#include "daemon/replica_store.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/file_system.h"
+#include "snapshot/shard_writer.h"
+#include "tests/test_util.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A real shard file of job "j" and its bytes.
+std::string ShardBytes(const testing::TempDir& dir, uint64_t step,
+                       uint32_t rank, size_t n = 300000) {
+  const std::string path =
+      dir.File("src-" + std::to_string(step) + "-" + std::to_string(rank));
+  snapshot::ShardWriter writer(io::DefaultFileSystem(), path,
+                               {"j", step, rank, 4}, {});
+  std::vector<uint8_t> data(n);
+  for (size_t i = 0; i < n; ++i) data[i] = static_cast<uint8_t>(i * 7 + step);
+  EXPECT_TRUE(writer.AddBytes("state", data).ok());
+  EXPECT_TRUE(writer.Commit().ok());
+  return testing::ReadAll(path);
+}
+
+absl::Status Send(ReplicaStore* store, const ReplicaStore::Key& key,
+                  const std::string& bytes) {
+  auto rx = store->Receive(key, bytes.size());
+  if (!rx.ok()) return rx.status();
+  for (size_t at = 0; at < bytes.size(); at += 65536) {
+    absl::Status s = (*rx)->Append(absl::string_view(bytes).substr(at, 65536));
+    if (!s.ok()) return s;
+  }
+  return (*rx)->Finish().status();
+}
+
+TEST(ReplicaStoreTest, KeepsVerifiedFilesAndTheirRecords) {
+  testing::TempDir dir;
+  auto store =
+      ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string bytes = ShardBytes(dir, 5, 2);
+  ASSERT_TRUE(Send(store->get(), {"j", 5, 2}, bytes).ok());
+  auto e = (*store)->Find({"j", 5, 2});
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->bytes, bytes.size());
+  EXPECT_EQ(testing::ReadAll(e->path), bytes);
+  EXPECT_EQ((*store)->used_bytes(), bytes.size());
+  auto record = ReplicaStore::RecordOf(io::DefaultFileSystem(), *e);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->state(), proto::SHARD_PERSISTED);
+  EXPECT_EQ(record->world_size(), 4u);
+  ASSERT_EQ(record->items_size(), 1);
+  EXPECT_EQ(record->items(0).item().name(), "state");
+  EXPECT_EQ(record->items(0).item().chunks_size(), 0);
+  // Sending it again replaces it without counting twice.
+  ASSERT_TRUE(Send(store->get(), {"j", 5, 2}, bytes).ok());
+  EXPECT_EQ((*store)->used_bytes(), bytes.size());
+  ASSERT_TRUE((*store)->Drop({"j", 5, 2}).ok());
+  EXPECT_EQ((*store)->used_bytes(), 0u);
+  EXPECT_TRUE(absl::IsNotFound((*store)->Drop({"j", 5, 2})));
+}
+
+TEST(ReplicaStoreTest, RefusesDamagedShortLongAndMislabeledFiles) {
+  testing::TempDir dir;
+  auto store =
+      ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+  ASSERT_TRUE(store.ok());
+  std::string bytes = ShardBytes(dir, 5, 2);
+  // One flipped byte inside the chunk data.
+  std::string damaged = bytes;
+  damaged[200] ^= 0x10;
+  absl::Status s = Send(store->get(), {"j", 5, 2}, damaged);
+  EXPECT_TRUE(absl::IsDataLoss(s) || absl::IsInvalidArgument(s)) << s;
+  // Short: the sender stopped early.
+  auto rx = (*store)->Receive({"j", 5, 2}, bytes.size());
+  ASSERT_TRUE(rx.ok());
+  ASSERT_TRUE((*rx)->Append(absl::string_view(bytes).substr(0, 1000)).ok());
+  EXPECT_THAT((*rx)->Finish().status().message(),
+              HasSubstr("1000 of " + std::to_string(bytes.size())));
+  rx->reset();
+  // More than announced.
+  rx = (*store)->Receive({"j", 5, 2}, 10);
+  ASSERT_TRUE(rx.ok());
+  EXPECT_THAT((*rx)->Append(bytes).message(), HasSubstr("more than"));
+  rx->reset();
+  // Another shard's file under this key.
+  s = Send(store->get(), {"j", 6, 2}, bytes);
+  EXPECT_THAT(s.message(), HasSubstr("is job j step 5 rank 2"));
+  // Nothing counts, nothing is left behind, the budget is whole again.
+  EXPECT_FALSE((*store)->Find({"j", 5, 2}).has_value());
+  EXPECT_FALSE((*store)->Find({"j", 6, 2}).has_value());
+  EXPECT_EQ((*store)->used_bytes(), 0u);
+  auto left = io::DefaultFileSystem()->ListDir(dir.File("held/j"));
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty()) << left->front();
+  EXPECT_FALSE((*store)->Receive({"../x", 1, 0}, 10).ok());
+}
+
+TEST(ReplicaStoreTest, HoldsItsBudgetCountingTransfersInProgress) {
+  testing::TempDir dir;
+  const std::string bytes = ShardBytes(dir, 1, 0);
+  auto store = ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"),
+                                  bytes.size() * 2 - 1);
+  ASSERT_TRUE(store.ok());
+  auto first = (*store)->Receive({"j", 1, 0}, bytes.size());
+  ASSERT_TRUE(first.ok());
+  auto second = (*store)->Receive({"j", 1, 1}, bytes.size());
+  ASSERT_TRUE(absl::IsResourceExhausted(second.status()));
+  EXPECT_THAT(second.status().message(), HasSubstr("job j step 1 rank 1"));
+  first->reset();  // given up: its reservation comes back
+  EXPECT_TRUE(Send(store->get(), {"j", 1, 0}, bytes).ok());
+}
+
+TEST(ReplicaStoreTest, ReopenKeepsCompleteFilesAndDropsPartialOnes) {
+  testing::TempDir dir;
+  const std::string bytes = ShardBytes(dir, 3, 1);
+  {
+    auto store =
+        ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE(Send(store->get(), {"j", 3, 1}, bytes).ok());
+  }
+  // What a daemon killed mid-transfer leaves.
+  testing::WriteAll(
+      dir.File("held/j/00000000000000000004-0000000001.ckpt.partial"),
+      bytes.substr(0, 5000));
+  auto store =
+      ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+  ASSERT_TRUE(store.ok());
+  EXPECT_TRUE((*store)->Find({"j", 3, 1}).has_value());
+  EXPECT_FALSE((*store)->Find({"j", 4, 1}).has_value());
+  EXPECT_EQ((*store)->used_bytes(), bytes.size());
+  auto left = io::DefaultFileSystem()->ListDir(dir.File("held/j"));
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 1u);
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
