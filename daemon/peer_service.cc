@@ -13,7 +13,7 @@
 namespace ckpt::daemon {
 namespace {
 
-constexpr size_t kPieceBytes = 1 << 20;
+constexpr size_t kPieceBytes = 4 << 20;
 
 ReplicaStore::Key KeyOf(const proto::PeerShardKey& k) {
   return {k.job(), k.step(), k.rank()};

@@ -30,7 +30,7 @@ struct PeerServerOptions {
   std::string tls_ca_file;
   std::string tls_cert_file;
   std::string tls_key_file;
-  int max_message_bytes = 4 << 20;
+  int max_message_bytes = 8 << 20;
 };
 
 class PeerServer {

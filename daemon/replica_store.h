@@ -54,9 +54,11 @@ class ReplicaStore {
     ~Receiver();
     // The next bytes of the file; more than announced is an error.
     absl::Status Append(absl::string_view data);
-    // Checks that every announced byte arrived, verifies the shard, and makes
-    // it visible (replacing an older copy of the same shard).
-    absl::StatusOr<Entry> Finish();
+    // Checks that every announced byte arrived, verifies the shard (its
+    // footer and manifest, and with `every_chunk` every chunk), and makes it
+    // visible (replacing an older copy of the same shard). A copy whose
+    // chunks are verified as they are read (a restore's) may skip them here.
+    absl::StatusOr<Entry> Finish(bool every_chunk = true);
 
    private:
     friend class ReplicaStore;

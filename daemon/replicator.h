@@ -58,7 +58,7 @@ struct ReplicationOptions {
   // Credentials for the connections to peers (mutual TLS); null: insecure.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration retry_interval = absl::Seconds(1);
-  int max_message_bytes = 4 << 20;
+  int max_message_bytes = 8 << 20;
 };
 
 class Replicator {
