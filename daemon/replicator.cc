@@ -321,6 +321,7 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
   // A copy here already: fetched before, or a replica a peer pushed here.
   for (ReplicaStore* store : {fetched_.get(), held_.get()}) {
     if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
+      if (store == fetched_.get()) Used(key);
       absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
       if (r.ok()) return r;
       CKPT_LOG_WARN("{}: the copy in {} is unusable ({}); dropping it", what,
@@ -359,6 +360,7 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     const absl::Time start = absl::Now();
     absl::StatusOr<ReplicaStore::Entry> got = FetchFrom(key, *c.peer);
     if (got.ok()) {
+      Used(key);
       metrics_->Add("ckpt_peer_fetched_bytes_total",
                     {{"job", job},
                      {"source", c.tier == proto::TIER_PEER ? "peer_memory"
@@ -409,9 +411,9 @@ absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
       absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
           fetched_->Receive(key, piece.file_bytes());
       if (absl::IsResourceExhausted(r.status())) {
-        // A cache: copies of other shards make room.
+        // A cache: copies no restore is about to read make room.
         for (const ReplicaStore::Entry& e : fetched_->List()) {
-          (void)fetched_->Drop(e.key);
+          if (!InUse(e.key, absl::Seconds(10))) (void)fetched_->Drop(e.key);
         }
         r = fetched_->Receive(key, piece.file_bytes());
       }
@@ -441,22 +443,54 @@ void Replicator::CollectGarbage(const std::string& job) {
     CKPT_LOG_WARN("replicas of job {}: {}", job, commits.status().ToString());
     return;
   }
-  std::vector<uint64_t> steps;
-  for (const proto::CommitRecord& c : *commits) steps.push_back(c.step());
-  std::sort(steps.rbegin(), steps.rend());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  // Replicas serve the steps committed at tier peer: the newest
+  // `keep_steps` of them stay, and those of newer steps (still gathering
+  // their replicas). A cached copy serves any committed step.
+  std::vector<uint64_t> steps, on_peers;
+  for (const proto::CommitRecord& c : *commits) {
+    steps.push_back(c.step());
+    if (c.tier() == proto::TIER_PEER) on_peers.push_back(c.step());
+  }
   if (steps.empty()) return;  // nothing is committed: everything is in flight
   const size_t keep = static_cast<size_t>(std::max(options_.keep_steps, 1));
-  const uint64_t newest = steps.front();
-  if (steps.size() > keep) steps.resize(keep);
-  for (ReplicaStore* store : {held_.get(), fetched_.get()}) {
-    for (const ReplicaStore::Entry& e : store->List(job)) {
-      const bool kept =
-          e.key.step > newest ||
-          std::find(steps.begin(), steps.end(), e.key.step) != steps.end();
-      if (!kept) (void)store->Drop(e.key);
+  auto newest_first = [keep](std::vector<uint64_t>& v) {
+    std::sort(v.rbegin(), v.rend());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    const uint64_t newest = v.empty() ? 0 : v.front();
+    if (v.size() > keep) v.resize(keep);
+    return newest;
+  };
+  const uint64_t newest = newest_first(steps);
+  const uint64_t newest_on_peers = newest_first(on_peers);
+  for (const ReplicaStore::Entry& e : held_->List(job)) {
+    const bool kept = e.key.step > newest_on_peers ||
+                      std::find(on_peers.begin(), on_peers.end(), e.key.step) !=
+                          on_peers.end();
+    if (!kept) (void)held_->Drop(e.key);
+  }
+  for (const ReplicaStore::Entry& e : fetched_->List(job)) {
+    const bool kept =
+        e.key.step > newest ||
+        std::find(steps.begin(), steps.end(), e.key.step) != steps.end() ||
+        InUse(e.key, absl::Minutes(1));
+    if (!kept) {
+      (void)fetched_->Drop(e.key);
+      absl::MutexLock lock(&mu_);
+      fetched_used_.erase(e.key);
     }
   }
+}
+
+void Replicator::Used(const ReplicaStore::Key& key) {
+  absl::MutexLock lock(&mu_);
+  fetched_used_[key] = absl::Now();
+}
+
+bool Replicator::InUse(const ReplicaStore::Key& key,
+                       absl::Duration grace) const {
+  absl::MutexLock lock(&mu_);
+  auto it = fetched_used_.find(key);
+  return it != fetched_used_.end() && absl::Now() - it->second < grace;
 }
 
 absl::StatusOr<std::string> ReadPeerTlsFile(const std::string& file) {

@@ -110,6 +110,10 @@ class Replicator {
                     const proto::PeerInfo& peer);
   absl::StatusOr<ReplicaStore::Entry> FetchFrom(const ReplicaStore::Key& key,
                                                 const proto::PeerInfo& peer);
+  // Notes that a restore is about to read a fetched copy.
+  void Used(const ReplicaStore::Key& key);
+  // Whether a fetched copy was handed out less than `grace` ago.
+  bool InUse(const ReplicaStore::Key& key, absl::Duration grace) const;
   // The live peers other than this node; publishes this node when missing.
   absl::StatusOr<std::vector<proto::PeerInfo>> Peers();
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
@@ -130,6 +134,10 @@ class Replicator {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
+  // When each fetched copy was last handed to a restore: a copy stays a
+  // while after that, whatever retention says, so that the restore that asked
+  // for it can open it.
+  std::map<ReplicaStore::Key, absl::Time> fetched_used_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

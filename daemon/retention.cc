@@ -38,12 +38,17 @@ RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
   plan.oldest_kept_disk_step = disk.back();
   const uint64_t newest =
       memory.empty() ? disk.front() : std::max(disk.front(), memory.front());
+  // The newest step held by K peers is what a node loss falls back to: its
+  // files stay here too, so that losing a peer does not lose the step.
+  const std::vector<uint64_t> peer = kept(proto::TIER_PEER, 1);
   for (const proto::ShardRecord& r : shards) {
     if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED)
       continue;
     const uint64_t step = r.step();
     RetentionAction a;
-    a.drop_file = !r.shard_path().empty() && step < plan.oldest_kept_disk_step;
+    a.drop_file = !r.shard_path().empty() &&
+                  step < plan.oldest_kept_disk_step &&
+                  (peer.empty() || step != peer.front());
     a.drop_slot = !r.slot_path().empty() && step <= newest &&
                   std::find(memory.begin(), memory.end(), step) == memory.end();
     if (!a.drop_file && !a.drop_slot) continue;

@@ -87,5 +87,21 @@ TEST(RetentionTest, FailedShardsLoseTheirSlotOnceOlderThanTheCommits) {
   EXPECT_EQ(Describe(plan), "1:Sx ");
 }
 
+TEST(RetentionTest, TheNewestStepHeldByPeersKeepsItsFiles) {
+  // Steps 1-4 are on disk; 2 is the newest whose every shard K peers hold.
+  std::vector<proto::CommitRecord> commits;
+  std::vector<proto::ShardRecord> shards;
+  for (uint64_t step = 1; step <= 4; ++step) {
+    commits.push_back(Commit(step, kDisk));
+    shards.push_back(Shard(step, kPersisted, true, false));
+  }
+  commits.push_back(Commit(1, proto::TIER_PEER));
+  commits.push_back(Commit(2, proto::TIER_PEER));
+  RetentionPlan plan = PlanRetention(commits, shards, {1, 1});
+  EXPECT_EQ(plan.oldest_kept_disk_step, 4u);
+  // Losing a peer must not lose step 2: its files stay; 1 and 3 go.
+  EXPECT_EQ(Describe(plan), "1:Fx 3:Fx ");
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

@@ -1,0 +1,130 @@
+// An elastic trainer rank for the many-node test, run as its own process: it
+// joins the job's epoch (Rejoin), takes the box of a global float32 vector its
+// rank owns in that epoch, restores the newest step committed at tier peer
+// (resharded, from local copies and from peers) or starts from the initial
+// state, then trains (an elementwise, deterministic update) and saves every
+// iteration. When its daemon reports a lost node, or on SIGUSR1 (the job is
+// to grow), it leaves the loop and rejoins — the process is never restarted.
+// At the last iteration it waits; SIGUSR2 makes it write its box to OUT and
+// exit 0. Each epoch it joins is appended to OUT.status as
+// "epoch E rank R world W restored S iteration I".
+//
+// Save ids are epoch * 1000000 + iteration: unique per epoch, so a new epoch
+// never saves a step id an older epoch committed (a committed step is never
+// replaced), and the same on every rank.
+//
+//   elastic_trainer SOCKET JOB PARTICIPANT GLOBAL ITERATIONS FIRST_MIN OUT
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/checkpointer.h"
+#include "client/elastic.h"
+#include "tests/client/elastic_model.h"
+
+namespace {
+
+std::atomic<bool> grow{false}, finish{false};
+
+void OnSignal(int sig) {
+  if (sig == SIGUSR1) grow = true;
+  if (sig == SIGUSR2) finish = true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ckpt;
+  if (argc != 8) {
+    std::fprintf(stderr,
+                 "usage: %s SOCKET JOB PARTICIPANT GLOBAL ITERATIONS "
+                 "FIRST_MIN OUT\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string socket = argv[1], job = argv[2], participant = argv[3];
+  const int64_t global = std::atoll(argv[4]);
+  const uint64_t iterations = std::strtoull(argv[5], nullptr, 10);
+  uint32_t min_ranks = static_cast<uint32_t>(std::atoi(argv[6]));
+  const std::string out = argv[7];
+  ::signal(SIGUSR1, OnSignal);
+  ::signal(SIGUSR2, OnSignal);
+  std::ofstream status(out + ".status", std::ios::app);
+  auto fail = [&](const std::string& what, const absl::Status& s) {
+    std::fprintf(stderr, "%s: %s: %s\n", participant.c_str(), what.c_str(),
+                 s.ToString().c_str());
+    return 3;
+  };
+  while (true) {
+    auto epoch = client::Rejoin({.job = job,
+                                 .socket_path = socket,
+                                 .participant = participant,
+                                 .min_ranks = min_ranks,
+                                 .max_ranks = 8,
+                                 .settle = absl::Seconds(2),
+                                 .timeout = absl::Minutes(2)});
+    if (!epoch.ok()) return fail("rejoin", epoch.status());
+    min_ranks = 1;
+    grow = false;
+    const auto [offset, length] =
+        testing::ElasticBox(global, epoch->rank, epoch->world_size);
+    std::vector<float> w(length);
+    std::string iteration_bytes;
+    auto ckpt = client::Checkpointer::Connect(
+        {job, epoch->rank, epoch->world_size, socket});
+    if (!ckpt.ok()) return fail("connect", ckpt.status());
+    absl::Status s = (*ckpt)->RegisterTensor(
+        "w", proto::DTYPE_FLOAT32, w.data(), {global}, {offset}, {length});
+    if (s.ok()) s = (*ckpt)->RegisterBytes("iteration", &iteration_bytes);
+    if (!s.ok()) return fail("register", s);
+    std::atomic<bool> lost{false};
+    s = (*ckpt)->WatchFailures(
+        [&lost](const std::vector<std::string>&) { lost = true; });
+    if (!s.ok()) return fail("watch", s);
+    uint64_t iteration = 0;
+    auto latest = (*ckpt)->LatestCommitted(proto::TIER_PEER);
+    if (!latest.ok()) return fail("latest", latest.status());
+    if (latest->has_value()) {
+      s = (*ckpt)->Restore(**latest);
+      if (!s.ok()) return fail(absl::StrCat("restore ", **latest), s);
+      if (!absl::SimpleAtoi(iteration_bytes, &iteration)) {
+        return fail("restore", absl::DataLossError("bad iteration item"));
+      }
+    } else {
+      for (int64_t i = 0; i < length; ++i)
+        w[i] = testing::ElasticInitial(offset + i);
+    }
+    status << "epoch " << epoch->epoch << " rank " << epoch->rank << " world "
+           << epoch->world_size << " restored "
+           << (latest->has_value() ? **latest : 0) << " iteration " << iteration
+           << std::endl;
+    while (!lost && !grow) {
+      if (iteration == iterations) {
+        if (finish) {
+          std::ofstream f(out, std::ios::binary | std::ios::trunc);
+          f << offset << " " << length << "\n";
+          f.write(reinterpret_cast<const char*>(w.data()),
+                  static_cast<std::streamsize>(w.size() * sizeof(float)));
+          return f.good() ? 0 : 3;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      ++iteration;
+      for (int64_t i = 0; i < length; ++i)
+        w[i] = testing::ElasticStep(w[i], iteration, offset + i);
+      iteration_bytes = std::to_string(iteration);
+      auto save = (*ckpt)->SaveAsync(epoch->epoch * 1000000 + iteration);
+      if (save.ok()) (void)(*save)->WaitStaged();
+      absl::SleepFor(absl::Milliseconds(15));
+    }
+  }
+}
