@@ -488,6 +488,21 @@ absl::Status Checkpointer::Restore(uint64_t step) {
   return restored;
 }
 
+absl::StatusOr<absl::optional<uint64_t>> Checkpointer::RestoreLatest(
+    proto::Tier tier) {
+  constexpr int kAttempts = 5;
+  absl::Status failed;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> latest, LatestCommitted(tier));
+    if (!latest.has_value()) return latest;
+    failed = Restore(*latest);
+    if (failed.ok()) return latest;
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> now, LatestCommitted(tier));
+    if (!now.has_value() || *now == *latest) return failed;
+  }
+  return failed;
+}
+
 // A shard whose bytes are whole somewhere: staged (its slot), persisted (its
 // file, and maybe its slot), or failed to persist with its slot still there
 // (a disk error does not touch the memory tier).

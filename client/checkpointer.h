@@ -168,6 +168,12 @@ class Checkpointer {
   // (only their overlapping byte ranges are read from files); byte items come
   // from the saved rank with this rank's number, else from saved rank 0.
   absl::Status Restore(uint64_t step);
+  // Restores the newest step committed at `tier` and returns it (nullopt:
+  // nothing is committed there yet, nothing restored). Retention may drop a
+  // step the moment a newer one commits (another node's replication landing
+  // during a restart, say): the newer one is then restored instead.
+  absl::StatusOr<absl::optional<uint64_t>> RestoreLatest(
+      proto::Tier tier = proto::TIER_LOCAL_DISK);
 
   // What the daemon knows about this rank's shard of `step` (state, sizes,
   // timestamps).

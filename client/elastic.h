@@ -4,6 +4,10 @@
 // each one's new rank and world size and a fresh NCCL unique id they share.
 // The trainer then connects a Checkpointer with the new rank and world size
 // and restores the latest committed step (resharded if the world changed).
+// After a node loss that is LatestCommitted(TIER_PEER): newer steps may be
+// committed in memory, but the lost node's memory is gone. A committed step is
+// never replaced, so the new epoch must save under step ids no older epoch
+// used (e.g. epoch * 1000000 + iteration, with the iteration in a byte item).
 //
 // Thread-safety: Rejoin is thread-safe.
 #ifndef CKPT_CLIENT_ELASTIC_H_

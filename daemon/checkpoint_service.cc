@@ -129,6 +129,15 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
                             self->Replicated(shard, nodes);
                           }));
   }
+  if (!o.shared.dir.empty()) {
+    CheckpointService* self = service.get();
+    ASSIGN_OR_RETURN(service->shared_,
+                     SharedTier::Start(fs, o.shared, &service->metrics_,
+                                       [self](const proto::ShardRecord& shard) {
+                                         self->VoteLater(shard,
+                                                         proto::TIER_SHARED);
+                                       }));
+  }
   RETURN_IF_ERROR(service->Recover());
   for (int i = 0; i < o.persist_threads; ++i) {
     service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
@@ -143,6 +152,7 @@ CheckpointService::~CheckpointService() {
   }
   for (std::thread& t : workers_) t.join();
   replicator_.reset();  // its callback uses the catalog
+  shared_.reset();
 }
 
 absl::Status CheckpointService::Recover() {
@@ -166,6 +176,12 @@ absl::Status CheckpointService::Recover() {
         r.replica_nodes_size() < options_.replication.replicas) {
       replicator_->Enqueue(
           r, {r.replica_nodes().begin(), r.replica_nodes().end()});
+    }
+    // Persisted, and due on the shared tier, but not copied there yet.
+    if (shared_ != nullptr && r.state() == proto::SHARD_PERSISTED &&
+        shared_->Wants(r.step()) &&
+        !shared_->Has(r.job(), r.step(), r.rank())) {
+      shared_->Enqueue(r);
     }
   }
   {
@@ -762,6 +778,7 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   }
   Committed(r.job(), r.step(), committed);
   if (replicator_ != nullptr) replicator_->Enqueue(r);
+  if (shared_ != nullptr && shared_->Wants(r.step())) shared_->Enqueue(r);
   const absl::Time end = absl::Now();
   const double seconds = absl::ToDoubleSeconds(end - start);
   CKPT_LOG_INFO(
@@ -782,6 +799,48 @@ void CheckpointService::CollectGarbage(const std::string& job) {
     CKPT_LOG_WARN("gc of job {}: {}", job, done.status().ToString());
   }
   if (replicator_ != nullptr) replicator_->CollectGarbage(job);
+  if (shared_ != nullptr) {
+    absl::StatusOr<std::vector<proto::CommitRecord>> commits =
+        coordinator_->ListCommits(job);
+    if (commits.ok()) shared_->CollectGarbage(job, *commits);
+  }
+}
+
+std::set<uint64_t> CheckpointService::KeptElsewhere(
+    const std::vector<proto::CommitRecord>& commits) const {
+  std::set<uint64_t> out;
+  auto newest = [&](proto::Tier tier, int keep) {
+    std::set<uint64_t> steps;
+    for (const proto::CommitRecord& c : commits) {
+      if (c.tier() == tier) steps.insert(c.step());
+    }
+    for (auto it = steps.rbegin(); it != steps.rend() && keep > 0;
+         ++it, --keep) {
+      out.insert(*it);
+    }
+  };
+  if (replicator_ != nullptr) {
+    newest(proto::TIER_PEER, std::max(options_.replication.keep_steps, 1));
+  }
+  if (shared_ != nullptr) newest(proto::TIER_SHARED, options_.shared.keep);
+  return out;
+}
+
+void CheckpointService::VoteLater(const proto::ShardRecord& shard,
+                                  proto::Tier tier) {
+  absl::StatusOr<std::vector<proto::Tier>> committed = coordinator_->Vote(
+      shard.job(), shard.step(), shard.rank(), shard.world_size(), {tier});
+  if (!committed.ok()) {
+    CKPT_LOG_WARN("{}: {}-tier vote failed: {}",
+                  Describe(shard.job(), shard.step(), shard.rank()),
+                  TierName(tier), committed.status().ToString());
+    return;
+  }
+  Committed(shard.job(), shard.step(), *committed);
+  // A commit at this tier may let an older step go there.
+  if (!committed->empty()) RequestGc(shard.job());
+  absl::MutexLock lock(&mu_);
+  ++generation_;  // WaitCommitted looks again
 }
 
 void CheckpointService::Replicated(const proto::ShardRecord& shard,
@@ -804,17 +863,7 @@ void CheckpointService::Replicated(const proto::ShardRecord& shard,
       CKPT_LOG_WARN("{}: recording its replicas: {}", what, put.ToString());
     }
   }
-  absl::StatusOr<std::vector<proto::Tier>> committed =
-      coordinator_->Vote(shard.job(), shard.step(), shard.rank(),
-                         shard.world_size(), {proto::TIER_PEER});
-  if (!committed.ok()) {
-    CKPT_LOG_WARN("{}: peer-tier vote failed: {}", what,
-                  committed.status().ToString());
-    return;
-  }
-  Committed(shard.job(), shard.step(), *committed);
-  absl::MutexLock lock(&mu_);
-  ++generation_;  // WaitCommitted(TIER_PEER) looks again
+  VoteLater(shard, proto::TIER_PEER);
 }
 
 absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
@@ -831,6 +880,9 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
                    catalog_->ListShards(job));
   RetentionPlan plan = PlanRetention(commits, shards, policy);
   if (dry_run) return plan;
+  // Steps the peer and shared tiers still keep: their shards are there, so
+  // their commit records stay when this node drops its own copies.
+  const std::set<uint64_t> elsewhere = KeptElsewhere(commits);
   // A step this plan forgets entirely loses its commit records first, so a
   // listed commit always has its shards (a crash in between leaves shards no
   // commit names, which the next collection drops). If that fails, its shards
@@ -843,7 +895,10 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     }
     std::set<uint64_t> kept;
     for (const auto& [step, n] : forgotten) {
-      if (n != held[step] || step >= plan.oldest_kept_disk_step) continue;
+      if (n != held[step] || step >= plan.oldest_kept_disk_step ||
+          elsewhere.count(step) > 0) {
+        continue;
+      }
       absl::Status s = coordinator_->ForgetStep(job, step);
       if (!s.ok()) {
         CKPT_LOG_WARN("gc of job {} step {}: {}; its shards stay", job, step,
@@ -896,6 +951,7 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     if (c.step() < plan.oldest_kept_disk_step) orphans.insert(c.step());
   }
   for (const proto::ShardRecord& r : left) orphans.erase(r.step());
+  for (uint64_t step : elsewhere) orphans.erase(step);
   for (uint64_t step : orphans) {
     absl::Status s = coordinator_->ForgetStep(job, step);
     if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
@@ -970,12 +1026,25 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
   if (whole || (r.has_value() && r->state() == proto::SHARD_STAGING)) {
     return *r;
   }
+  absl::Status elsewhere = absl::NotFoundError(
+      absl::StrCat("no shard for ", Describe(job, step, rank)));
   if (replicator_ != nullptr) {
     absl::StatusOr<proto::ShardRecord> fetched =
         replicator_->Fetch(job, step, rank);
-    if (fetched.ok() || !r.has_value()) return fetched;
-    CKPT_LOG_WARN("{}: no copy from peers either: {}",
-                  Describe(job, step, rank), fetched.status().ToString());
+    if (fetched.ok()) return fetched;
+    elsewhere = fetched.status();
+  }
+  if (shared_ != nullptr) {
+    absl::StatusOr<proto::ShardRecord> copy = shared_->Find(job, step, rank);
+    if (copy.ok()) return copy;
+    elsewhere = absl::Status(
+        elsewhere.code(),
+        absl::StrCat(elsewhere.message(), "; ", copy.status().message()));
+  }
+  if (!r.has_value()) return elsewhere;
+  if (replicator_ != nullptr || shared_ != nullptr) {
+    CKPT_LOG_WARN("{}: no copy elsewhere either: {}", Describe(job, step, rank),
+                  elsewhere.ToString());
   }
   if (!r.has_value()) {
     return absl::NotFoundError(

@@ -35,6 +35,7 @@
 #include "daemon/metrics.h"
 #include "daemon/replicator.h"
 #include "daemon/retention.h"
+#include "daemon/shared_tier.h"
 #include "daemon/staging_arena.h"
 #include "io/file_system.h"
 #include "proto/daemon.pb.h"
@@ -59,6 +60,8 @@ struct ServiceOptions {
   // Peer replication (tier T1) and restores from peers: on when
   // `replication.dir` is set (ckptd's --peer-address).
   ReplicationOptions replication;
+  // The shared tier (T3): on when `shared.dir` is set.
+  SharedTierOptions shared;
 };
 
 class CheckpointService {
@@ -98,7 +101,8 @@ class CheckpointService {
   absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job);
   // A shard's record: this node's own, else (with peer replication on) a
-  // verified copy fetched from a peer, whose `shard_path` is a local file.
+  // verified copy fetched from a peer, whose `shard_path` is a local file,
+  // else (with a shared tier) its copy there.
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
   // The shard file this node persisted for a shard, if it has one.
@@ -171,6 +175,11 @@ class CheckpointService {
   // K peers verified a replica of `shard`: recorded, then voted at TIER_PEER.
   void Replicated(const proto::ShardRecord& shard,
                   const std::vector<std::string>& nodes);
+  // The steps the peer and shared tiers keep (their newest commits there).
+  std::set<uint64_t> KeptElsewhere(
+      const std::vector<proto::CommitRecord>& commits) const;
+  // Votes `tier` for `shard` (reached after its persist) and notes commits.
+  void VoteLater(const proto::ShardRecord& shard, proto::Tier tier);
 
   io::FileSystem* const fs_;
   const ServiceOptions options_;
@@ -179,6 +188,7 @@ class CheckpointService {
   std::shared_ptr<Coordinator> coordinator_;
   std::unique_ptr<StagingArena> arena_;
   std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<SharedTier> shared_;
 
   absl::Mutex mu_;
   std::deque<SlotId> queue_ ABSL_GUARDED_BY(mu_);

@@ -145,6 +145,20 @@ int main(int argc, char** argv) {
                  "mutual TLS: this node's certificate (PEM)");
   app.add_option("--peer-tls-key", tls_key,
                  "mutual TLS: this node's private key (PEM)");
+  std::string shared_dir;
+  uint64_t shared_every = 1;
+  int keep_shared = 2;
+  app.add_option("--shared-dir", shared_dir,
+                 "tier T3: a directory every node sees (NFS, Lustre, any "
+                 "POSIX mount) that persisted shards are also copied to");
+  app.add_option("--shared-every", shared_every,
+                 "copy the steps that are multiples of this to --shared-dir")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--keep-shared", keep_shared,
+                 "committed steps kept in --shared-dir")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   bool fault_injection = false;
   app.add_flag("--fault-injection", fault_injection,
                "chaos testing: write through the fault-injecting file system "
@@ -209,6 +223,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckptd: --peer-tls-* need --peer-address\n");
     return 2;
   }
+
+  options.shared = {
+      .dir = shared_dir, .every = shared_every, .keep = keep_shared};
 
   // Termination signals are taken synchronously below, after every thread has
   // them blocked.

@@ -519,6 +519,13 @@ absl::Status EtcdCoordinator::ForgetStep(const std::string& job,
           "step ", step, " of job ", job, " is the latest committed at tier ",
           TierName(tier), "; it is never dropped"));
     }
+    // A commit of this step landing between the check and the delete (its
+    // last replica verified meanwhile, say) would make it the latest: the
+    // delete then fails instead of taking that commit along.
+    *txn.add_compare() =
+        latest.kvs_size() == 1
+            ? ModifiedAt(LatestKey(job, tier), latest.kvs(0).mod_revision())
+            : CreatedNever(LatestKey(job, tier));
   }
   auto* del = txn.add_success()->mutable_request_delete_range();
   del->set_key(StepPrefix(job, step));

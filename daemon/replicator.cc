@@ -318,10 +318,12 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
   const ReplicaStore::Key key{job, step, rank};
   const std::string what = Describe(job, step, rank);
   absl::MutexLock fetching(&fetch_mu_);
+  // Marked before anything is fetched: garbage collection running meanwhile
+  // leaves the copy alone from the moment it appears.
+  Used(key);
   // A copy here already: fetched before, or a replica a peer pushed here.
   for (ReplicaStore* store : {fetched_.get(), held_.get()}) {
     if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
-      if (store == fetched_.get()) Used(key);
       absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
       if (r.ok()) return r;
       CKPT_LOG_WARN("{}: the copy in {} is unusable ({}); dropping it", what,
@@ -360,7 +362,6 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     const absl::Time start = absl::Now();
     absl::StatusOr<ReplicaStore::Entry> got = FetchFrom(key, *c.peer);
     if (got.ok()) {
-      Used(key);
       metrics_->Add("ckpt_peer_fetched_bytes_total",
                     {{"job", job},
                      {"source", c.tier == proto::TIER_PEER ? "peer_memory"

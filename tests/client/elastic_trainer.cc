@@ -3,17 +3,20 @@
 // rank owns in that epoch, restores the newest step committed at tier peer
 // (resharded, from local copies and from peers) or starts from the initial
 // state, then trains (an elementwise, deterministic update) and saves every
-// iteration. When its daemon reports a lost node, or on SIGUSR1 (the job is
-// to grow), it leaves the loop and rejoins — the process is never restarted.
-// At the last iteration it waits; SIGUSR2 makes it write its box to OUT and
-// exit 0. Each epoch it joins is appended to OUT.status as
-// "epoch E rank R world W restored S iteration I".
+// iteration. When its daemon reports a lost node it leaves the loop and
+// rejoins, waiting for the members of its epoch that were on other nodes
+// (participant ids are "<node>-r<i>"); on SIGUSR1 (the job grows) it rejoins
+// and waits for the full world of 8 — the process is never restarted.
+// It trains up to the iteration written in LIMIT_FILE (read every iteration:
+// the test paces the job), then waits; SIGUSR2 makes it write its box to OUT
+// and exit 0 once it is at the limit. Each epoch it joins is appended to
+// OUT.status as "epoch E rank R world W restored S iteration I".
 //
 // Save ids are epoch * 1000000 + iteration: unique per epoch, so a new epoch
 // never saves a step id an older epoch committed (a committed step is never
 // replaced), and the same on every rank.
 //
-//   elastic_trainer SOCKET JOB PARTICIPANT GLOBAL ITERATIONS FIRST_MIN OUT
+//   elastic_trainer SOCKET JOB PARTICIPANT GLOBAL LIMIT_FILE FIRST_MIN OUT
 #include <signal.h>
 
 #include <atomic>
@@ -25,6 +28,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/checkpointer.h"
 #include "client/elastic.h"
@@ -45,14 +49,20 @@ int main(int argc, char** argv) {
   using namespace ckpt;
   if (argc != 8) {
     std::fprintf(stderr,
-                 "usage: %s SOCKET JOB PARTICIPANT GLOBAL ITERATIONS "
+                 "usage: %s SOCKET JOB PARTICIPANT GLOBAL LIMIT_FILE "
                  "FIRST_MIN OUT\n",
                  argv[0]);
     return 2;
   }
   const std::string socket = argv[1], job = argv[2], participant = argv[3];
   const int64_t global = std::atoll(argv[4]);
-  const uint64_t iterations = std::strtoull(argv[5], nullptr, 10);
+  const std::string limit_file = argv[5];
+  auto limit = [&limit_file]() -> uint64_t {
+    std::ifstream in(limit_file);
+    uint64_t n = 0;
+    in >> n;
+    return n;
+  };
   uint32_t min_ranks = static_cast<uint32_t>(std::atoi(argv[6]));
   const std::string out = argv[7];
   ::signal(SIGUSR1, OnSignal);
@@ -68,11 +78,10 @@ int main(int argc, char** argv) {
                                  .socket_path = socket,
                                  .participant = participant,
                                  .min_ranks = min_ranks,
-                                 .max_ranks = 8,
+                                 .max_ranks = min_ranks,
                                  .settle = absl::Seconds(2),
                                  .timeout = absl::Minutes(2)});
     if (!epoch.ok()) return fail("rejoin", epoch.status());
-    min_ranks = 1;
     grow = false;
     const auto [offset, length] =
         testing::ElasticBox(global, epoch->rank, epoch->world_size);
@@ -86,15 +95,20 @@ int main(int argc, char** argv) {
     if (s.ok()) s = (*ckpt)->RegisterBytes("iteration", &iteration_bytes);
     if (!s.ok()) return fail("register", s);
     std::atomic<bool> lost{false};
-    s = (*ckpt)->WatchFailures(
-        [&lost](const std::vector<std::string>&) { lost = true; });
+    absl::Mutex lost_mu;
+    std::vector<std::string> lost_nodes;
+    s = (*ckpt)->WatchFailures([&](const std::vector<std::string>& nodes) {
+      {
+        absl::MutexLock lock(&lost_mu);
+        lost_nodes.insert(lost_nodes.end(), nodes.begin(), nodes.end());
+      }
+      lost = true;
+    });
     if (!s.ok()) return fail("watch", s);
     uint64_t iteration = 0;
-    auto latest = (*ckpt)->LatestCommitted(proto::TIER_PEER);
-    if (!latest.ok()) return fail("latest", latest.status());
+    auto latest = (*ckpt)->RestoreLatest(proto::TIER_PEER);
+    if (!latest.ok()) return fail("restore", latest.status());
     if (latest->has_value()) {
-      s = (*ckpt)->Restore(**latest);
-      if (!s.ok()) return fail(absl::StrCat("restore ", **latest), s);
       if (!absl::SimpleAtoi(iteration_bytes, &iteration)) {
         return fail("restore", absl::DataLossError("bad iteration item"));
       }
@@ -107,7 +121,7 @@ int main(int argc, char** argv) {
            << (latest->has_value() ? **latest : 0) << " iteration " << iteration
            << std::endl;
     while (!lost && !grow) {
-      if (iteration == iterations) {
+      if (iteration >= limit()) {
         if (finish) {
           std::ofstream f(out, std::ios::binary | std::ios::trunc);
           f << offset << " " << length << "\n";
@@ -126,5 +140,21 @@ int main(int argc, char** argv) {
       if (save.ok()) (void)(*save)->WaitStaged();
       absl::SleepFor(absl::Milliseconds(15));
     }
+    // Growing: the job waits for its full size, replacements included.
+    if (grow) min_ranks = 8;
+    // A failure: the members of this epoch that were not on a lost node
+    // (participant ids are "<node>-r<i>").
+    if (lost) {
+      absl::MutexLock lock(&lost_mu);
+      min_ranks = 0;
+      for (const std::string& m : epoch->members) {
+        bool gone = false;
+        for (const std::string& n : lost_nodes) {
+          gone = gone || m.rfind(n + "-", 0) == 0;
+        }
+        if (!gone) ++min_ranks;
+      }
+    }
+    (*ckpt).reset();  // stops watching before `lost_nodes` goes
   }
 }

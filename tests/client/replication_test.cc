@@ -216,6 +216,71 @@ TEST(ReplicationTest, APeerKilledMidTransferHoldsNothingAndKIsReachedLater) {
       b.replica_dir() + "/held/cut/00000000000000000001-0000000000.ckpt"));
 }
 
+// Tier T3: node a copies every second step to a shared directory; once node a
+// is lost with its directories, node b restores those steps from the shared
+// copies, at the same and at another world size, and names what is missing.
+TEST(ReplicationTest, TheSharedTierServesTheStepsOfALostNode) {
+  testing::TempDir shared;
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  const std::vector<std::string> args = {
+      "--coordinator",  "etcd://" + etcd.endpoint(),
+      "--lease-ttl",    "2",
+      "--shared-dir",   shared.File("t3"),
+      "--shared-every", "2",
+      "--keep-shared",  "2"};
+  auto with_id = [&](const std::string& id) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--node-id", id});
+    return a;
+  };
+  testing::DaemonProcess a(with_id("node-a")), b(with_id("node-b"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  constexpr int64_t kGlobal = 1 << 18;
+  {
+    Rank r0(a.socket(), "t3", 0, 2, kGlobal),
+        r1(a.socket(), "t3", 1, 2, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    for (uint64_t step = 1; step <= 6; ++step) {
+      absl::Status s =
+          SaveAll({&r0, &r1}, step,
+                  step % 2 == 0 ? proto::TIER_SHARED : proto::TIER_LOCAL_DISK);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s << "\n" << a.log();
+    }
+    auto on_shared = r0.ckpt->ListCommitted(proto::TIER_SHARED);
+    ASSERT_TRUE(on_shared.ok());
+    EXPECT_THAT(*on_shared, ::testing::IsSupersetOf({4u, 6u}));
+    EXPECT_THAT(*on_shared, ::testing::Not(::testing::Contains(3u)));
+  }
+  // Retention keeps the newest two shared steps: 4 and 6, two ranks each.
+  for (int i = 0; i < 100 && FilesUnder(shared.File("t3")) != 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(FilesUnder(shared.File("t3")), 4u);
+  EXPECT_TRUE(std::filesystem::exists(
+      shared.File("t3/t3/00000000000000000006-0000000001.ckpt")));
+  a.Kill();
+  std::error_code ec;
+  std::filesystem::remove_all(a.data_dir(), ec);
+  std::filesystem::remove_all(a.staging_dir(), ec);
+  Rank same(b.socket(), "t3", 1, 2, kGlobal);
+  ASSERT_TRUE(same.ckpt);
+  absl::Status restored = same.ckpt->Restore(6);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << b.log();
+  EXPECT_TRUE(same.Matches(6));
+  Rank alone(b.socket(), "t3", 0, 1, kGlobal);
+  ASSERT_TRUE(alone.ckpt);
+  restored = alone.ckpt->Restore(4);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << b.log();
+  EXPECT_TRUE(alone.Matches(4, /*rng_too=*/false));
+  // Step 5 was never copied: the error names the shard and the shared tier.
+  absl::Status missing = same.ckpt->Restore(5);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(missing.message(), HasSubstr("step 5"));
+  EXPECT_THAT(missing.message(), HasSubstr("shared tier"));
+}
+
 // A CA, and a certificate it signed for 127.0.0.1, made with openssl.
 struct Pki {
   testing::TempDir dir;
