@@ -570,7 +570,11 @@ nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
     f["persist_bytes_per_s"] = *persisted / *persist_s;
   }
   put("compression_ratio", get("ckpt_compression_ratio"));
-  for (const char* tier : {"memory", "local_disk"}) {
+  put("replicated_bytes", get("ckpt_replicated_bytes_total"));
+  put("replication_failures", get("ckpt_replication_failures_total"));
+  put("fetched_from_peers_bytes", get("ckpt_peer_fetched_bytes_total"));
+  put("shared_bytes", get("ckpt_shared_bytes_total"));
+  for (const char* tier : {"memory", "peer", "local_disk", "shared"}) {
     put(absl::StrCat("commit_latency_mean_s_", tier),
         mean("ckpt_commit_latency_seconds", {{"tier", tier}}));
     put(absl::StrCat("last_commit_age_s_", tier),
@@ -722,6 +726,20 @@ int Status(const std::string& data_dir, const std::string& socket_path,
         HumanBytes(static_cast<uint64_t>(num("persist_bytes_per_s"))).c_str(),
         num("compression_ratio"), secs("commit_latency_mean_s_memory").c_str(),
         secs("commit_latency_mean_s_local_disk").c_str());
+    if (f.contains("replicated_bytes") || f.contains("shared_bytes") ||
+        f.contains("fetched_from_peers_bytes")) {
+      std::printf(
+          "  beyond     %s pushed to peers (%.0f failed pushes), %s fetched "
+          "from peers, %s to the shared tier; commit latency peer %s, "
+          "shared %s\n",
+          HumanBytes(static_cast<uint64_t>(num("replicated_bytes"))).c_str(),
+          num("replication_failures"),
+          HumanBytes(static_cast<uint64_t>(num("fetched_from_peers_bytes")))
+              .c_str(),
+          HumanBytes(static_cast<uint64_t>(num("shared_bytes"))).c_str(),
+          secs("commit_latency_mean_s_peer").c_str(),
+          secs("commit_latency_mean_s_shared").c_str());
+    }
     std::printf(
         "  at risk    %s since the last disk commit, %.0f step(s) "
         "newer in memory only\n",

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
+#include "client/daemon_admin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/peer.grpc.pb.h"
@@ -139,6 +140,14 @@ TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
     auto on_peers = r0.ckpt->ListCommitted(kPeer);
     ASSERT_TRUE(on_peers.ok());
     EXPECT_THAT(*on_peers, ::testing::Contains(2u));
+    // The replication figures move: bytes pushed (rate = bytes/s), the
+    // replicas node a holds for b.
+    auto metrics = GetMetricsText(a.socket());
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_THAT(*metrics,
+                ::testing::ContainsRegex(
+                    "ckpt_replicated_bytes_total\\{job=\"rep\"\\} [1-9]"));
+    EXPECT_THAT(*metrics, ::testing::ContainsRegex("ckpt_replica_bytes [1-9]"));
   }
   // Node a is lost with everything it had: daemon, memory tier, disk.
   a.Kill();
