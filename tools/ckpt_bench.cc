@@ -668,6 +668,20 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
   std::filesystem::create_directories(dir);
   std::string etcd;
   const pid_t etcd_pid = StartEtcd(dir, &etcd);
+  // ckptd gives up when etcd does not answer: wait until it listens.
+  const int etcd_port = std::stoi(etcd.substr(etcd.rfind(':') + 1));
+  for (int i = 0; i < 400; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(etcd_port));
+    const bool up =
+        ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
   struct Node {
     std::string id, dir, staging;
     pid_t pid = -1;
