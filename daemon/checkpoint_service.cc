@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/records.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -122,12 +123,15 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
     CheckpointService* self = service.get();
     ASSIGN_OR_RETURN(
         service->replicator_,
-        Replicator::Start(fs, o.replication, service->coordinator_.get(),
-                          &service->metrics_,
-                          [self](const proto::ShardRecord& shard,
-                                 const std::vector<std::string>& nodes) {
-                            self->Replicated(shard, nodes);
-                          }));
+        Replicator::Start(
+            fs, o.replication, service->coordinator_.get(), &service->metrics_,
+            [self](const proto::ShardRecord& shard,
+                   const std::vector<std::string>& nodes) {
+              self->Replicated(shard, nodes);
+            },
+            [self](const std::vector<std::string>& lost) {
+              self->PeersLost(lost);
+            }));
   }
   if (!o.shared.dir.empty()) {
     CheckpointService* self = service.get();
@@ -803,6 +807,33 @@ void CheckpointService::CollectGarbage(const std::string& job) {
     absl::StatusOr<std::vector<proto::CommitRecord>> commits =
         coordinator_->ListCommits(job);
     if (commits.ok()) shared_->CollectGarbage(job, *commits);
+  }
+}
+
+void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
+  absl::StatusOr<std::vector<proto::ShardRecord>> shards =
+      catalog_->ListShards();
+  if (!shards.ok()) {
+    CKPT_LOG_WARN("peers {} left; listing shards: {}",
+                  absl::StrJoin(lost, ", "), shards.status().ToString());
+    return;
+  }
+  for (const proto::ShardRecord& r : *shards) {
+    if (r.state() != proto::SHARD_PERSISTED || r.shard_path().empty()) {
+      continue;
+    }
+    std::vector<std::string> holders;
+    for (const std::string& n : r.replica_nodes()) {
+      if (std::find(lost.begin(), lost.end(), n) == lost.end()) {
+        holders.push_back(n);
+      }
+    }
+    if (holders.size() == static_cast<size_t>(r.replica_nodes_size())) {
+      continue;  // none of its replicas was there
+    }
+    CKPT_LOG_INFO("{}: a node holding its replica left; replicating again",
+                  Describe(r.job(), r.step(), r.rank()));
+    replicator_->Enqueue(r, holders);
   }
 }
 

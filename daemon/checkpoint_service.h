@@ -175,6 +175,8 @@ class CheckpointService {
   // K peers verified a replica of `shard`: recorded, then voted at TIER_PEER.
   void Replicated(const proto::ShardRecord& shard,
                   const std::vector<std::string>& nodes);
+  // Peers that held replicas left: their shards are pushed again to others.
+  void PeersLost(const std::vector<std::string>& lost);
   // The steps the peer and shared tiers keep (their newest commits there).
   std::set<uint64_t> KeptElsewhere(
       const std::vector<proto::CommitRecord>& commits) const;

@@ -44,13 +44,14 @@ absl::Time TransferDeadline(uint64_t bytes) {
 
 absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
     io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
-    Metrics* metrics, OnReplicated on_replicated) {
+    Metrics* metrics, OnReplicated on_replicated, OnPeersLost on_peers_lost) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(options.node_id));
   if (options.replicas < 0) {
     return absl::InvalidArgumentError("peer replicas must be 0 or more");
   }
-  std::unique_ptr<Replicator> r(new Replicator(
-      fs, std::move(options), coordinator, metrics, std::move(on_replicated)));
+  std::unique_ptr<Replicator> r(
+      new Replicator(fs, std::move(options), coordinator, metrics,
+                     std::move(on_replicated), std::move(on_peers_lost)));
   ASSIGN_OR_RETURN(r->held_,
                    ReplicaStore::Open(fs, io::JoinPath(r->options_.dir, "held"),
                                       r->options_.held_budget_bytes));
@@ -82,12 +83,13 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
 
 Replicator::Replicator(io::FileSystem* fs, ReplicationOptions options,
                        Coordinator* coordinator, Metrics* metrics,
-                       OnReplicated on_replicated)
+                       OnReplicated on_replicated, OnPeersLost on_peers_lost)
     : fs_(fs),
       options_(std::move(options)),
       coordinator_(coordinator),
       metrics_(metrics),
-      on_replicated_(std::move(on_replicated)) {}
+      on_replicated_(std::move(on_replicated)),
+      on_peers_lost_(std::move(on_peers_lost)) {}
 
 Replicator::~Replicator() {
   {
@@ -145,6 +147,23 @@ void Replicator::Loop() {
         absl::Now() - last_publish >= options_.retry_interval) {
       peers = Peers();
       last_publish = absl::Now();
+    }
+    if (peers.ok()) {
+      std::set<std::string> now;
+      for (const proto::PeerInfo& p : *peers) now.insert(p.node_id());
+      std::vector<std::string> lost;
+      for (const std::string& n : known_peers_) {
+        if (now.count(n) == 0) lost.push_back(n);
+      }
+      known_peers_ = std::move(now);
+      if (!lost.empty() && on_peers_lost_) {
+        on_peers_lost_(lost);
+        absl::MutexLock lock(&mu_);
+        // What that enqueued goes out in this round.
+        work.insert(work.end(), std::make_move_iterator(pending_.begin()),
+                    std::make_move_iterator(pending_.end()));
+        pending_.clear();
+      }
     }
     std::vector<Pending> left;
     for (Pending& p : work) {

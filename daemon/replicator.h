@@ -5,11 +5,12 @@
 // shard the service votes TIER_PEER for it. A push that fails (the peer died
 // mid-transfer, it is full) moves on to the next peer; a shard short of K
 // peers is tried again every `retry_interval`, so replication reaches K again
-// when peers return. It also fetches, for a restore, a shard this node lacks
-// from the peers that have one (a replica in memory first, then the owner's
-// disk), verifies it and keeps it in a local cache. It keeps the replicas peers
-// pushed here (ReplicaStore) and drops them, and cached copies, once retention
-// no longer keeps their step.
+// when peers return; when a peer that held replicas leaves, the shards it held
+// are pushed again to others. It also fetches, for a restore, a shard this node
+// lacks from the peers that have one (a replica in memory first, then the
+// owner's disk), verifies it and keeps it in a local cache. It keeps the
+// replicas peers pushed here (ReplicaStore) and drops them, and cached copies,
+// once retention no longer keeps their step.
 //
 // Thread-safety: thread-safe; one thread pushes.
 #ifndef CKPT_DAEMON_REPLICATOR_H_
@@ -19,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,10 +68,14 @@ class Replicator {
   // Called (on the pushing thread) once K peers verified a shard.
   using OnReplicated = std::function<void(
       const proto::ShardRecord& shard, const std::vector<std::string>& nodes)>;
+  // Called (on the pushing thread) when peers left (their lease expired):
+  // the shards they held replicas of are to be enqueued again.
+  using OnPeersLost = std::function<void(const std::vector<std::string>& lost)>;
 
   static absl::StatusOr<std::unique_ptr<Replicator>> Start(
       io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
-      Metrics* metrics, OnReplicated on_replicated);
+      Metrics* metrics, OnReplicated on_replicated,
+      OnPeersLost on_peers_lost = nullptr);
   ~Replicator();
 
   // Where this node's peer service listens (known once it started): published
@@ -101,7 +107,7 @@ class Replicator {
   };
   Replicator(io::FileSystem* fs, ReplicationOptions options,
              Coordinator* coordinator, Metrics* metrics,
-             OnReplicated on_replicated);
+             OnReplicated on_replicated, OnPeersLost on_peers_lost);
   void Loop();
   // Pushes `p` to peers until K hold it; true when done (or hopeless: its
   // file is gone).
@@ -123,6 +129,8 @@ class Replicator {
   Coordinator* const coordinator_;
   Metrics* const metrics_;
   const OnReplicated on_replicated_;
+  const OnPeersLost on_peers_lost_;
+  std::set<std::string> known_peers_;  // the pushing thread's last view
   std::unique_ptr<ReplicaStore> held_;
   std::unique_ptr<ReplicaStore> fetched_;
   absl::Mutex fetch_mu_;  // one fetch at a time: concurrent ranks share it

@@ -225,6 +225,35 @@ TEST(ReplicationTest, APeerKilledMidTransferHoldsNothingAndKIsReachedLater) {
       b.replica_dir() + "/held/cut/00000000000000000001-0000000000.ckpt"));
 }
 
+// K is kept: when the node holding a shard's replica dies, the owner pushes
+// the shard to another peer once the dead node's lease expired.
+TEST(ReplicationTest, AReplicaLostWithItsNodeIsMadeAgainElsewhere) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
+      b(NodeArgs(etcd.endpoint(), "node-b")),
+      c(NodeArgs(etcd.endpoint(), "node-c"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  ASSERT_TRUE(c.Start()) << c.log();
+  Rank r(a.socket(), "again", 0, 1, 1 << 16);
+  ASSERT_TRUE(r.ckpt);
+  absl::Status s = SaveAll({&r}, 1, kPeer);
+  ASSERT_TRUE(s.ok()) << s << "\n" << a.log();
+  auto held = [](const testing::DaemonProcess& d) {
+    return FilesUnder(d.replica_dir() + "/held");
+  };
+  ASSERT_EQ(held(b) + held(c), 1u) << "K = 1: one replica";
+  testing::DaemonProcess& holder = held(b) == 1 ? b : c;
+  testing::DaemonProcess& other = held(b) == 1 ? c : b;
+  holder.Kill();
+  for (int i = 0; i < 400 && held(other) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(held(other), 1u) << a.log();
+  EXPECT_THAT(a.log(), HasSubstr("replicating again"));
+}
+
 // Tier T3: node a copies every second step to a shared directory; once node a
 // is lost with its directories, node b restores those steps from the shared
 // copies, at the same and at another world size, and names what is missing.
