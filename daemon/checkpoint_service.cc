@@ -674,6 +674,7 @@ void CheckpointService::PersistLoop() {
         ++gc_running_;
       }
     }
+    RevoteIfRejoined();
     if (!gc_job.empty()) {
       const absl::Time gc_start = absl::Now();
       CollectGarbage(gc_job);
@@ -765,10 +766,17 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   r.set_persisted_unix_micros(NowMicros());
   RETURN_IF_ERROR(catalog_->PutShard(r));
   CKPT_KILL_POINT("service.after_persisted_record");
-  ASSIGN_OR_RETURN(
-      std::vector<proto::Tier> committed,
-      coordinator_->Vote(r.job(), r.step(), r.rank(), r.world_size(),
-                         {proto::TIER_LOCAL_DISK}));
+  // The shard is persisted whatever the vote does: a vote refused (a node
+  // fenced past its lease) is made again once the node rejoined.
+  absl::StatusOr<std::vector<proto::Tier>> voted = coordinator_->Vote(
+      r.job(), r.step(), r.rank(), r.world_size(), {proto::TIER_LOCAL_DISK});
+  if (!voted.ok()) {
+    CKPT_LOG_WARN("{}: local-disk vote failed: {}",
+                  Describe(r.job(), r.step(), r.rank()),
+                  voted.status().ToString());
+  }
+  const std::vector<proto::Tier> committed =
+      voted.ok() ? *std::move(voted) : std::vector<proto::Tier>();
   const Labels job_label = {{"job", r.job()}};
   metrics_.Add("ckpt_persisted_bytes_total", job_label,
                static_cast<double>(raw));
@@ -835,6 +843,57 @@ void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
                   Describe(r.job(), r.step(), r.rank()));
     replicator_->Enqueue(r, holders);
   }
+}
+
+void CheckpointService::RevoteIfRejoined() {
+  const int rejoins = coordinator_->Rejoins();
+  {
+    absl::MutexLock lock(&mu_);
+    if (rejoins == rejoins_seen_) return;
+    rejoins_seen_ = rejoins;
+  }
+  absl::StatusOr<std::vector<proto::ShardRecord>> shards =
+      catalog_->ListShards();
+  if (!shards.ok()) {
+    CKPT_LOG_WARN("re-voting after rejoining: {}", shards.status().ToString());
+    return;
+  }
+  int revoted = 0;
+  for (const proto::ShardRecord& r : *shards) {
+    std::vector<proto::Tier> tiers;
+    const bool whole =
+        r.state() == proto::SHARD_STAGED ||
+        r.state() == proto::SHARD_PERSISTED ||
+        (r.state() == proto::SHARD_FAILED && !r.slot_path().empty());
+    if (whole) tiers.push_back(proto::TIER_MEMORY);
+    if (r.state() == proto::SHARD_PERSISTED) {
+      tiers.push_back(proto::TIER_LOCAL_DISK);
+      if (replicator_ != nullptr && r.replica_nodes_size() > 0 &&
+          r.replica_nodes_size() >= options_.replication.replicas) {
+        tiers.push_back(proto::TIER_PEER);
+      }
+      if (shared_ != nullptr && shared_->Has(r.job(), r.step(), r.rank())) {
+        tiers.push_back(proto::TIER_SHARED);
+      }
+    }
+    if (tiers.empty()) continue;
+    absl::StatusOr<std::vector<proto::Tier>> committed =
+        coordinator_->Vote(r.job(), r.step(), r.rank(), r.world_size(), tiers);
+    if (!committed.ok()) {
+      CKPT_LOG_WARN("{}: re-vote after rejoining: {}",
+                    Describe(r.job(), r.step(), r.rank()),
+                    committed.status().ToString());
+      absl::MutexLock lock(&mu_);
+      rejoins_seen_ = -1;  // try again on the next round
+      continue;
+    }
+    ++revoted;
+    Committed(r.job(), r.step(), *committed);
+  }
+  CKPT_LOG_INFO("rejoined: voted again for the {} shards this node holds",
+                revoted);
+  absl::MutexLock lock(&mu_);
+  ++generation_;
 }
 
 std::set<uint64_t> CheckpointService::KeptElsewhere(
@@ -997,6 +1056,9 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
+    // A waiter must not depend on other saves to get the votes refused while
+    // this node was fenced made again.
+    RevoteIfRejoined();
     uint64_t seen;
     {
       absl::MutexLock lock(&mu_);

@@ -175,6 +175,10 @@ class CheckpointService {
   // K peers verified a replica of `shard`: recorded, then voted at TIER_PEER.
   void Replicated(const proto::ShardRecord& shard,
                   const std::vector<std::string>& nodes);
+  // After the coordinator rejoined (a lease lost and taken anew), votes
+  // again for every shard this node holds: the votes refused while it was
+  // fenced.
+  void RevoteIfRejoined();
   // Peers that held replicas left: their shards are pushed again to others.
   void PeersLost(const std::vector<std::string>& lost);
   // The steps the peer and shared tiers keep (their newest commits there).
@@ -204,6 +208,7 @@ class CheckpointService {
   int gc_running_ ABSL_GUARDED_BY(mu_) = 0;  // threads collecting garbage
   std::set<std::string> gc_wanted_ ABSL_GUARDED_BY(mu_);  // jobs to collect
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int rejoins_seen_ ABSL_GUARDED_BY(mu_) = 0;  // Coordinator::Rejoins()
   // When each shard's BeginStage came (staging time) and each step's first
   // one (commit latency); the newest commit per (job, tier) and when.
   std::map<std::tuple<std::string, uint64_t, uint32_t>, absl::Time> begun_

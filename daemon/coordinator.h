@@ -80,6 +80,11 @@ class Coordinator {
                                                 absl::Duration settle,
                                                 absl::Duration timeout);
 
+  // How many times this node took a new lease after losing one (etcd; 0 for
+  // the embedded backend). Votes made while it had none failed: the service
+  // makes them again when this number changes.
+  virtual int Rejoins() const { return 0; }
+
   // Peer replication (tier T1): publishes where this node's peer service
   // listens, under /ckpt/peers/<node> (with etcd, for as long as its lease
   // lives), and lists the nodes that published one (with etcd: the live ones).

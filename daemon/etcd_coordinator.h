@@ -88,6 +88,7 @@ class EtcdCoordinator final : public Coordinator {
   int64_t lease_id() const;
   // Times this node took a lease after losing one (fenced, then rejoined).
   int rejoins() const { return rejoins_.load(); }
+  int Rejoins() const override { return rejoins_.load(); }
   std::string MemberKey() const;
   // Tests: stop (and resume) renewing the lease, as a paused process would.
   void PauseKeepAliveForTesting(bool paused);

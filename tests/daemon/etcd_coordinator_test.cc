@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <thread>
 
+#include "daemon/checkpoint_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon/etcd_process.h"
+#include "tests/daemon/service_util.h"
+#include "tests/test_util.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -153,6 +156,53 @@ TEST_F(EtcdCoordinatorTest, ANodePausedPastItsLeaseIsFencedThenRejoins) {
   EXPECT_NE(a->lease_id(), lease);
   EXPECT_THAT(*a->Vote("job", 2, 0, 2, {kDisk}), ElementsAre(kMem, kDisk));
   EXPECT_TRUE(a->ForgetStep("job", 1).ok());
+}
+
+// A daemon that persisted shards while fenced (its votes refused) votes for
+// them again once it has rejoined: the step commits then.
+TEST_F(EtcdCoordinatorTest, ShardsPersistedWhileFencedCommitAfterTheRejoin) {
+  std::shared_ptr<EtcdCoordinator> etcd = Node("node-a", absl::Seconds(1));
+  auto b = Node("node-b");
+  ASSERT_TRUE(etcd && b);
+  testing::TempDir dir;
+  ServiceOptions o;
+  o.data_dir = dir.File("data");
+  o.staging.dir = dir.File("staging");
+  o.staging.budget_bytes = 64 << 20;
+  o.coordinator = etcd;
+  auto service = CheckpointService::Start(io::DefaultFileSystem(), o);
+  ASSERT_TRUE(service.ok()) << service.status();
+  etcd->PauseKeepAliveForTesting(true);
+  bool expired = false;
+  for (int i = 0; i < 200 && !expired; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto live = b->LiveNodes();
+    ASSERT_TRUE(live.ok()) << live.status();
+    expired = std::find(live->begin(), live->end(), "node-a") == live->end();
+  }
+  ASSERT_TRUE(expired);
+  // Staged and persisted while fenced: both votes are refused.
+  const testing::RankState one(1, 0);
+  ASSERT_TRUE(one.Stage(service->get(), "f", 1, 0, 1).ok());
+  (*service)->WaitIdle();
+  auto shard = (*service)->GetShard("f", 1, 0);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ(shard->state(), proto::SHARD_PERSISTED) << shard->error();
+  EXPECT_FALSE(b->GetCommit("f", 1, kDisk)->has_value());
+  // Rejoined, the next save's persist votes again for step 1 too.
+  etcd->PauseKeepAliveForTesting(false);
+  for (int i = 0; i < 200 && etcd->rejoins() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_EQ(etcd->rejoins(), 1);
+  ASSERT_TRUE(
+      testing::RankState(2, 0).Stage(service->get(), "f", 2, 0, 1).ok());
+  for (uint64_t step : {1, 2}) {
+    auto commit =
+        (*service)->WaitCommitted("f", step, kDisk, absl::Seconds(30));
+    EXPECT_TRUE(commit.ok()) << "step " << step << ": " << commit.status();
+  }
+  EXPECT_TRUE(b->GetCommit("f", 1, kMem)->has_value());
 }
 
 TEST_F(EtcdCoordinatorTest, ACommitSurvivesEtcdKilledAndRestarted) {
