@@ -96,6 +96,16 @@ class DaemonProcess {
     pid_ = -1;
   }
 
+  // The node is lost with everything it had: SIGKILL, then its data, staging
+  // and replica directories are deleted.
+  void Lose() {
+    Kill();
+    std::error_code ec;
+    std::filesystem::remove_all(data_dir(), ec);
+    std::filesystem::remove_all(staging_, ec);
+    std::filesystem::remove_all(replica_dir(), ec);
+  }
+
   // Sends `signal` (SIGSTOP, SIGCONT, ...) without waiting.
   void Signal(int signal) {
     if (pid_ > 0) ::kill(pid_, signal);

@@ -150,11 +150,7 @@ TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
     EXPECT_THAT(*metrics, ::testing::ContainsRegex("ckpt_replica_bytes [1-9]"));
   }
   // Node a is lost with everything it had: daemon, memory tier, disk.
-  a.Kill();
-  std::error_code ec;
-  std::filesystem::remove_all(a.data_dir(), ec);
-  std::filesystem::remove_all(a.staging_dir(), ec);
-  std::filesystem::remove_all(a.replica_dir(), ec);
+  a.Lose();
 
   // Its rank restarts on node c, at the same world size.
   Rank moved(c.socket(), "rep", 0, 2, kGlobal);
@@ -298,10 +294,7 @@ TEST(ReplicationTest, TheSharedTierServesTheStepsOfALostNode) {
   EXPECT_EQ(FilesUnder(shared.File("t3")), 4u);
   EXPECT_TRUE(std::filesystem::exists(
       shared.File("t3/t3/00000000000000000006-0000000001.ckpt")));
-  a.Kill();
-  std::error_code ec;
-  std::filesystem::remove_all(a.data_dir(), ec);
-  std::filesystem::remove_all(a.staging_dir(), ec);
+  a.Lose();
   Rank same(b.socket(), "t3", 1, 2, kGlobal);
   ASSERT_TRUE(same.ckpt);
   absl::Status restored = same.ckpt->Restore(6);

@@ -38,6 +38,19 @@ class EtcdCoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
+  // Waits until `watcher` no longer sees `node` alive (its lease expired).
+  static bool Expired(EtcdCoordinator* watcher, const std::string& node) {
+    for (int i = 0; i < 200; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      auto live = watcher->LiveNodes();
+      EXPECT_TRUE(live.ok()) << live.status();
+      if (live.ok() &&
+          std::find(live->begin(), live->end(), node) == live->end()) {
+        return true;
+      }
+    }
+    return false;
+  }
   testing::EtcdProcess etcd_;
 };
 
@@ -127,14 +140,8 @@ TEST_F(EtcdCoordinatorTest, ANodePausedPastItsLeaseIsFencedThenRejoins) {
   const int64_t lease = a->lease_id();
   // Paused: no keep-alive until etcd has expired the lease (TTL 1 s).
   a->PauseKeepAliveForTesting(true);
-  bool expired = false;
-  for (int i = 0; i < 200 && !expired; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    auto live = b->LiveNodes();
-    ASSERT_TRUE(live.ok()) << live.status();
-    expired = std::find(live->begin(), live->end(), "node-a") == live->end();
-  }
-  ASSERT_TRUE(expired) << "etcd never expired the paused node's lease";
+  ASSERT_TRUE(Expired(b.get(), "node-a"))
+      << "etcd never expired the paused node's lease";
   // Its vote would complete step 2 at the disk tier: refused, no commit; nor
   // may it collect garbage.
   ASSERT_TRUE(b->Vote("job", 2, 1, 2, {kMem, kDisk}).ok());
@@ -173,14 +180,7 @@ TEST_F(EtcdCoordinatorTest, ShardsPersistedWhileFencedCommitAfterTheRejoin) {
   auto service = CheckpointService::Start(io::DefaultFileSystem(), o);
   ASSERT_TRUE(service.ok()) << service.status();
   etcd->PauseKeepAliveForTesting(true);
-  bool expired = false;
-  for (int i = 0; i < 200 && !expired; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    auto live = b->LiveNodes();
-    ASSERT_TRUE(live.ok()) << live.status();
-    expired = std::find(live->begin(), live->end(), "node-a") == live->end();
-  }
-  ASSERT_TRUE(expired);
+  ASSERT_TRUE(Expired(b.get(), "node-a"));
   // Staged and persisted while fenced: both votes are refused.
   const testing::RankState one(1, 0);
   ASSERT_TRUE(one.Stage(service->get(), "f", 1, 0, 1).ok());
