@@ -839,8 +839,9 @@ void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
     if (holders.size() == static_cast<size_t>(r.replica_nodes_size())) {
       continue;  // none of its replicas was there
     }
-    CKPT_LOG_INFO("{}: a node holding its replica left; replicating again",
-                  Describe(r.job(), r.step(), r.rank()));
+    CKPT_LOG_INFO(
+        "{}: a node holding its replica left or restarted; replicating again",
+        Describe(r.job(), r.step(), r.rank()));
     replicator_->Enqueue(r, holders);
   }
 }

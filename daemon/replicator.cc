@@ -6,7 +6,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/grpc_status.h"
 #include "io/kill_point.h"
@@ -89,7 +91,11 @@ Replicator::Replicator(io::FileSystem* fs, ReplicationOptions options,
       coordinator_(coordinator),
       metrics_(metrics),
       on_replicated_(std::move(on_replicated)),
-      on_peers_lost_(std::move(on_peers_lost)) {}
+      on_peers_lost_(std::move(on_peers_lost)),
+      incarnation_([] {
+        absl::BitGen gen;
+        return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
+      }()) {}
 
 Replicator::~Replicator() {
   {
@@ -149,11 +155,17 @@ void Replicator::Loop() {
       last_publish = absl::Now();
     }
     if (peers.ok()) {
-      std::set<std::string> now;
-      for (const proto::PeerInfo& p : *peers) now.insert(p.node_id());
+      std::map<std::string, std::string> now;
+      for (const proto::PeerInfo& p : *peers) {
+        now[p.node_id()] = p.incarnation();
+      }
+      // Gone, or back as another start: what it held is checked again.
       std::vector<std::string> lost;
-      for (const std::string& n : known_peers_) {
-        if (now.count(n) == 0) lost.push_back(n);
+      for (const auto& [node, incarnation] : known_peers_) {
+        auto it = now.find(node);
+        if (it == now.end() || it->second != incarnation) {
+          lost.push_back(node);
+        }
       }
       known_peers_ = std::move(now);
       if (!lost.empty() && on_peers_lost_) {
@@ -195,7 +207,9 @@ absl::StatusOr<std::vector<proto::PeerInfo>> Replicator::Peers() {
   bool published = false;
   for (proto::PeerInfo& p : all) {
     if (p.node_id() == options_.node_id) {
-      published = p.address() == address;
+      // A key left by this node's previous start (its lease not yet expired)
+      // is replaced by this start's.
+      published = p.address() == address && p.incarnation() == incarnation_;
     } else {
       others.push_back(std::move(p));
     }
@@ -205,6 +219,7 @@ absl::StatusOr<std::vector<proto::PeerInfo>> Replicator::Peers() {
     me.set_node_id(options_.node_id);
     me.set_address(address);
     me.set_failure_domain(options_.failure_domain);
+    me.set_incarnation(incarnation_);
     absl::Status s = coordinator_->PublishPeer(me);
     if (!s.ok()) {
       CKPT_LOG_WARN("replication: publishing this node's peer address: {}",
@@ -241,7 +256,14 @@ bool Replicator::Replicate(Pending& p,
       });
   for (const proto::PeerInfo* peer : order) {
     if (p.holders.size() >= want) break;
-    absl::Status pushed = Push(shard, *peer);
+    absl::Status pushed;
+    if (Holds(shard, *peer)) {
+      CKPT_LOG_INFO("{}: node {} still holds its replica",
+                    Describe(shard.job(), shard.step(), shard.rank()),
+                    peer->node_id());
+    } else {
+      pushed = Push(shard, *peer);
+    }
     if (pushed.ok()) {
       p.holders.push_back(peer->node_id());
       continue;
@@ -280,6 +302,25 @@ std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
   auto channel = grpc::CreateCustomChannel(address, creds, args);
   channels_[address] = channel;
   return channel;
+}
+
+bool Replicator::Holds(const proto::ShardRecord& shard,
+                       const proto::PeerInfo& peer) {
+  absl::StatusOr<std::unique_ptr<io::ReadableFile>> file =
+      fs_->NewReadableFile(shard.shard_path(), {});
+  if (!file.ok()) return false;
+  absl::StatusOr<uint64_t> size = (*file)->Size();
+  if (!size.ok()) return false;
+  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  proto::LocateShardRequest req;
+  req.mutable_shard()->set_job(shard.job());
+  req.mutable_shard()->set_step(shard.step());
+  req.mutable_shard()->set_rank(shard.rank());
+  proto::LocateShardResponse resp;
+  return stub->LocateShard(&ctx, req, &resp).ok() &&
+         resp.tier() == proto::TIER_PEER && resp.file_bytes() == *size;
 }
 
 absl::Status Replicator::Push(const proto::ShardRecord& shard,

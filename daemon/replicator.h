@@ -5,12 +5,13 @@
 // shard the service votes TIER_PEER for it. A push that fails (the peer died
 // mid-transfer, it is full) moves on to the next peer; a shard short of K
 // peers is tried again every `retry_interval`, so replication reaches K again
-// when peers return; when a peer that held replicas leaves, the shards it held
-// are pushed again to others. It also fetches, for a restore, a shard this node
-// lacks from the peers that have one (a replica in memory first, then the
-// owner's disk), verifies it and keeps it in a local cache. It keeps the
-// replicas peers pushed here (ReplicaStore) and drops them, and cached copies,
-// once retention no longer keeps their step.
+// when peers return; when a peer that held replicas leaves, or comes back as a
+// new incarnation (a restarted daemon, a replacement machine under the same
+// id), the shards it held are checked and pushed again where missing. It also
+// fetches, for a restore, a shard this node lacks from the peers that have one
+// (a replica in memory first, then the owner's disk), verifies it and keeps it
+// in a local cache. It keeps the replicas peers pushed here (ReplicaStore) and
+// drops them, and cached copies, once retention no longer keeps their step.
 //
 // Thread-safety: thread-safe; one thread pushes.
 #ifndef CKPT_DAEMON_REPLICATOR_H_
@@ -114,6 +115,9 @@ class Replicator {
   bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers);
   absl::Status Push(const proto::ShardRecord& shard,
                     const proto::PeerInfo& peer);
+  // Whether `peer` already holds a verified replica of `shard` (a restarted
+  // peer kept its replicas on tmpfs): it counts without being sent again.
+  bool Holds(const proto::ShardRecord& shard, const proto::PeerInfo& peer);
   absl::StatusOr<ReplicaStore::Entry> FetchFrom(const ReplicaStore::Key& key,
                                                 const proto::PeerInfo& peer);
   // Notes that a restore is about to read a fetched copy.
@@ -130,7 +134,9 @@ class Replicator {
   Metrics* const metrics_;
   const OnReplicated on_replicated_;
   const OnPeersLost on_peers_lost_;
-  std::set<std::string> known_peers_;  // the pushing thread's last view
+  // The pushing thread's last view: node id -> incarnation.
+  std::map<std::string, std::string> known_peers_;
+  const std::string incarnation_;  // this start's
   std::unique_ptr<ReplicaStore> held_;
   std::unique_ptr<ReplicaStore> fetched_;
   absl::Mutex fetch_mu_;  // one fetch at a time: concurrent ranks share it

@@ -517,32 +517,18 @@ int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json) {
 // etcd coordinators (one per simulated ckptd, voting for their ranks in
 // parallel), vote for one step; the time from the first vote to the commit.
 // Against its own etcd on loopback unless `etcd` names one.
-// Starts an etcd on loopback keeping its data under `dir`; sets `endpoint`.
-pid_t StartEtcd(const std::string& dir, std::string* endpoint) {
-  std::filesystem::create_directories(dir);
-  const int client = ckpt::tools::FreeLoopbackPort(),
-            peer = ckpt::tools::FreeLoopbackPort();
-  *endpoint = absl::StrCat("127.0.0.1:", client);
-  const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
-  return ckpt::tools::Spawn(
-      {"/usr/bin/etcd", "--name", "bench", "--data-dir", dir + "/etcd-data",
-       "--listen-client-urls", "http://" + *endpoint, "--advertise-client-urls",
-       "http://" + *endpoint, "--listen-peer-urls", peer_url,
-       "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
-       "bench=" + peer_url},
-      dir + "/etcd.log");
-}
-
 int RunControlPlane(const std::string& dir, std::string etcd, int ranks,
                     int nodes, int runs, bool json) {
-  pid_t etcd_pid = -1;
-  if (etcd.empty()) etcd_pid = StartEtcd(dir, &etcd);
-  auto stop_etcd = [&] {
-    if (etcd_pid > 0) {
-      ::kill(etcd_pid, SIGKILL);
-      ::waitpid(etcd_pid, nullptr, 0);
+  ckpt::tools::LocalEtcd local(dir + "/etcd");
+  if (etcd.empty()) {
+    if (!local.Start()) {
+      std::cerr << "ckpt-bench: etcd did not start; see " << local.log_path()
+                << "\n";
+      return 1;
     }
-  };
+    etcd = local.endpoint();
+  }
+  auto stop_etcd = [&] { local.Kill(); };
   std::vector<std::unique_ptr<ckpt::daemon::EtcdCoordinator>> coordinators;
   for (int n = 0; n < nodes; ++n) {
     absl::StatusOr<std::unique_ptr<ckpt::daemon::EtcdCoordinator>> c;
@@ -666,22 +652,13 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir);
-  std::string etcd;
-  const pid_t etcd_pid = StartEtcd(dir, &etcd);
-  // ckptd gives up when etcd does not answer: wait until it listens.
-  const int etcd_port = std::stoi(etcd.substr(etcd.rfind(':') + 1));
-  for (int i = 0; i < 400; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(etcd_port));
-    const bool up =
-        ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    ::close(fd);
-    if (up) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  ckpt::tools::LocalEtcd local_etcd(dir + "/etcd");
+  if (!local_etcd.Start()) {
+    std::cerr << "ckpt-bench: etcd did not start; see " << local_etcd.log_path()
+              << "\n";
+    return 1;
   }
+  const std::string etcd = local_etcd.endpoint();
   struct Node {
     std::string id, dir, staging;
     pid_t pid = -1;
@@ -727,8 +704,7 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
       std::filesystem::remove_all(n.staging, ec);
       std::filesystem::remove_all(n.staging + ".peer", ec);
     }
-    ::kill(etcd_pid, SIGKILL);
-    ::waitpid(etcd_pid, nullptr, 0);
+    local_etcd.Kill();
   };
   auto fail = [&](const std::string& what, const absl::Status& s) {
     std::cerr << "ckpt-bench: " << what << ": " << s << " (logs in " << dir

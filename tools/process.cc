@@ -1,12 +1,16 @@
 #include "tools/process.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 namespace ckpt::tools {
 
@@ -44,6 +48,64 @@ int FreeLoopbackPort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+bool ListeningOnLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+LocalEtcd::LocalEtcd(std::string dir)
+    : dir_(std::move(dir)),
+      client_port_(FreeLoopbackPort()),
+      peer_port_(FreeLoopbackPort()) {}
+
+LocalEtcd::~LocalEtcd() { Kill(); }
+
+std::string LocalEtcd::endpoint() const {
+  return "127.0.0.1:" + std::to_string(client_port_);
+}
+
+bool LocalEtcd::Start() {
+  if (pid_ > 0) return true;
+  if (::access(kBinary, X_OK) != 0) return false;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  const std::string client = "http://" + endpoint();
+  const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+  pid_ =
+      Spawn({kBinary, "--name", "ckpt-local", "--data-dir", dir_ + "/data",
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "ckpt-local=" + peer},
+            log_path());
+  if (pid_ <= 0) return false;
+  for (int i = 0; i < 800; ++i) {
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    if (ListeningOnLoopback(client_port_)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  Kill();
+  return false;
+}
+
+void LocalEtcd::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGCONT);
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 }  // namespace ckpt::tools

@@ -1,6 +1,6 @@
 // Child processes for the demo, the chaos harness, the benchmarks and the
 // tests: start a binary with its output appended to a log, find a binary next
-// to this one, pick a free loopback port.
+// to this one, pick a free loopback port, run a local etcd.
 #ifndef CKPT_TOOLS_PROCESS_H_
 #define CKPT_TOOLS_PROCESS_H_
 
@@ -22,6 +22,38 @@ std::string Sibling(const std::string& relative);
 
 // A loopback TCP port nobody listens on now (for a local etcd).
 int FreeLoopbackPort();
+
+// Whether something accepts TCP connections on loopback `port`.
+bool ListeningOnLoopback(int port);
+
+// A one-member etcd (Debian's etcd-server) on loopback ports chosen once, with
+// its data in `dir`: started, SIGKILLed and started again on the same data and
+// ports (a crash and restart), stopped and continued.
+class LocalEtcd {
+ public:
+  static constexpr const char* kBinary = "/usr/bin/etcd";
+
+  explicit LocalEtcd(std::string dir);
+  ~LocalEtcd();  // kills it
+  LocalEtcd(const LocalEtcd&) = delete;
+  LocalEtcd& operator=(const LocalEtcd&) = delete;
+
+  // Starts etcd (log: <dir>/etcd.log) and waits until it accepts connections;
+  // false if the binary is missing, exits, or does not listen within 20 s.
+  bool Start();
+  // SIGKILL (a stopped etcd is continued first), reaped.
+  void Kill();
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  // host:port of its client URL.
+  std::string endpoint() const;
+  std::string log_path() const { return dir_ + "/etcd.log"; }
+
+ private:
+  const std::string dir_;
+  const int client_port_, peer_port_;
+  pid_t pid_ = -1;
+};
 
 }  // namespace ckpt::tools
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -248,6 +249,53 @@ TEST(ReplicationTest, AReplicaLostWithItsNodeIsMadeAgainElsewhere) {
   }
   EXPECT_EQ(held(other), 1u) << a.log();
   EXPECT_THAT(a.log(), HasSubstr("replicating again"));
+}
+
+// A node that comes back under the same id is another start of it: a
+// replacement machine without the replicas gets them pushed again at once (its
+// lease has not even expired); a restarted daemon that kept them on tmpfs is
+// asked and not sent them again.
+TEST(ReplicationTest, ANodeBackUnderItsIdIsCheckedForItsReplicas) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
+      b(NodeArgs(etcd.endpoint(), "node-b"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  Rank r(a.socket(), "back", 0, 1, 1 << 16);
+  ASSERT_TRUE(r.ckpt);
+  absl::Status s = SaveAll({&r}, 1, kPeer);
+  ASSERT_TRUE(s.ok()) << s << "\n" << a.log();
+  const std::string replica =
+      b.replica_dir() + "/held/back/00000000000000000001-0000000000.ckpt";
+  ASSERT_TRUE(std::filesystem::exists(replica));
+  auto wait_for = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 600 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  };
+  // Replaced: the new machine under the same id has nothing.
+  b.Lose();
+  ASSERT_TRUE(b.Start()) << b.log();
+  EXPECT_TRUE(wait_for([&] { return std::filesystem::exists(replica); }))
+      << a.log();
+  EXPECT_THAT(a.log(), HasSubstr("left or restarted; replicating again"));
+  // Restarted with its replicas: counted as they are.
+  b.Kill();
+  ASSERT_TRUE(b.Start()) << b.log();
+  EXPECT_TRUE(wait_for([&] {
+    return a.log().find("node node-b still holds its replica") !=
+           std::string::npos;
+  })) << a.log();
+  EXPECT_TRUE(std::filesystem::exists(replica));
+  // Either way the lost owner's step restores from b.
+  a.Lose();
+  Rank moved(b.socket(), "back", 0, 1, 1 << 16);
+  ASSERT_TRUE(moved.ckpt);
+  absl::Status restored = moved.ckpt->Restore(1);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << b.log();
+  EXPECT_TRUE(moved.Matches(1));
 }
 
 // Tier T3: node a copies every second step to a shared directory; once node a
