@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -305,6 +307,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ckptd: %s\n",
                  std::string(server.status().message()).c_str());
     return 1;
+  }
+  {
+    // Where this data directory's daemon listens, for `ckpt --data-dir`.
+    const std::string record = data_dir + "/ckptd.socket";
+    std::error_code ec;
+    const std::string absolute =
+        std::filesystem::absolute(socket_path, ec).string();
+    std::ofstream(record + ".tmp", std::ios::trunc) << absolute << "\n";
+    std::filesystem::rename(record + ".tmp", record, ec);
+    if (ec) {
+      CKPT_LOG_WARN("ckptd: recording the socket in {}: {}", record,
+                    ec.message());
+    }
   }
   CKPT_LOG_INFO(
       "ckptd: node {} ready: data {}, staging {} (budget {} bytes, policy {})",

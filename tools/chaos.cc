@@ -1,7 +1,8 @@
 // ckpt-chaos: starts a local cluster (one ckptd with the fault-injecting file
-// system, N rank processes of the deterministic demo model), injects faults on
-// a seeded random schedule, and after every recovery checks that nothing
-// committed was lost:
+// system and N rank processes of the deterministic demo model; or, with
+// --nodes M > 1, an etcd and M nodes, each a ckptd with peer replication and a
+// shared tier, the ranks spread over them), injects faults on a seeded random
+// schedule, and after every recovery checks that nothing committed was lost:
 //   - every committed step restores byte-exact against the state the harness
 //     computes itself (the model is deterministic: the expected state of each
 //     step is known outside the system);
@@ -10,10 +11,13 @@
 //   - the latest committed step, per tier, never goes backward;
 //   - the newest committed step at each tier is always restorable;
 //   - the job ends with the state of an uninterrupted run.
-// Faults: SIGKILL of a rank (the job restarts), of the daemon, of the whole
-// node; SIGSTOP of the daemon, then SIGCONT; disk faults switched on and off
-// (ENOSPC and EIO on writes, EIO on fsync); a daemon killed in the middle of
-// garbage collection. Exit 1 on any violation.
+// Faults: SIGKILL of a rank (the job restarts), of a daemon, of a whole node
+// (daemon and ranks); SIGSTOP of a daemon, then SIGCONT; disk faults switched
+// on and off (ENOSPC and EIO on writes, EIO on fsync); a daemon killed in the
+// middle of garbage collection. With several nodes also: a node lost with its
+// directories and replaced under its id (the job resumes from the peer tier),
+// a daemon stopped past its etcd lease (fenced, then it rejoins), etcd killed
+// and restarted. Exit 1 on any violation.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -54,6 +58,7 @@ constexpr char kJob[] = "chaos";
 // ckptd's retention in the harness's cluster.
 constexpr size_t kKeepMemory = 2;
 constexpr size_t kKeepDisk = 2;
+constexpr size_t kKeepShared = 2;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -101,9 +106,10 @@ class Oracle {
 
 struct Options {
   std::string dir;
+  uint32_t nodes = 1;
   uint32_t ranks = 2;
   int64_t elements = 16384;
-  int step_ms = 10;
+  int step_ms = -1;  // default: 10 ms on one node, 50 ms on several
   uint64_t seed = 0;
   int faults = 30;
   double duration_s = 0;
@@ -121,6 +127,19 @@ struct Report {
   std::vector<std::string> violations;
 };
 
+// One node of the cluster: a ckptd with its directories (and, with several
+// nodes, its peer service), and the ranks placed on it.
+struct Node {
+  std::string id;
+  std::string dir;      // data directory, socket, log
+  std::string staging;  // tmpfs: the memory tier
+  pid_t pid = -1;
+  std::string socket() const { return dir + "/run/ckptd.sock"; }
+  std::string data() const { return dir + "/data"; }
+  std::string log() const { return dir + "/ckptd.log"; }
+  std::string replicas() const { return staging + ".peer"; }
+};
+
 class Chaos {
  public:
   explicit Chaos(const Options& o)
@@ -128,24 +147,44 @@ class Chaos {
         rng_(o.seed),
         check_rng_(o.seed + 1),
         oracle_(o.elements),
-        socket_(o.dir + "/run/ckptd.sock"),
-        staging_(absl::StrCat("/dev/shm/ckpt-chaos-staging-", ::getpid())),
         log_(o.dir + "/chaos.log"),
-        steps_file_(o.dir + "/end-step") {}
+        steps_file_(o.dir + "/end-step") {
+    for (uint32_t n = 0; n < o.nodes; ++n) {
+      Node node;
+      node.id = absl::StrCat("node-", n);
+      node.dir = o.nodes == 1 ? o.dir : absl::StrCat(o.dir, "/", node.id);
+      node.staging =
+          o.nodes == 1
+              ? absl::StrCat("/dev/shm/ckpt-chaos-staging-", ::getpid())
+              : absl::StrCat("/dev/shm/ckpt-chaos-", ::getpid(), "-", node.id);
+      nodes_.push_back(node);
+    }
+    if (multi())
+      etcd_ = std::make_unique<ckpt::tools::LocalEtcd>(o.dir + "/etcd");
+  }
 
   ~Chaos() {
     for (pid_t& p : ranks_) KillAndReap(std::exchange(p, -1));
-    if (daemon_ > 0) ::kill(daemon_, SIGCONT);
-    KillAndReap(daemon_);
     std::error_code ec;
-    std::filesystem::remove_all(staging_, ec);
+    for (Node& n : nodes_) {
+      if (n.pid > 0) ::kill(n.pid, SIGCONT);
+      KillAndReap(std::exchange(n.pid, -1));
+      std::filesystem::remove_all(n.staging, ec);
+      std::filesystem::remove_all(n.replicas(), ec);
+    }
   }
 
   int Run() {
     std::filesystem::create_directories(o_.dir + "/out");
     std::filesystem::remove(steps_file_);
-    if (!StartDaemon("")) return 1;
-    StartRanks();
+    if (multi() && !etcd_->Start()) {
+      Violation("etcd did not start; see " + etcd_->log_path());
+      return Print();
+    }
+    for (Node& n : nodes_) {
+      if (!StartDaemon(n, "")) return Print();
+    }
+    StartRanks(proto::TIER_MEMORY);
     const Clock::time_point begin = Clock::now();
     for (int i = 0; o_.faults == 0 || i < o_.faults; ++i) {
       if (o_.duration_s > 0 && SecondsSince(begin) > o_.duration_s) break;
@@ -158,36 +197,87 @@ class Chaos {
   }
 
  private:
+  // The lease of each ckptd on etcd: a daemon stopped longer is fenced.
+  static constexpr int kLeaseTtlS = 2;
+  // Every this many steps also go to the shared tier (several nodes).
+  static constexpr int kSharedEvery = 4;
+
+  bool multi() const { return o_.nodes > 1; }
+  Node& NodeOf(uint32_t rank) { return nodes_[rank % o_.nodes]; }
+  // The tiers whose commits the harness checks, and how many of the newest
+  // commits at each retention keeps restorable. At the peer tier that is the
+  // newest one only: a node's loss takes the replicas it held, and a replica's
+  // owner keeps its own copy for the newest peer-committed step.
+  std::vector<std::pair<proto::Tier, size_t>> Promises() const {
+    std::vector<std::pair<proto::Tier, size_t>> p = {
+        {proto::TIER_MEMORY, kKeepMemory}, {proto::TIER_LOCAL_DISK, kKeepDisk}};
+    if (multi()) {
+      p.push_back({proto::TIER_PEER, 1});
+      p.push_back({proto::TIER_SHARED, kKeepShared});
+    }
+    return p;
+  }
+
   // --- the cluster --------------------------------------------------------
 
-  bool StartDaemon(const std::string& env) {
-    daemon_ =
-        Spawn({o_.ckptd, "--socket", socket_, "--data-dir", o_.dir + "/data",
-               "--staging-dir", staging_, "--memory-budget", "512M",
-               "--keep-memory", "2", "--keep-disk", "2", "--fault-injection"},
-              log_, env);
+  bool StartDaemon(Node& node, const std::string& env) {
+    std::vector<std::string> args = {o_.ckptd,
+                                     "--socket",
+                                     node.socket(),
+                                     "--data-dir",
+                                     node.data(),
+                                     "--staging-dir",
+                                     node.staging,
+                                     "--memory-budget",
+                                     "512M",
+                                     "--keep-memory",
+                                     std::to_string(kKeepMemory),
+                                     "--keep-disk",
+                                     std::to_string(kKeepDisk),
+                                     "--fault-injection"};
+    if (multi()) {
+      for (const std::string& a :
+           {std::string("--coordinator"), "etcd://" + etcd_->endpoint(),
+            std::string("--lease-ttl"), std::to_string(kLeaseTtlS),
+            std::string("--node-id"), node.id, std::string("--failure-domain"),
+            node.id, std::string("--peer-address"), std::string("127.0.0.1:0"),
+            std::string("--peer-replicas"), std::string("1"),
+            std::string("--shared-dir"), o_.dir + "/shared",
+            std::string("--shared-every"), std::to_string(kSharedEvery),
+            std::string("--keep-shared"), std::to_string(kKeepShared)}) {
+        args.push_back(a);
+      }
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(node.dir, ec);
+    node.pid = Spawn(args, node.log(), env);
     for (int i = 0; i < 400; ++i) {
       int status;
-      if (Exited(daemon_, &status)) {
-        daemon_ = -1;
+      if (Exited(node.pid, &status)) {
+        node.pid = -1;
         // A kill point may fire during start-up recovery (GC runs then too).
-        if (!env.empty()) return StartDaemon("");
-        Violation("ckptd exited at start; see " + log_);
+        if (!env.empty()) return StartDaemon(node, "");
+        Violation(absl::StrCat(node.id,
+                               "'s ckptd exited at start (wait status ", status,
+                               "); see ", node.log()));
         return false;
       }
-      if (Connect(0) != nullptr) return true;
+      if (ConnectTo(node, 0) != nullptr) return true;
       SleepMs(25);
     }
-    Violation("ckptd did not start listening; see " + log_);
+    Violation(node.id + "'s ckptd did not start listening; see " + node.log());
     return false;
   }
 
-  void StartRanks() {
+  // Starts the job's ranks, resuming from the latest step committed at
+  // `resume` (the orchestrator's choice: peer after a node was lost).
+  void StartRanks(proto::Tier resume) {
+    const std::string tier = resume == proto::TIER_PEER ? "peer" : "memory";
     ranks_.assign(o_.ranks, -1);
     for (uint32_t r = 0; r < o_.ranks; ++r) {
       ranks_[r] = Spawn({o_.trainer,
                          "--socket",
-                         socket_,
+                         NodeOf(r).socket(),
                          "--job",
                          kJob,
                          "--rank",
@@ -205,7 +295,9 @@ class Chaos {
                          "--out",
                          o_.dir + "/out",
                          "--progress-file",
-                         ProgressFile(r)},
+                         ProgressFile(r),
+                         "--resume-tier",
+                         tier},
                         log_);
     }
   }
@@ -258,26 +350,46 @@ class Chaos {
     return true;
   }
 
-  std::unique_ptr<Checkpointer> Connect(uint32_t rank) {
+  std::unique_ptr<Checkpointer> ConnectTo(const Node& node, uint32_t rank) {
     auto c = Checkpointer::Connect({.job = kJob,
                                     .rank = rank,
                                     .world_size = o_.ranks,
-                                    .socket_path = socket_,
+                                    .socket_path = node.socket(),
                                     .rpc_timeout = absl::Seconds(5)});
     return c.ok() ? *std::move(c) : nullptr;
   }
-
-  std::optional<uint64_t> Latest(proto::Tier tier) {
-    std::unique_ptr<Checkpointer> c = Connect(0);
-    if (c == nullptr) return std::nullopt;
-    auto latest = c->LatestCommitted(tier);
-    if (!latest.ok() || !latest->has_value()) return std::nullopt;
-    return **latest;
+  std::unique_ptr<Checkpointer> Connect(uint32_t rank) {
+    return ConnectTo(NodeOf(rank), rank);
   }
 
-  absl::Status InjectDisk(int write_errno, int fsync_errno) {
+  // The latest step committed at `tier`, asked of the first node that
+  // answers (commits are the cluster's, whichever node is asked).
+  std::optional<uint64_t> Latest(proto::Tier tier) {
+    for (const Node& n : nodes_) {
+      if (n.pid <= 0) continue;
+      std::unique_ptr<Checkpointer> c = ConnectTo(n, 0);
+      if (c == nullptr) continue;
+      auto latest = c->LatestCommitted(tier);
+      if (!latest.ok()) continue;
+      if (!latest->has_value()) return std::nullopt;
+      return **latest;
+    }
+    return std::nullopt;
+  }
+
+  // Whether the newest `n` steps committed at `tier` are all newer than
+  // `after`.
+  bool NewestAbove(proto::Tier tier, size_t n, uint64_t after) {
+    std::unique_ptr<Checkpointer> c = Connect(0);
+    if (c == nullptr) return false;
+    auto listed = c->ListCommitted(tier);
+    return listed.ok() && listed->size() >= n &&
+           (*listed)[listed->size() - n] > after;
+  }
+
+  absl::Status InjectDisk(const Node& node, int write_errno, int fsync_errno) {
     auto stub = proto::CkptDaemon::NewStub(grpc::CreateChannel(
-        "unix://" + socket_, grpc::InsecureChannelCredentials()));
+        "unix://" + node.socket(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::seconds(10));
@@ -287,17 +399,34 @@ class Chaos {
     proto::InjectFaultsResponse resp;
     grpc::Status s = stub->InjectFaults(&context, req, &resp);
     return s.ok() ? absl::OkStatus()
-                  : absl::UnknownError("InjectFaults: " + s.error_message());
+                  : absl::UnknownError(node.id +
+                                       ": InjectFaults: " + s.error_message());
+  }
+
+  // Kills a node's daemon and the job (its ranks die with the node; the
+  // others are restarted with them, as under torchrun). Returns the furthest
+  // step the job had computed.
+  uint64_t KillNode(Node& node) {
+    KillAndReap(std::exchange(node.pid, -1));
+    KillRanks();
+    return Progress();
   }
 
   // --- faults -------------------------------------------------------------
 
   void InjectOne() {
-    static const char* kKinds[] = {"kill_trainer", "kill_daemon",   "kill_node",
-                                   "stop_daemon",  "disk_enospc",   "disk_eio",
-                                   "fsync_eio",    "kill_during_gc"};
+    std::vector<std::string> kinds = {
+        "kill_trainer", "kill_daemon", "kill_node", "stop_daemon",
+        "disk_enospc",  "disk_eio",    "fsync_eio", "kill_during_gc"};
+    if (multi()) {
+      for (const char* k : {"lose_node", "stop_past_lease", "kill_etcd"}) {
+        kinds.push_back(k);
+      }
+    }
     const std::string kind =
-        kKinds[std::uniform_int_distribution<int>(0, 7)(rng_)];
+        kinds[std::uniform_int_distribution<size_t>(0, kinds.size() - 1)(rng_)];
+    Node& node =
+        nodes_[std::uniform_int_distribution<uint32_t>(0, o_.nodes - 1)(rng_)];
     report_.faults[kind]++;
     const uint64_t before = Latest(proto::TIER_MEMORY).value_or(0);
     const Clock::time_point t0 = Clock::now();
@@ -306,8 +435,8 @@ class Chaos {
     auto pause = [&](int lo, int hi) {
       SleepMs(std::uniform_int_distribution<int>(lo, hi)(rng_));
     };
-    Log(absl::StrCat("fault ", kind, " (latest committed in memory: ", before,
-                     ")"));
+    Log(absl::StrCat("fault ", kind, multi() ? " on " + node.id : "",
+                     " (latest committed in memory: ", before, ")"));
     if (kind == "kill_trainer") {
       const uint32_t victim =
           std::uniform_int_distribution<uint32_t>(0, o_.ranks - 1)(rng_);
@@ -315,43 +444,68 @@ class Chaos {
       KillRanks();  // the job restarts, as under torchrun
       computed = Progress();
       resumed = Latest(proto::TIER_MEMORY).value_or(0);
-      StartRanks();
+      StartRanks(proto::TIER_MEMORY);
     } else if (kind == "kill_daemon") {
-      KillAndReap(std::exchange(daemon_, -1));
+      KillAndReap(std::exchange(node.pid, -1));
       pause(0, 500);
-      if (!StartDaemon("")) return;
+      if (!StartDaemon(node, "")) return;
     } else if (kind == "kill_node") {
-      KillAndReap(std::exchange(daemon_, -1));
-      KillRanks();
-      computed = Progress();
+      computed = KillNode(node);
       pause(0, 300);
-      if (!StartDaemon("")) return;
+      if (!StartDaemon(node, "")) return;
       resumed = Latest(proto::TIER_MEMORY).value_or(0);
-      StartRanks();
+      StartRanks(proto::TIER_MEMORY);
+    } else if (kind == "lose_node") {
+      // The machine is replaced: nothing of what it had comes back, and its
+      // replacement takes its id, sooner or later than its lease expires.
+      computed = KillNode(node);
+      std::error_code ec;
+      std::filesystem::remove_all(node.data(), ec);
+      std::filesystem::remove_all(node.staging, ec);
+      std::filesystem::remove_all(node.replicas(), ec);
+      pause(0, 1000 * kLeaseTtlS + 1000);
+      if (!StartDaemon(node, "")) return;
+      // Its memory-tier shards are gone: the job resumes from the peer tier,
+      // which the other nodes' replicas keep.
+      resumed = Latest(proto::TIER_PEER).value_or(0);
+      StartRanks(proto::TIER_PEER);
     } else if (kind == "stop_daemon") {
-      ::kill(daemon_, SIGSTOP);
-      pause(300, 1500);
-      ::kill(daemon_, SIGCONT);
+      ::kill(node.pid, SIGSTOP);
+      pause(300, multi() ? 1000 * kLeaseTtlS - 500 : 1500);
+      ::kill(node.pid, SIGCONT);
+    } else if (kind == "stop_past_lease") {
+      // Fenced: it can neither commit nor collect until it rejoined.
+      ::kill(node.pid, SIGSTOP);
+      pause(1000 * kLeaseTtlS + 500, 1000 * kLeaseTtlS + 2500);
+      ::kill(node.pid, SIGCONT);
+    } else if (kind == "kill_etcd") {
+      etcd_->Kill();
+      pause(100, 2000);
+      if (!etcd_->Start()) {
+        Violation("etcd did not start again; see " + etcd_->log_path());
+        return;
+      }
     } else if (kind == "kill_during_gc") {
-      KillAndReap(std::exchange(daemon_, -1));
+      KillAndReap(std::exchange(node.pid, -1));
       const int nth = std::uniform_int_distribution<int>(1, 3)(rng_);
       if (!StartDaemon(
+              node,
               absl::StrCat("CKPT_KILL_POINT=service.gc_after_catalog:", nth)))
         return;
       // It dies at the kill point; restart it normally either way.
       int status;
-      for (int i = 0; i < 200 && !Exited(daemon_, &status); ++i) SleepMs(25);
-      KillAndReap(std::exchange(daemon_, -1));
-      if (!StartDaemon("")) return;
+      for (int i = 0; i < 200 && !Exited(node.pid, &status); ++i) SleepMs(25);
+      KillAndReap(std::exchange(node.pid, -1));
+      if (!StartDaemon(node, "")) return;
     } else {
       const int write_errno = kind == "disk_enospc" ? ENOSPC
                               : kind == "disk_eio"  ? EIO
                                                     : 0;
       const int fsync_errno = kind == "fsync_eio" ? EIO : 0;
-      absl::Status s = InjectDisk(write_errno, fsync_errno);
+      absl::Status s = InjectDisk(node, write_errno, fsync_errno);
       if (!s.ok()) Violation(std::string(s.message()));
       pause(300, 1500);
-      s = InjectDisk(0, 0);
+      s = InjectDisk(node, 0, 0);
       if (!s.ok()) Violation(std::string(s.message()));
     }
     if (resumed.has_value()) {
@@ -359,17 +513,21 @@ class Chaos {
                                                        : 0);
     }
     // Recovered: a step newer than any before the fault is committed in
-    // memory and on disk (training and persisting both resumed).
+    // memory and on disk (training and persisting both resumed). After a
+    // node's loss, every step retention promises at those tiers is newer: the
+    // older ones may have been lost with the node.
+    const bool lost = kind == "lose_node";
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(90);
     bool recovered = false;
     while (Clock::now() < deadline && !recovered) {
-      recovered = Latest(proto::TIER_MEMORY).value_or(0) > before &&
-                  Latest(proto::TIER_LOCAL_DISK).value_or(0) > before;
+      recovered =
+          NewestAbove(proto::TIER_MEMORY, lost ? kKeepMemory : 1, before) &&
+          NewestAbove(proto::TIER_LOCAL_DISK, lost ? kKeepDisk : 1, before);
       if (!recovered) SleepMs(20);
     }
     if (!recovered) {
       Violation(absl::StrCat("no new step committed in memory and on disk ",
-                             "within 90 s of ", kind, "; see ", log_));
+                             "within 90 s of ", kind, "; see ", o_.dir));
       return;
     }
     report_.recoveries++;
@@ -439,7 +597,7 @@ class Chaos {
       ++checked_steps_;
       return true;
     };
-    for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_LOCAL_DISK}) {
+    for (const auto& [tier, keep] : Promises()) {
       const std::string name = proto::Tier_Name(tier);
       auto listed = ranks[0]->ListCommitted(tier);
       if (!listed.ok()) {
@@ -455,9 +613,8 @@ class Chaos {
                                " went backward from ", seen, " to ", newest));
       }
       seen = std::max(seen, newest);
-      // Retention promises the newest kKeepMemory memory commits and the
-      // newest kKeepDisk disk commits; older records may outlive their data.
-      const size_t keep = tier == proto::TIER_MEMORY ? kKeepMemory : kKeepDisk;
+      // Retention promises the newest `keep` commits; older records may
+      // outlive their data.
       for (size_t i = 0; i < listed->size() && i < keep; ++i) {
         restores_exactly((*listed)[listed->size() - 1 - i],
                          Promise{tier, keep});
@@ -488,8 +645,11 @@ class Chaos {
 
   void Finish() {
     // Healthy again for the end: no fault pending.
-    if (daemon_ <= 0 && !StartDaemon("")) return;
-    (void)InjectDisk(0, 0);
+    if (multi() && !etcd_->running() && !etcd_->Start()) return;
+    for (Node& n : nodes_) {
+      if (n.pid <= 0 && !StartDaemon(n, "")) return;
+      (void)InjectDisk(n, 0, 0);
+    }
     // Beyond every rank: one whose saves failed may be ahead of the commits.
     const uint64_t end =
         std::max(Latest(proto::TIER_MEMORY).value_or(0), Progress()) + 40;
@@ -555,6 +715,7 @@ class Chaos {
     for (const auto& [k, n] : report_.faults) injected += n;
     nlohmann::json j;
     j["seed"] = o_.seed;
+    j["nodes"] = o_.nodes;
     j["ranks"] = o_.ranks;
     j["faults"] = report_.faults;
     j["faults_injected"] = injected;
@@ -574,8 +735,10 @@ class Chaos {
     if (o_.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("ckpt-chaos: seed %lu, %u ranks, %d faults injected\n",
-                  static_cast<unsigned long>(o_.seed), o_.ranks, injected);
+      std::printf(
+          "ckpt-chaos: seed %lu, %u node%s, %u ranks, %d faults injected\n",
+          static_cast<unsigned long>(o_.seed), o_.nodes,
+          o_.nodes == 1 ? "" : "s", o_.ranks, injected);
       for (const auto& [k, n] : report_.faults) {
         std::printf("  %-16s %d\n", k.c_str(), n);
       }
@@ -613,8 +776,9 @@ class Chaos {
   std::mt19937_64 rng_;        // the fault schedule
   std::mt19937_64 check_rng_;  // which older steps are checked
   Oracle oracle_;
-  const std::string socket_, staging_, log_, steps_file_;
-  pid_t daemon_ = -1;
+  const std::string log_, steps_file_;
+  std::vector<Node> nodes_;
+  std::unique_ptr<ckpt::tools::LocalEtcd> etcd_;  // several nodes
   std::vector<pid_t> ranks_;
   std::map<proto::Tier, uint64_t> newest_seen_;
   uint64_t checked_steps_ = 0;
@@ -625,7 +789,9 @@ class Chaos {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "ckpt-chaos: inject faults into a local ckptd and its job, and prove "
+      "ckpt-chaos: inject faults into a local cluster (ckptd, with --nodes "
+      "also "
+      "etcd) and its job, and prove "
       "that nothing committed is lost"};
   Options o;
   o.seed = std::random_device{}();
@@ -633,12 +799,18 @@ int main(int argc, char** argv) {
   o.trainer = Sibling("ckpt-demo-trainer");
   app.add_option("--dir", o.dir,
                  "working directory (default: a new temporary one)");
-  app.add_option("--ranks", o.ranks, "rank processes")
+  app.add_option("--nodes", o.nodes,
+                 "nodes (ckptd); more than 1: on a local etcd, with peer "
+                 "replication and a shared tier")
+      ->check(CLI::Range(1, 8));
+  app.add_option("--ranks", o.ranks, "rank processes (rank r on node r % N)")
       ->check(CLI::Range(1, 16));
   app.add_option("--elements", o.elements,
                  "float32 elements per rank per tensor")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 26));
-  app.add_option("--step-ms", o.step_ms, "simulated compute per step")
+  app.add_option("--step-ms", o.step_ms,
+                 "simulated compute per step (default 10 on one node, 50 on "
+                 "several: each vote is then an etcd transaction)")
       ->check(CLI::Range(0, 10000));
   app.add_option("--seed", o.seed, "the fault schedule (printed)");
   app.add_option("--faults", o.faults, "faults to inject; 0: until --duration")
@@ -653,6 +825,7 @@ int main(int argc, char** argv) {
   // libckpt's warnings about tiers it fell back from are expected here (the
   // harness restores steps the daemon is collecting); violations are reported.
   spdlog::set_level(spdlog::level::err);
+  if (o.step_ms < 0) o.step_ms = o.nodes == 1 ? 10 : 50;
   if (o.faults == 0 && o.duration_s == 0) {
     std::fprintf(stderr, "ckpt-chaos: give --faults or --duration\n");
     return 2;

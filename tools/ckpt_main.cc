@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -256,6 +257,7 @@ nlohmann::json StepJson(const ckpt::tools::StepSummary& s) {
   j["step"] = s.step;
   j["world_size"] = s.world_size;
   j["ranks_in_memory"] = s.ranks_in_memory;
+  j["ranks_on_peers"] = s.ranks_on_peers;
   j["ranks_on_disk"] = s.ranks_on_disk;
   j["ranks_failed"] = s.ranks_failed;
   std::vector<std::string> tiers;
@@ -267,7 +269,7 @@ nlohmann::json StepJson(const ckpt::tools::StepSummary& s) {
   return j;
 }
 
-// Per tier: "committed", "k/N" ranks there, or "-".
+// Per tier: "committed", "k/N" ranks of this node there, or "-".
 std::string TierCell(const ckpt::tools::StepSummary& s, proto::Tier tier,
                      uint32_t ranks) {
   for (proto::Tier t : s.committed) {
@@ -277,7 +279,38 @@ std::string TierCell(const ckpt::tools::StepSummary& s, proto::Tier tier,
   return absl::StrCat(ranks, "/", s.world_size);
 }
 
-int Ls(const std::string& data_dir, const std::string& job, bool json) {
+// Where the ckptd of `data_dir` listens: what it recorded there when it
+// started, else ckptd's default socket.
+std::string DaemonSocketOf(const std::string& data_dir) {
+  std::ifstream in(data_dir + "/ckptd.socket");
+  std::string path;
+  if (std::getline(in, path) && !path.empty()) return path;
+  return absl::StrCat("/tmp/ckpt-", ::getuid(), "/ckptd.sock");
+}
+
+// The tiers `ckpt ls` shows, in the order data moves through them.
+constexpr proto::Tier kLsTiers[] = {proto::TIER_MEMORY, proto::TIER_PEER,
+                                    proto::TIER_LOCAL_DISK, proto::TIER_SHARED};
+
+// The commit records of `job` as the running ckptd's coordinator has them
+// (etcd's for a node of a cluster: commits other nodes' votes made
+// included); nullopt when no ckptd answers at `socket_path`.
+absl::StatusOr<std::optional<std::vector<proto::CommitRecord>>> DaemonCommits(
+    const std::string& socket_path, const std::string& job) {
+  proto::ListCommitsRequest req;
+  req.set_job(job);
+  auto resp = ckpt::client::CallDaemon<proto::ListCommitsRequest,
+                                       proto::ListCommitsResponse>(
+      socket_path, &proto::CkptDaemon::Stub::ListCommits, req,
+      "listing the commits of job " + job, std::chrono::seconds(10));
+  if (absl::IsUnavailable(resp.status())) return std::nullopt;
+  if (!resp.ok()) return resp.status();
+  return std::vector<proto::CommitRecord>(resp->commits().begin(),
+                                          resp->commits().end());
+}
+
+int Ls(const std::string& data_dir, const std::string& socket_path,
+       const std::string& job, bool json) {
   auto view = ckpt::tools::DataDirView::Open(data_dir);
   if (!view.ok()) return Fail("ls", view.status());
   std::vector<std::string> jobs;
@@ -286,14 +319,21 @@ int Ls(const std::string& data_dir, const std::string& job, bool json) {
     if (!records.ok()) return Fail("ls", records.status());
     for (const proto::JobRecord& r : *records) jobs.push_back(r.job());
   } else {
+    auto record = (*view)->Job(job);
+    if (!record.ok()) return Fail("ls", record.status());
     jobs.push_back(job);
   }
   nlohmann::json out = nlohmann::json::array();
+  bool from_daemon = true;
   for (const std::string& name : jobs) {
-    auto steps = (*view)->Steps(name);
+    auto commits = DaemonCommits(socket_path, name);
+    if (!commits.ok()) return Fail("ls", commits.status());
+    from_daemon = commits->has_value();
+    auto steps = (*view)->Steps(name, from_daemon ? &**commits : nullptr);
     if (!steps.ok()) return Fail("ls", steps.status());
     nlohmann::json j;
     j["job"] = name;
+    j["commits_from"] = from_daemon ? "ckptd" : "data_dir";
     j["steps"] = nlohmann::json::array();
     for (const auto& s : *steps) j["steps"].push_back(StepJson(s));
     if (json) {
@@ -301,45 +341,57 @@ int Ls(const std::string& data_dir, const std::string& job, bool json) {
       continue;
     }
     if (job.empty()) {
-      // One line per job: how many steps, the newest committed ones.
-      uint64_t latest_memory = 0, latest_disk = 0;
-      bool any_memory = false, any_disk = false;
+      // One line per job: how many steps, the newest committed per tier.
+      std::map<proto::Tier, uint64_t> latest;
       uint32_t world = 0;
       for (const auto& s : *steps) {
         world = std::max(world, s.world_size);
-        for (proto::Tier t : s.committed) {
-          if (t == proto::TIER_MEMORY) {
-            any_memory = true;
-            latest_memory = s.step;
-          }
-          if (t == proto::TIER_LOCAL_DISK) {
-            any_disk = true;
-            latest_disk = s.step;
-          }
-        }
+        for (proto::Tier t : s.committed) latest[t] = s.step;
       }
-      std::printf(
-          "%-24s world %-5u %4zu steps  latest committed: memory %s, "
-          "disk %s\n",
-          name.c_str(), world, steps->size(),
-          any_memory ? absl::StrCat(latest_memory).c_str() : "-",
-          any_disk ? absl::StrCat(latest_disk).c_str() : "-");
+      std::vector<std::string> cells;
+      for (proto::Tier t : kLsTiers) {
+        auto it = latest.find(t);
+        if (it == latest.end() &&
+            (t == proto::TIER_PEER || t == proto::TIER_SHARED)) {
+          continue;  // a tier this job does not use
+        }
+        cells.push_back(absl::StrCat(
+            ckpt::daemon::TierName(t) == "local_disk"
+                ? "disk"
+                : ckpt::daemon::TierName(t),
+            " ", it == latest.end() ? "-" : absl::StrCat(it->second)));
+      }
+      std::printf("%-24s world %-5u %4zu steps  latest committed: %s\n",
+                  name.c_str(), world, steps->size(),
+                  absl::StrJoin(cells, ", ").c_str());
       continue;
     }
     std::printf("job %s (%s)\n", name.c_str(), data_dir.c_str());
-    std::printf("  %10s %6s %-10s %-10s %-7s %10s %10s  %s\n", "step", "world",
-                "memory", "disk", "failed", "raw", "stored", "age");
+    std::printf("  %10s %6s %-10s %-10s %-10s %-10s %-7s %10s %10s  %s\n",
+                "step", "world", "memory", "peer", "disk", "shared", "failed",
+                "raw", "stored", "age");
     for (const auto& s : *steps) {
       std::printf(
-          "  %10lu %6u %-10s %-10s %-7s %10s %10s  %s\n",
+          "  %10lu %6u %-10s %-10s %-10s %-10s %-7s %10s %10s  %s\n",
           static_cast<unsigned long>(s.step), s.world_size,
           TierCell(s, proto::TIER_MEMORY, s.ranks_in_memory).c_str(),
+          TierCell(s, proto::TIER_PEER, s.ranks_on_peers).c_str(),
           TierCell(s, proto::TIER_LOCAL_DISK, s.ranks_on_disk).c_str(),
+          TierCell(s, proto::TIER_SHARED, 0).c_str(),
           s.ranks_failed == 0 ? "-" : absl::StrCat(s.ranks_failed).c_str(),
           s.ranks_on_disk ? HumanBytes(s.raw_bytes).c_str() : "-",
           s.ranks_on_disk ? HumanBytes(s.stored_bytes).c_str() : "-",
           Age(s.newest_unix_micros).c_str());
     }
+  }
+  if (!json && !jobs.empty()) {
+    std::printf(
+        from_daemon
+            ? "(commits: ckptd's coordinator, via %s; ranks k/N: this node's "
+              "shards)\n"
+            : "(commits: the data directory's records, ckptd not reachable at "
+              "%s; a node on etcd keeps its commits there, not here)\n",
+        socket_path.c_str());
   }
   if (json) std::cout << (job.empty() ? out : out[0]).dump(2) << "\n";
   return 0;
@@ -1052,10 +1104,16 @@ int main(int argc, char** argv) {
                  "ckptd's data directory (env CKPT_DATA_DIR)")
       ->capture_default_str();
 
+  // Empty: the socket the data directory's ckptd recorded, else the default.
+  std::string socket_path;
   std::string ls_job;
   CLI::App* ls = app.add_subcommand(
       "ls", "jobs, or the steps of JOB with their state per tier and sizes");
   ls->add_option("job", ls_job, "job id");
+  ls->add_option("--socket", socket_path,
+                 "ckptd's socket (default: the one the data directory's ckptd "
+                 "recorded): commit records come from its coordinator (etcd's "
+                 "on a cluster) while it runs, else from the data directory");
   ls->add_flag("--json", json, "print JSON");
 
   std::vector<std::string> inspect_args;
@@ -1089,14 +1147,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   export_cmd->add_flag("--json", json, "print JSON");
 
-  std::string socket_path =
-      absl::StrCat("/tmp/ckpt-", ::getuid(), "/ckptd.sock");
   CLI::App* status = app.add_subcommand(
       "status",
       "ckptd up or not, memory and disk use, saves in flight, last commit "
       "per job");
-  status->add_option("--socket", socket_path, "ckptd's socket")
-      ->capture_default_str();
+  status->add_option("--socket", socket_path,
+                     "ckptd's socket (default: the one the data directory's "
+                     "ckptd recorded)");
   status->add_flag("--json", json, "print one JSON object");
 
   std::string gc_job;
@@ -1112,8 +1169,9 @@ int main(int argc, char** argv) {
   gc->add_option("--keep-memory", keep_memory,
                  "committed steps kept in memory (default: ckptd's)");
   gc->add_flag("--dry-run", dry_run, "only say what would be dropped");
-  gc->add_option("--socket", socket_path, "ckptd's socket")
-      ->capture_default_str();
+  gc->add_option("--socket", socket_path,
+                 "ckptd's socket (default: the one the data directory's "
+                 "ckptd recorded)");
   gc->add_flag("--json", json, "print JSON");
 
   std::string plan_job, plan_step;
@@ -1146,8 +1204,9 @@ int main(int argc, char** argv) {
   restore->add_option("--into", into, "a new job that resumes from STEP");
   restore->add_flag("--discard-newer", discard_newer,
                     "drop the steps newer than STEP instead of archiving them");
-  restore->add_option("--socket", socket_path, "ckptd's socket")
-      ->capture_default_str();
+  restore->add_option("--socket", socket_path,
+                      "ckptd's socket (default: the one the data directory's "
+                      "ckptd recorded)");
   restore->add_flag("--json", json, "print JSON");
 
   try {
@@ -1155,7 +1214,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
-  if (*ls) return Ls(data_dir, ls_job, json);
+  if (socket_path.empty()) socket_path = DaemonSocketOf(data_dir);
+  if (*ls) return Ls(data_dir, socket_path, ls_job, json);
   if (*restore) {
     return Restore(data_dir, socket_path, restore_job, restore_step, into,
                    discard_newer, json);

@@ -65,9 +65,14 @@ absl::StatusOr<std::vector<proto::CommitRecord>> DataDirView::Commits(
 }
 
 absl::StatusOr<std::vector<StepSummary>> DataDirView::Steps(
-    const std::string& job) {
+    const std::string& job, const std::vector<proto::CommitRecord>* given) {
   ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards, Shards(job));
-  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits, Commits(job));
+  std::vector<proto::CommitRecord> commits;
+  if (given != nullptr) {
+    commits = *given;
+  } else {
+    ASSIGN_OR_RETURN(commits, Commits(job));
+  }
   std::map<uint64_t, StepSummary> steps;
   for (const proto::ShardRecord& r : shards) {
     StepSummary& s = steps[r.step()];
@@ -79,6 +84,7 @@ absl::StatusOr<std::vector<StepSummary>> DataDirView::Steps(
       ++s.ranks_on_disk;
       s.raw_bytes += r.raw_bytes();
       s.stored_bytes += r.stored_bytes();
+      if (r.replica_nodes_size() > 0) ++s.ranks_on_peers;
     }
     if (r.state() == proto::SHARD_FAILED) ++s.ranks_failed;
     s.newest_unix_micros =

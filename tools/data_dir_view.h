@@ -28,6 +28,7 @@ struct StepSummary {
   uint32_t world_size = 0;
   uint32_t ranks_in_memory = 0;  // shards with a staging slot
   uint32_t ranks_on_disk = 0;    // persisted shard files
+  uint32_t ranks_on_peers = 0;   // persisted shards K peers verified
   uint32_t ranks_failed = 0;
   std::vector<proto::Tier> committed;  // tiers with a commit record
   uint64_t raw_bytes = 0;              // of the persisted shards
@@ -58,7 +59,12 @@ class DataDirView {
       const std::string& job);
   absl::StatusOr<std::vector<proto::CommitRecord>> Commits(
       const std::string& job);
-  absl::StatusOr<std::vector<StepSummary>> Steps(const std::string& job);
+  // The steps of `job` this node has shards or commit records of; `commits`,
+  // when given, replaces the data directory's commit records (those of a
+  // running ckptd's coordinator, etcd's for a node of a cluster).
+  absl::StatusOr<std::vector<StepSummary>> Steps(
+      const std::string& job,
+      const std::vector<proto::CommitRecord>* commits = nullptr);
   // The shards of one step by rank; NotFound naming the job, the step and the
   // steps there are.
   absl::StatusOr<std::vector<proto::ShardRecord>> StepShards(

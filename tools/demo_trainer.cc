@@ -42,6 +42,12 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   app.add_option("--elements", elements);
   app.add_option("--step-ms", step_ms, "simulated compute per step");
+  std::string resume_tier = "memory";
+  app.add_option("--resume-tier", resume_tier,
+                 "resume from the latest step committed at this tier (peer "
+                 "after a node was lost: its memory-tier steps may be gone "
+                 "with it)")
+      ->check(CLI::IsMember({"memory", "peer", "disk", "shared"}));
   app.add_option("--out", out)->required();
   std::string steps_file, progress_file;
   app.add_option("--progress-file", progress_file,
@@ -81,7 +87,11 @@ int main(int argc, char** argv) {
   }
 
   uint64_t start = 1, resumed_from = 0;
-  auto latest = (*ckpt)->LatestCommitted(proto::TIER_MEMORY);
+  const proto::Tier resume = resume_tier == "peer"     ? proto::TIER_PEER
+                             : resume_tier == "disk"   ? proto::TIER_LOCAL_DISK
+                             : resume_tier == "shared" ? proto::TIER_SHARED
+                                                       : proto::TIER_MEMORY;
+  auto latest = (*ckpt)->LatestCommitted(resume);
   if (latest.ok() && latest->has_value()) {
     s = (*ckpt)->Restore(**latest);
     if (!s.ok() || !model.SetRng(rng)) {

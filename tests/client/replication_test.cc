@@ -21,10 +21,12 @@
 #include "client/daemon_admin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "proto/peer.grpc.pb.h"
 #include "tests/client/daemon_process.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
+#include "tests/tools/run_cli.h"
 
 namespace ckpt::client {
 namespace {
@@ -150,6 +152,21 @@ TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
                     "ckpt_replicated_bytes_total\\{job=\"rep\"\\} [1-9]"));
     EXPECT_THAT(*metrics, ::testing::ContainsRegex("ckpt_replica_bytes [1-9]"));
   }
+  // `ckpt ls` on node a: the commits are etcd's (both ranks' votes), the
+  // shards node a's own.
+  Result ls = RunCli("--data-dir " + a.data_dir() + " ls rep --json --socket " +
+                     a.socket());
+  ASSERT_EQ(ls.exit_code, 0) << ls.out;
+  nlohmann::json j = nlohmann::json::parse(ls.out, nullptr, false);
+  ASSERT_EQ(j["steps"].size(), 2u) << ls.out;
+  EXPECT_EQ(j["commits_from"], "ckptd");
+  EXPECT_THAT(j["steps"][1]["committed"].get<std::vector<std::string>>(),
+              ::testing::UnorderedElementsAre("memory", "peer", "local_disk"));
+  EXPECT_EQ(j["steps"][1]["ranks_on_peers"], 1);
+  Result human =
+      RunCli("--data-dir " + a.data_dir() + " ls rep --socket " + a.socket());
+  EXPECT_THAT(human.out, ::testing::ContainsRegex("2 +2 +committed +committed "
+                                                  "+committed +- "));
   // Node a is lost with everything it had: daemon, memory tier, disk.
   a.Lose();
 
