@@ -25,8 +25,31 @@ std::string Describe(const ReplicaStore::Key& k) {
 
 class PeerService final : public proto::CkptPeer::Service {
  public:
-  PeerService(CheckpointService* service, Replicator* replicator)
-      : service_(service), replicator_(replicator) {}
+  PeerService(CheckpointService* service, Replicator* replicator,
+              BulkServer* bulk)
+      : service_(service), replicator_(replicator), bulk_(bulk) {}
+
+  grpc::Status PullReplica(grpc::ServerContext*,
+                           const proto::PullReplicaRequest* req,
+                           proto::PushReplicaResponse* resp) override {
+    const ReplicaStore::Key key = KeyOf(req->shard());
+    absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> room =
+        Receive(key, req->file_bytes());
+    if (!room.ok()) return ToGrpc(room.status());
+    std::unique_ptr<ReplicaStore::Receiver> receiver = *std::move(room);
+    absl::Status got =
+        BulkFetch(req->host(), static_cast<int>(req->port()), req->ticket(),
+                  receiver->Unfilled(), absl::Seconds(30),
+                  [](uint64_t) { CKPT_KILL_POINT("peer.piece_received"); });
+    if (got.ok()) got = receiver->Filled(req->file_bytes());
+    if (!got.ok()) {
+      return ToGrpc(absl::Status(
+          got.code(),
+          absl::StrCat("the replica of ", Describe(key), " from node ",
+                       req->from_node(), ": ", got.message())));
+    }
+    return Stored(key, req->from_node(), std::move(receiver), resp);
+  }
 
   grpc::Status PushReplica(grpc::ServerContext* ctx,
                            grpc::ServerReader<proto::ReplicaPiece>* reader,
@@ -37,14 +60,8 @@ class PeerService final : public proto::CkptPeer::Service {
                           "a replica push without a first piece");
     }
     const ReplicaStore::Key key = KeyOf(piece.shard());
-    ReplicaStore* held = replicator_->held();
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> receiver =
-        held->Receive(key, piece.file_bytes());
-    if (absl::IsResourceExhausted(receiver.status())) {
-      // Replicas of steps retention no longer keeps make room.
-      replicator_->CollectGarbage(key.job);
-      receiver = held->Receive(key, piece.file_bytes());
-    }
+        Receive(key, piece.file_bytes());
     if (!receiver.ok()) return ToGrpc(receiver.status());
     const std::string from = piece.from_node();
     do {
@@ -57,17 +74,7 @@ class PeerService final : public proto::CkptPeer::Service {
           grpc::StatusCode::CANCELLED,
           absl::StrCat("the push of ", Describe(key), " was cancelled"));
     }
-    absl::StatusOr<ReplicaStore::Entry> stored = (*receiver)->Finish();
-    if (!stored.ok()) {
-      CKPT_LOG_WARN("replica of {} from node {} refused: {}", Describe(key),
-                    from, stored.status().ToString());
-      return ToGrpc(stored.status());
-    }
-    resp->set_bytes(stored->bytes);
-    CKPT_LOG_INFO("holding a replica of {} for node {} ({} bytes)",
-                  Describe(key), from, stored->bytes);
-    replicator_->CollectGarbage(key.job);
-    return grpc::Status::OK;
+    return Stored(key, from, *std::move(receiver), resp);
   }
 
   grpc::Status LocateShard(grpc::ServerContext*,
@@ -114,7 +121,58 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status OfferShard(grpc::ServerContext*,
+                          const proto::FetchShardRequest* req,
+                          proto::ShardOffer* resp) override {
+    if (bulk_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "bulk transfers are off on this node (mutual TLS): "
+                          "use FetchShard");
+    }
+    const ReplicaStore::Key key = KeyOf(req->shard());
+    absl::StatusOr<Copy> copy = Best(key);
+    if (!copy.ok()) return ToGrpc(copy.status());
+    absl::StatusOr<BulkServer::Ticket> ticket = bulk_->Offer(copy->path);
+    if (!ticket.ok()) return ToGrpc(ticket.status());
+    resp->set_tier(copy->tier);
+    resp->set_file_bytes(ticket->bytes);
+    resp->set_ticket(ticket->token);
+    resp->set_port(static_cast<uint32_t>(bulk_->port()));
+    return grpc::Status::OK;
+  }
+
  private:
+  // Room for a replica; replicas of steps retention no longer keeps make
+  // room when the store is full.
+  absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> Receive(
+      const ReplicaStore::Key& key, uint64_t bytes) {
+    ReplicaStore* held = replicator_->held();
+    absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> receiver =
+        held->Receive(key, bytes);
+    if (absl::IsResourceExhausted(receiver.status())) {
+      replicator_->CollectGarbage(key.job);
+      receiver = held->Receive(key, bytes);
+    }
+    return receiver;
+  }
+
+  // Verifies a replica received whole and makes it count.
+  grpc::Status Stored(const ReplicaStore::Key& key, const std::string& from,
+                      std::unique_ptr<ReplicaStore::Receiver> receiver,
+                      proto::PushReplicaResponse* resp) {
+    absl::StatusOr<ReplicaStore::Entry> stored = receiver->Finish();
+    if (!stored.ok()) {
+      CKPT_LOG_WARN("replica of {} from node {} refused: {}", Describe(key),
+                    from, stored.status().ToString());
+      return ToGrpc(stored.status());
+    }
+    resp->set_bytes(stored->bytes);
+    CKPT_LOG_INFO("holding a replica of {} for node {} ({} bytes)",
+                  Describe(key), from, stored->bytes);
+    replicator_->CollectGarbage(key.job);
+    return grpc::Status::OK;
+  }
+
   struct Copy {
     proto::Tier tier;
     std::string path;
@@ -138,6 +196,7 @@ class PeerService final : public proto::CkptPeer::Service {
 
   CheckpointService* const service_;
   Replicator* const replicator_;
+  BulkServer* const bulk_;  // null: bulk transfers off
 };
 
 }  // namespace
@@ -173,7 +232,15 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
     creds = grpc::SslServerCredentials(o);
   }
   std::unique_ptr<PeerServer> server(new PeerServer());
-  server->service_ = std::make_unique<PeerService>(service, replicator);
+  server->replicator_ = replicator;
+  if (tls_files == 0) {
+    // Plain TCP like the peer service itself; with TLS, bytes stay in it.
+    ASSIGN_OR_RETURN(server->bulk_,
+                     BulkServer::Start(options.address.substr(0, colon)));
+    replicator->SetBulkServer(server->bulk_.get());
+  }
+  server->service_ =
+      std::make_unique<PeerService>(service, replicator, server->bulk_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, creds, &server->port_);
   builder.RegisterService(server->service_.get());
@@ -194,6 +261,8 @@ PeerServer::~PeerServer() {
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   }
+  if (bulk_ != nullptr) replicator_->SetBulkServer(nullptr);
+  bulk_.reset();
 }
 
 }  // namespace ckpt::daemon

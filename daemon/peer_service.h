@@ -4,6 +4,8 @@
 // restore them: a replica held in memory first, else the owner's shard file.
 // With TLS files it requires mutual TLS: a client without a certificate, or
 // with one no CA in `tls_ca_file` signed, is refused at the handshake.
+// Without, it also runs a BulkServer on the same host, which sends offered
+// shard files over plain TCP (the fast path of restores from peers).
 //
 // Thread-safety: thread-safe; calls run on gRPC's threads.
 #ifndef CKPT_DAEMON_PEER_SERVICE_H_
@@ -13,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/bulk_transfer.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/replicator.h"
 
@@ -48,6 +51,8 @@ class PeerServer {
  private:
   PeerServer() = default;
 
+  Replicator* replicator_ = nullptr;
+  std::unique_ptr<BulkServer> bulk_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

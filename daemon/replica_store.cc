@@ -102,7 +102,7 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> ReplicaStore::Receive(
   if (s.ok()) (void)fs_->Unlink(r->partial_);  // a leftover of a failed push
   if (s.ok()) {
     absl::StatusOr<std::unique_ptr<io::MappedFile>> map =
-        fs_->MapFile(r->partial_, {.create_size = bytes});
+        fs_->MapFile(r->partial_, {.create_size = bytes, .populate = true});
     s = map.status();
     if (map.ok()) r->map_ = *std::move(map);
   }
@@ -136,6 +136,20 @@ absl::Status ReplicaStore::Receiver::Append(absl::string_view data) {
   }
   std::memcpy(map_->data() + received_, data.data(), data.size());
   received_ += data.size();
+  return absl::OkStatus();
+}
+
+absl::Span<uint8_t> ReplicaStore::Receiver::Unfilled() {
+  if (done_ || map_ == nullptr) return {};
+  return absl::MakeSpan(map_->data() + received_, bytes_ - received_);
+}
+
+absl::Status ReplicaStore::Receiver::Filled(size_t n) {
+  if (done_ || map_ == nullptr || n > bytes_ - received_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe(key_), ": ", n, " bytes filled beyond the transfer"));
+  }
+  received_ += n;
   return absl::OkStatus();
 }
 

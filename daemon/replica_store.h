@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/optional.h"
+#include "absl/types/span.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
 
@@ -54,6 +55,10 @@ class ReplicaStore {
     ~Receiver();
     // The next bytes of the file; more than announced is an error.
     absl::Status Append(absl::string_view data);
+    // Where the bytes not received yet go, for a transfer that writes them
+    // in place (a bulk transfer's recv); then Filled(n) for n written.
+    absl::Span<uint8_t> Unfilled();
+    absl::Status Filled(size_t n);
     // Checks that every announced byte arrived, verifies the shard (its
     // footer and manifest, and with `every_chunk` every chunk), and makes it
     // visible (replacing an older copy of the same shard). A copy whose

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/bulk_transfer.h"
 #include "daemon/grpc_status.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -72,6 +73,9 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
                    "bytes of replicas this node holds for its peers");
   metrics->Declare("ckpt_peer_fetched_bytes_total", T::kCounter,
                    "shard-file bytes fetched from peers for restores");
+  metrics->Declare("ckpt_peer_fetch_seconds_total", T::kCounter,
+                   "time spent fetching those bytes (transfer, landing in "
+                   "memory, checks)");
   Replicator* self = r.get();
   metrics->OnScrape([self](Metrics& m) {
     m.Set("ckpt_replication_pending_shards", {},
@@ -103,6 +107,11 @@ Replicator::~Replicator() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+}
+
+void Replicator::SetBulkServer(BulkServer* bulk) {
+  absl::MutexLock lock(&mu_);
+  bulk_ = bulk;
 }
 
 void Replicator::SetAddress(const std::string& address) {
@@ -328,6 +337,44 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
   const std::string what = absl::StrCat(
       "pushing ", Describe(shard.job(), shard.step(), shard.rank()),
       " to node ", peer.node_id(), " at ", peer.address());
+  BulkServer* bulk;
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    bulk = bulk_;
+    address = address_;
+  }
+  if (bulk != nullptr && !address.empty()) {
+    // The fast path: the peer fetches the file as a bulk transfer.
+    ASSIGN_OR_RETURN(BulkServer::Ticket ticket,
+                     bulk->Offer(shard.shard_path()));
+    auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(TransferDeadline(ticket.bytes)));
+    proto::PullReplicaRequest req;
+    req.mutable_shard()->set_job(shard.job());
+    req.mutable_shard()->set_step(shard.step());
+    req.mutable_shard()->set_rank(shard.rank());
+    req.set_file_bytes(ticket.bytes);
+    req.set_from_node(options_.node_id);
+    req.set_host(address.substr(0, address.rfind(':')));
+    req.set_port(static_cast<uint32_t>(bulk->port()));
+    req.set_ticket(ticket.token);
+    proto::PushReplicaResponse resp;
+    grpc::Status pulled = stub->PullReplica(&ctx, req, &resp);
+    if (pulled.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      RETURN_IF_ERROR(FromGrpc(pulled, what));
+      if (resp.bytes() != ticket.bytes) {
+        return absl::DataLossError(absl::StrCat(what, ": the peer verified ",
+                                                resp.bytes(), " of ",
+                                                ticket.bytes, " bytes"));
+      }
+      metrics_->Add("ckpt_replicated_bytes_total", {{"job", shard.job()}},
+                    static_cast<double>(ticket.bytes));
+      return absl::OkStatus();
+    }
+    // A peer without PullReplica: the bytes go over the stream below.
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<io::ReadableFile> file,
                    fs_->NewReadableFile(shard.shard_path(), {}));
   ASSIGN_OR_RETURN(uint64_t size, file->Size());
@@ -420,18 +467,20 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
   std::vector<std::string> failures;
   for (const Candidate& c : candidates) {
     const absl::Time start = absl::Now();
-    absl::StatusOr<ReplicaStore::Entry> got = FetchFrom(key, *c.peer);
+    std::string via;
+    absl::StatusOr<ReplicaStore::Entry> got = FetchFrom(key, *c.peer, &via);
     if (got.ok()) {
-      metrics_->Add("ckpt_peer_fetched_bytes_total",
-                    {{"job", job},
-                     {"source", c.tier == proto::TIER_PEER ? "peer_memory"
-                                                           : "peer_disk"}},
-                    static_cast<double>(got->bytes));
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      const Labels labels = {
+          {"job", job},
+          {"source", c.tier == proto::TIER_PEER ? "peer_memory" : "peer_disk"}};
+      metrics_->Add("ckpt_peer_fetched_bytes_total", labels,
+                    static_cast<double>(got->bytes));
+      metrics_->Add("ckpt_peer_fetch_seconds_total", labels, seconds);
       CKPT_LOG_INFO(
-          "{}: fetched {} bytes from node {} ({}) in {:.1f} ms, "
+          "{}: fetched {} bytes from node {} ({}) over {} in {:.1f} ms, "
           "{:.0f} MiB/s",
-          what, got->bytes, c.peer->node_id(), proto::Tier_Name(c.tier),
+          what, got->bytes, c.peer->node_id(), proto::Tier_Name(c.tier), via,
           seconds * 1e3, seconds > 0 ? got->bytes / seconds / (1 << 20) : 0.0);
       return ReplicaStore::RecordOf(fs_, *got);
     }
@@ -450,18 +499,63 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
       asked.empty() ? "none is known" : absl::StrJoin(asked, ", "), ")"));
 }
 
+absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>>
+Replicator::ReceiveFetched(const ReplicaStore::Key& key, uint64_t bytes) {
+  absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
+      fetched_->Receive(key, bytes);
+  if (absl::IsResourceExhausted(r.status())) {
+    // A cache: copies no restore is about to read make room.
+    for (const ReplicaStore::Entry& e : fetched_->List()) {
+      if (!InUse(e.key, absl::Seconds(10))) (void)fetched_->Drop(e.key);
+    }
+    r = fetched_->Receive(key, bytes);
+  }
+  return r;
+}
+
 absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
-    const ReplicaStore::Key& key, const proto::PeerInfo& peer) {
+    const ReplicaStore::Key& key, const proto::PeerInfo& peer,
+    std::string* via) {
   const std::string what =
       absl::StrCat("fetching ", Describe(key.job, key.step, key.rank),
                    " from node ", peer.node_id(), " at ", peer.address());
   auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(TransferDeadline(4ull << 30)));
   proto::FetchShardRequest req;
   req.mutable_shard()->set_job(key.job);
   req.mutable_shard()->set_step(key.step);
   req.mutable_shard()->set_rank(key.rank);
+  // The fast path: a bulk transfer over plain TCP, straight into the cache.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::ShardOffer offer;
+    grpc::Status offered = stub->OfferShard(&ctx, req, &offer);
+    if (offered.ok()) {
+      *via = "a bulk transfer";
+      ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> receiver,
+                       ReceiveFetched(key, offer.file_bytes()));
+      const std::string host =
+          peer.address().substr(0, peer.address().rfind(':'));
+      absl::Status got =
+          BulkFetch(host, static_cast<int>(offer.port()), offer.ticket(),
+                    receiver->Unfilled(), absl::Seconds(30));
+      if (!got.ok()) {
+        return absl::Status(got.code(),
+                            absl::StrCat(what, ": ", got.message()));
+      }
+      RETURN_IF_ERROR(receiver->Filled(offer.file_bytes()));
+      // The restore that asked for it verifies every chunk it reads.
+      return receiver->Finish(/*every_chunk=*/false);
+    }
+    if (offered.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+        offered.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      return FromGrpc(offered, what);
+    }
+    // Bulk transfers are off there (mutual TLS): stream over gRPC.
+  }
+  *via = "gRPC";
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(TransferDeadline(4ull << 30)));
   std::unique_ptr<grpc::ClientReader<proto::ShardPiece>> reader =
       stub->FetchShard(&ctx, req);
   std::unique_ptr<ReplicaStore::Receiver> receiver;
@@ -470,14 +564,7 @@ absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
   while (failed.ok() && reader->Read(&piece)) {
     if (receiver == nullptr) {
       absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
-          fetched_->Receive(key, piece.file_bytes());
-      if (absl::IsResourceExhausted(r.status())) {
-        // A cache: copies no restore is about to read make room.
-        for (const ReplicaStore::Entry& e : fetched_->List()) {
-          if (!InUse(e.key, absl::Seconds(10))) (void)fetched_->Drop(e.key);
-        }
-        r = fetched_->Receive(key, piece.file_bytes());
-      }
+          ReceiveFetched(key, piece.file_bytes());
       if (!r.ok()) {
         failed = r.status();
         break;

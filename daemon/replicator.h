@@ -44,6 +44,8 @@ class ChannelCredentials;
 
 namespace ckpt::daemon {
 
+class BulkServer;
+
 struct ReplicationOptions {
   std::string node_id;
   std::string failure_domain;
@@ -83,6 +85,9 @@ class Replicator {
   // for the other nodes, and again whenever it went missing (a lease that
   // expired took it along).
   void SetAddress(const std::string& address);
+  // This node's bulk server (null: none, with mutual TLS): pushes then offer
+  // the file and the peer pulls it (PullReplica) instead of a gRPC stream.
+  void SetBulkServer(BulkServer* bulk);
   // A persisted shard (state PERSISTED, `shard_path` set) to push; nodes that
   // already hold it count.
   void Enqueue(const proto::ShardRecord& shard,
@@ -118,8 +123,15 @@ class Replicator {
   // Whether `peer` already holds a verified replica of `shard` (a restarted
   // peer kept its replicas on tmpfs): it counts without being sent again.
   bool Holds(const proto::ShardRecord& shard, const proto::PeerInfo& peer);
+  // A bulk transfer when the peer offers one, else a gRPC stream; `via`
+  // says which.
   absl::StatusOr<ReplicaStore::Entry> FetchFrom(const ReplicaStore::Key& key,
-                                                const proto::PeerInfo& peer);
+                                                const proto::PeerInfo& peer,
+                                                std::string* via);
+  // Room in the fetched-copies cache, made by dropping copies no restore
+  // reads now when it is full.
+  absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> ReceiveFetched(
+      const ReplicaStore::Key& key, uint64_t bytes);
   // Notes that a restore is about to read a fetched copy.
   void Used(const ReplicaStore::Key& key);
   // Whether a fetched copy was handed out less than `grace` ago.
@@ -143,6 +155,7 @@ class Replicator {
 
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
+  BulkServer* bulk_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

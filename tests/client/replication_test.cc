@@ -191,7 +191,7 @@ TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
     ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored;
     EXPECT_TRUE(quarter.Matches(2, /*rng_too=*/false)) << "rank " << rank;
   }
-  EXPECT_THAT(c.log() + b.log(), HasSubstr("fetched"));
+  EXPECT_THAT(c.log() + b.log(), HasSubstr("over a bulk transfer"));
   // A shard nobody has gets an error naming it and the peers asked.
   Rank late(c.socket(), "rep", 0, 2, kGlobal);
   ASSERT_TRUE(late.ckpt);
@@ -455,6 +455,18 @@ TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   rogue.pem_cert_chain = testing::ReadAll(pki.File("rogue.pem"));
   rogue.pem_private_key = testing::ReadAll(pki.File("rogue.key"));
   EXPECT_FALSE(Locate(address, grpc::SslCredentials(rogue)).ok());
+  // A restore on a third node fetches the lost node's shard from b inside
+  // TLS: bulk transfers (plain TCP) are off, the bytes stream over gRPC.
+  testing::DaemonProcess c(
+      NodeArgs(etcd.endpoint(), "node-c", pki.Args("good")));
+  ASSERT_TRUE(c.Start()) << c.log();
+  a.Lose();
+  Rank moved(c.socket(), "tls", 0, 1, 1 << 16);
+  ASSERT_TRUE(moved.ckpt);
+  absl::Status restored = moved.ckpt->Restore(1);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << c.log();
+  EXPECT_TRUE(moved.Matches(1));
+  EXPECT_THAT(c.log(), HasSubstr("over gRPC"));
   // Half a TLS configuration is refused with a clear error.
   testing::DaemonProcess half(NodeArgs(
       etcd.endpoint(), "node-h", {"--peer-tls-ca", pki.File("good-ca.pem")}));

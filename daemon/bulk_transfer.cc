@@ -1,0 +1,292 @@
+#include "daemon/bulk_transfer.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "io/errno_status.h"
+#include "io/logging.h"
+
+namespace ckpt::daemon {
+namespace {
+
+constexpr uint64_t kNoSuchTicket = ~uint64_t{0};
+constexpr absl::Duration kTicketLife = absl::Seconds(30);
+// A peer that stops reading (or sending its ticket) is dropped after this.
+constexpr int kIoTimeoutS = 30;
+
+void SetTimeouts(int fd, int seconds) {
+  timeval tv{.tv_sec = seconds, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+// Sends or receives exactly `n` bytes; false (errno set) when the peer went
+// away or timed out.
+bool SendAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t sent = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0) return false;
+    p += sent;
+    n -= static_cast<size_t>(sent);
+  }
+  return true;
+}
+bool RecvAll(int fd, void* data, size_t n) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t got = ::recv(fd, p, n, MSG_WAITALL);
+    if (got < 0 && errno == EINTR) continue;
+    if (got == 0) errno = ECONNRESET;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+void PutLe64(uint64_t v, uint8_t out[8]) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t GetLe64(const uint8_t in[8]) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | in[i];
+  return v;
+}
+
+// The first IPv4 or IPv6 address of `host` (numeric or a name).
+absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port,
+                                         socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc =
+      ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bulk transfers: cannot resolve \"", host, "\": ", gai_strerror(rc)));
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, found->ai_addr, found->ai_addrlen);
+  *len = found->ai_addrlen;
+  ::freeaddrinfo(found);
+  return addr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
+    const std::string& host) {
+  // "[::1]" as gRPC writes IPv6 hosts.
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  socklen_t len = 0;
+  absl::StatusOr<sockaddr_storage> addr = Resolve(bare, 0, &len);
+  if (!addr.ok()) return addr.status();
+  const int fd = ::socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return io::ErrnoToStatus(errno, "bulk transfers: socket");
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0 ||
+      ::listen(fd, 64) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return io::ErrnoToStatus(
+        err, absl::StrCat("bulk transfers: listening on ", host));
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  const int port =
+      ntohs(bound.ss_family == AF_INET6
+                ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::unique_ptr<BulkServer> server(new BulkServer(fd, port));
+  BulkServer* self = server.get();
+  server->acceptor_ = std::thread([self] { self->AcceptLoop(); });
+  return server;
+}
+
+BulkServer::~BulkServer() {
+  stopping_ = true;
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listener_);
+  absl::MutexLock lock(&mu_);
+  for (int c : connections_) ::shutdown(c, SHUT_RDWR);
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return serving_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+  for (auto& [token, offered] : tickets_) ::close(offered.fd);
+  tickets_.clear();
+}
+
+absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io::ErrnoToStatus(errno, "opening " + path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return io::ErrnoToStatus(err, "fstat " + path);
+  }
+  Ticket t;
+  t.bytes = static_cast<uint64_t>(st.st_size);
+  t.token.resize(kTicketBytes);
+  absl::BitGen gen;
+  for (char& c : t.token) c = static_cast<char>(absl::Uniform<uint8_t>(gen));
+  absl::MutexLock lock(&mu_);
+  Expire();
+  tickets_[t.token] = Offered{fd, t.bytes, absl::Now() + kTicketLife};
+  return t;
+}
+
+size_t BulkServer::outstanding() const {
+  absl::MutexLock lock(&mu_);
+  return tickets_.size();
+}
+
+void BulkServer::Expire() {
+  const absl::Time now = absl::Now();
+  for (auto it = tickets_.begin(); it != tickets_.end();) {
+    if (it->second.expires < now) {
+      ::close(it->second.fd);
+      it = tickets_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void BulkServer::AcceptLoop() {
+  while (!stopping_) {
+    pollfd p{.fd = listener_, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      ::close(c);
+      break;
+    }
+    connections_.insert(c);
+    ++serving_;
+    std::thread([this, c] { Serve(c); }).detach();
+  }
+}
+
+void BulkServer::Serve(int connection) {
+  // sendfile to a peer that hung up raises SIGPIPE (it has no MSG_NOSIGNAL):
+  // blocked on this thread, which exits with it pending and discarded.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+  SetTimeouts(connection, kIoTimeoutS);
+  std::string token(kTicketBytes, '\0');
+  int file = -1;
+  uint64_t bytes = kNoSuchTicket;
+  if (RecvAll(connection, token.data(), token.size())) {
+    absl::MutexLock lock(&mu_);
+    Expire();
+    auto it = tickets_.find(token);
+    if (it != tickets_.end()) {  // one use
+      file = it->second.fd;
+      bytes = it->second.bytes;
+      tickets_.erase(it);
+    }
+  }
+  uint8_t header[8];
+  PutLe64(bytes, header);
+  if (SendAll(connection, header, sizeof header) && file >= 0) {
+    off_t at = 0;
+    while (static_cast<uint64_t>(at) < bytes) {
+      const ssize_t sent =
+          ::sendfile(connection, file, &at,
+                     static_cast<size_t>(std::min<uint64_t>(
+                         bytes - static_cast<uint64_t>(at), 1u << 30)));
+      if (sent < 0 && errno == EINTR) continue;
+      if (sent <= 0) {
+        CKPT_LOG_WARN("bulk transfer: sent {} of {} bytes: {}", at, bytes,
+                      sent < 0 ? std::strerror(errno) : "the file shrank");
+        break;
+      }
+    }
+  }
+  if (file >= 0) ::close(file);
+  absl::MutexLock lock(&mu_);
+  connections_.erase(connection);
+  ::close(connection);
+  --serving_;
+}
+
+absl::Status BulkFetch(const std::string& host, int port,
+                       absl::string_view ticket, absl::Span<uint8_t> dst,
+                       absl::Duration timeout,
+                       const std::function<void(uint64_t)>& progress) {
+  const std::string where =
+      absl::StrCat("bulk transfer from ", host, ":", port);
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  socklen_t len = 0;
+  absl::StatusOr<sockaddr_storage> addr = Resolve(bare, port, &len);
+  if (!addr.ok()) return addr.status();
+  const int fd = ::socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return io::ErrnoToStatus(errno, where + ": socket");
+  SetTimeouts(fd, static_cast<int>(
+                      std::max<int64_t>(1, absl::ToInt64Seconds(timeout))));
+  absl::Status status;
+  uint8_t header[8];
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0) {
+    status = io::ErrnoToStatus(errno, where + ": connect");
+  } else if (!SendAll(fd, ticket.data(), ticket.size()) ||
+             !RecvAll(fd, header, sizeof header)) {
+    status = io::ErrnoToStatus(errno, where + ": presenting the ticket");
+  } else if (const uint64_t size = GetLe64(header); size == kNoSuchTicket) {
+    status = absl::NotFoundError(
+        where + ": the ticket is unknown (used, or expired after " +
+        absl::FormatDuration(kTicketLife) + ")");
+  } else if (size != dst.size()) {
+    status = absl::DataLossError(absl::StrCat(
+        where, ": the file is ", size, " bytes, ", dst.size(), " expected"));
+  } else {
+    constexpr size_t kPiece = 4 << 20;
+    for (size_t at = 0; at < dst.size();) {
+      const size_t n =
+          progress ? std::min(kPiece, dst.size() - at) : dst.size() - at;
+      if (!RecvAll(fd, dst.data() + at, n)) {
+        status = io::ErrnoToStatus(
+            errno, absl::StrCat(where, ": receiving the file (", at, " of ",
+                                dst.size(), " bytes arrived)"));
+        break;
+      }
+      at += n;
+      if (progress) progress(at);
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+}  // namespace ckpt::daemon
