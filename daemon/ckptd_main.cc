@@ -16,6 +16,7 @@
 #include "daemon/metrics_server.h"
 #include "daemon/peer_service.h"
 #include "io/logging.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -309,16 +310,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   {
-    // Where this data directory's daemon listens, for `ckpt --data-dir`.
-    const std::string record = data_dir + "/ckptd.socket";
+    // What `ckpt --data-dir` needs of this daemon: where it listens, and the
+    // directories of the tiers beside the data directory.
     std::error_code ec;
-    const std::string absolute =
-        std::filesystem::absolute(socket_path, ec).string();
-    std::ofstream(record + ".tmp", std::ios::trunc) << absolute << "\n";
-    std::filesystem::rename(record + ".tmp", record, ec);
+    auto absolute = [&ec](const std::string& p) {
+      return p.empty() ? p : std::filesystem::absolute(p, ec).string();
+    };
+    nlohmann::json record;
+    record["socket"] = absolute(socket_path);
+    record["node_id"] = node_id;
+    record["staging_dir"] = absolute(staging_dir);
+    record["replica_dir"] = absolute(options.replication.dir);
+    record["shared_dir"] = absolute(shared_dir);
+    const std::string path = data_dir + "/ckptd.json";
+    std::ofstream(path + ".tmp", std::ios::trunc) << record.dump(2) << "\n";
+    std::filesystem::rename(path + ".tmp", path, ec);
     if (ec) {
-      CKPT_LOG_WARN("ckptd: recording the socket in {}: {}", record,
-                    ec.message());
+      CKPT_LOG_WARN("ckptd: recording itself in {}: {}", path, ec.message());
     }
   }
   CKPT_LOG_INFO(

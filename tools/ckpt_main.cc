@@ -282,9 +282,11 @@ std::string TierCell(const ckpt::tools::StepSummary& s, proto::Tier tier,
 // Where the ckptd of `data_dir` listens: what it recorded there when it
 // started, else ckptd's default socket.
 std::string DaemonSocketOf(const std::string& data_dir) {
-  std::ifstream in(data_dir + "/ckptd.socket");
-  std::string path;
-  if (std::getline(in, path) && !path.empty()) return path;
+  std::ifstream in(data_dir + "/ckptd.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (in && j.is_object() && !j.value("socket", "").empty()) {
+    return j.value("socket", "");
+  }
   return absl::StrCat("/tmp/ckpt-", ::getuid(), "/ckptd.sock");
 }
 
@@ -495,34 +497,45 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
   if (!view.ok()) return Fail("verify", view.status());
   auto shards =
       step.has_value() ? (*view)->StepShards(job, *step) : (*view)->Shards(job);
-  if (!shards.ok()) return Fail("verify", shards.status());
+  // The replicas this node holds for its peers, and the shared tier: a node
+  // may hold copies of a job none of whose ranks ran here.
+  const std::vector<ckpt::tools::TierCheck> beyond =
+      (*view)->VerifyBeyond(job, step);
+  if (!shards.ok() && (!absl::IsNotFound(shards.status()) || beyond.empty())) {
+    return Fail("verify", shards.status());
+  }
+  if (!shards.ok()) shards = std::vector<proto::ShardRecord>();
   int problems = 0, copies = 0;
   uint64_t chunks = 0;
   nlohmann::json out = nlohmann::json::array();
   Progress progress("verify");
   int done = 0;
+  auto record = [&](const ckpt::tools::TierCheck& c) {
+    ++copies;
+    chunks += c.chunks;
+    problems += static_cast<int>(c.problems.size());
+    nlohmann::json cj;
+    cj["tier"] = c.tier;
+    cj["step"] = c.step;
+    cj["rank"] = c.rank;
+    cj["path"] = c.path;
+    cj["chunks"] = c.chunks;
+    cj["problems"] = c.problems;
+    out.push_back(std::move(cj));
+    if (!json) {
+      for (const std::string& p : c.problems) {
+        std::printf("BAD %s step %lu rank %u: %s\n", c.tier.c_str(),
+                    static_cast<unsigned long>(c.step), c.rank, p.c_str());
+      }
+    }
+  };
   for (const proto::ShardRecord& r : *shards) {
     for (const ckpt::tools::TierCheck& c : (*view)->Verify(r)) {
-      ++copies;
-      chunks += c.chunks;
-      problems += static_cast<int>(c.problems.size());
-      nlohmann::json cj;
-      cj["tier"] = c.tier;
-      cj["step"] = c.step;
-      cj["rank"] = c.rank;
-      cj["path"] = c.path;
-      cj["chunks"] = c.chunks;
-      cj["problems"] = c.problems;
-      out.push_back(std::move(cj));
-      if (!json) {
-        for (const std::string& p : c.problems) {
-          std::printf("BAD %s step %lu rank %u: %s\n", c.tier.c_str(),
-                      static_cast<unsigned long>(c.step), c.rank, p.c_str());
-        }
-      }
+      record(c);
     }
     progress.Update(++done, static_cast<int>(shards->size()));
   }
+  for (const ckpt::tools::TierCheck& c : beyond) record(c);
   if (json) {
     nlohmann::json j;
     j["job"] = job;

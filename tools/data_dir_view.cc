@@ -1,12 +1,16 @@
 #include "tools/data_dir_view.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "io/file_system.h"
 #include "io/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "snapshot/names.h"
 #include "snapshot/shard_reader.h"
 
@@ -31,8 +35,68 @@ absl::StatusOr<std::unique_ptr<DataDirView>> DataDirView::Open(
   }
   ASSIGN_OR_RETURN(std::unique_ptr<daemon::KvStore> store,
                    daemon::KvStore::OpenReadOnly(catalog));
-  return std::unique_ptr<DataDirView>(
+  std::unique_ptr<DataDirView> view(
       new DataDirView(data_dir, std::move(store)));
+  std::ifstream in(io::JoinPath(data_dir, "ckptd.json"));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (in && j.is_object()) {
+    DaemonRecord d;
+    d.socket = j.value("socket", "");
+    d.node_id = j.value("node_id", "");
+    d.staging_dir = j.value("staging_dir", "");
+    d.replica_dir = j.value("replica_dir", "");
+    d.shared_dir = j.value("shared_dir", "");
+    view->daemon_ = d;
+  }
+  return view;
+}
+
+std::vector<TierCheck> DataDirView::VerifyBeyond(
+    const std::string& job, absl::optional<uint64_t> step) {
+  std::vector<TierCheck> checks;
+  if (!daemon_.has_value()) return checks;
+  auto scan = [&](const std::string& tier, const std::string& dir) {
+    if (dir.empty()) return;
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (e.path().extension() == ".ckpt") files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& path : files) {
+      unsigned long long s = 0;
+      unsigned r = 0;
+      const std::string name = std::filesystem::path(path).filename().string();
+      if (std::sscanf(name.c_str(), "%20llu-%10u.ckpt", &s, &r) != 2) continue;
+      if (step.has_value() && s != *step) continue;
+      TierCheck c{tier, s, r, path};
+      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
+          snapshot::ShardReader::Open(io::DefaultFileSystem(), path);
+      if (!reader.ok()) {
+        c.problems.push_back(std::string(reader.status().message()));
+      } else {
+        const proto::ShardManifest& m = (*reader)->manifest();
+        if (m.job() != job || m.step() != s || m.rank() != r) {
+          c.problems.push_back(
+              absl::StrCat(path, ": holds job ", m.job(), " step ", m.step(),
+                           " rank ", m.rank(), ", not what its name says"));
+        }
+        for (const proto::Item& item : m.items())
+          c.chunks += item.chunks_size();
+        for (const absl::Status& e : (*reader)->VerifyAll())
+          c.problems.push_back(std::string(e.message()));
+      }
+      checks.push_back(std::move(c));
+    }
+  };
+  scan("peer",
+       daemon_->replica_dir.empty()
+           ? ""
+           : io::JoinPath(io::JoinPath(daemon_->replica_dir, "held"), job));
+  scan("shared", daemon_->shared_dir.empty()
+                     ? ""
+                     : io::JoinPath(daemon_->shared_dir, job));
+  return checks;
 }
 
 absl::StatusOr<std::vector<proto::JobRecord>> DataDirView::Jobs() {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/optional.h"
 #include "daemon/catalog.h"
 #include "daemon/embedded_coordinator.h"
 #include "daemon/kv_store.h"
@@ -36,9 +37,19 @@ struct StepSummary {
   int64_t newest_unix_micros = 0;  // last staged, persisted or committed
 };
 
+// What a ckptd records of itself in its data directory when it starts
+// (<data-dir>/ckptd.json): where it listens and where its other tiers are.
+struct DaemonRecord {
+  std::string socket;
+  std::string node_id;
+  std::string staging_dir;
+  std::string replica_dir;  // empty: no peer service
+  std::string shared_dir;   // empty: no shared tier
+};
+
 // One problem `ckpt verify` found, or one shard copy it checked.
 struct TierCheck {
-  std::string tier;  // "memory" or "local_disk"
+  std::string tier;  // "memory", "local_disk", "peer" or "shared"
   uint64_t step = 0;
   uint32_t rank = 0;
   std::string path;
@@ -52,6 +63,8 @@ class DataDirView {
       const std::string& data_dir);
 
   const std::string& data_dir() const { return data_dir_; }
+  // Nullopt when no ckptd recorded itself here (one older than the record).
+  const absl::optional<DaemonRecord>& daemon() const { return daemon_; }
   absl::StatusOr<std::vector<proto::JobRecord>> Jobs();
   // NotFound naming the job and the jobs there are.
   absl::StatusOr<proto::JobRecord> Job(const std::string& job);
@@ -75,11 +88,18 @@ class DataDirView {
   // shard is not persisted yet has nothing to be checked against and is
   // reported with 0 chunks checked).
   std::vector<TierCheck> Verify(const proto::ShardRecord& shard);
+  // Checks the copies of `job` (of `step` only, when given) in this node's
+  // other tiers, as the daemon recorded them: the replicas it holds for
+  // peers, and the shared tier's copies (every node's). Each file chunk by
+  // chunk, and its manifest must name the job, step and rank of its name.
+  std::vector<TierCheck> VerifyBeyond(const std::string& job,
+                                      absl::optional<uint64_t> step);
 
  private:
   DataDirView(std::string data_dir, std::unique_ptr<daemon::KvStore> store);
 
   const std::string data_dir_;
+  absl::optional<DaemonRecord> daemon_;
   std::unique_ptr<daemon::KvStore> store_;
   daemon::Catalog catalog_;
   daemon::EmbeddedCoordinator coordinator_;

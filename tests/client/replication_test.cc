@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -313,6 +315,73 @@ TEST(ReplicationTest, ANodeBackUnderItsIdIsCheckedForItsReplicas) {
   absl::Status restored = moved.ckpt->Restore(1);
   ASSERT_TRUE(restored.ok()) << restored << "\n" << b.log();
   EXPECT_TRUE(moved.Matches(1));
+}
+
+// Flips one byte in the middle of a file (inside a chunk's stored bytes).
+void FlipMiddleByte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const std::streamoff at = f.tellg() / 2;
+  f.seekg(at);
+  char c;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x20));
+}
+
+// `ckpt verify` on a node checks, beside its own shards, the replicas it holds
+// for its peers and the shared tier's copies, and names a flipped byte in
+// either by tier, step, rank and file.
+TEST(ReplicationTest, CkptVerifyChecksHeldReplicasAndTheSharedTier) {
+  testing::TempDir shared;
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  const std::vector<std::string> more = {"--shared-dir", shared.File("t3"),
+                                         "--shared-every", "1"};
+  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a", more)),
+      b(NodeArgs(etcd.endpoint(), "node-b", more));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  {
+    Rank r0(a.socket(), "v", 0, 2, 1 << 18), r1(b.socket(), "v", 1, 2, 1 << 18);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    for (uint64_t step = 1; step <= 2; ++step) {
+      absl::Status s = SaveAll({&r0, &r1}, step, proto::TIER_SHARED);
+      if (s.ok()) s = SaveAll({}, step, kPeer);
+      ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log();
+      auto peer = r0.ckpt->LatestCommitted(kPeer);
+      for (int i = 0; i < 400 && !(peer.ok() && *peer == step); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+        peer = r0.ckpt->LatestCommitted(kPeer);
+      }
+      ASSERT_TRUE(peer.ok() && *peer == step) << a.log() << b.log();
+    }
+  }
+  const std::string on_b = "--data-dir " + b.data_dir() + " ";
+  Result ls = RunCli(on_b + "ls v --json");
+  ASSERT_EQ(ls.exit_code, 0) << ls.out;
+  nlohmann::json listed = nlohmann::json::parse(ls.out, nullptr, false);
+  EXPECT_THAT(
+      listed["steps"][1]["committed"].get<std::vector<std::string>>(),
+      ::testing::IsSupersetOf({"memory", "peer", "local_disk", "shared"}));
+  Result ok = RunCli(on_b + "verify v --json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  nlohmann::json j = nlohmann::json::parse(ok.out, nullptr, false);
+  std::map<std::string, int> copies;
+  for (const nlohmann::json& c : j["copies"]) copies[c["tier"]]++;
+  // Node a's rank 0 of the newest peer-committed step, at least (retention
+  // keeps the replicas of the newest --keep-memory peer commits).
+  EXPECT_GE(copies["peer"], 1) << ok.out;
+  EXPECT_EQ(copies["shared"], 4) << ok.out;
+  FlipMiddleByte(b.replica_dir() +
+                 "/held/v/00000000000000000002-0000000000.ckpt");
+  FlipMiddleByte(shared.File("t3/v/00000000000000000001-0000000001.ckpt"));
+  Result bad = RunCli(on_b + "verify v");
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("BAD peer step 2 rank 0"));
+  EXPECT_THAT(bad.out, HasSubstr("BAD shared step 1 rank 1"));
+  EXPECT_THAT(bad.out, HasSubstr("00000000000000000002-0000000000.ckpt"));
+  EXPECT_THAT(bad.out, HasSubstr("chunk"));
 }
 
 // Tier T3: node a copies every second step to a shared directory; once node a
