@@ -79,4 +79,18 @@ absl::Status Catalog::DeleteShard(const std::string& job, uint64_t step,
   return store_->Delete(ShardKey(job, step, rank));
 }
 
+absl::Status Catalog::UpdateShards(
+    const std::vector<proto::ShardRecord>& put,
+    const std::vector<proto::ShardRecord>& forget) {
+  KvStore::Batch batch;
+  for (const proto::ShardRecord& r : put) {
+    batch.puts.emplace_back(ShardKey(r.job(), r.step(), r.rank()),
+                            r.SerializeAsString());
+  }
+  for (const proto::ShardRecord& r : forget) {
+    batch.deletes.push_back(ShardKey(r.job(), r.step(), r.rank()));
+  }
+  return store_->Write(batch);
+}
+
 }  // namespace ckpt::daemon

@@ -38,6 +38,9 @@ class Catalog {
       const std::string& job = "");
   absl::Status DeleteShard(const std::string& job, uint64_t step,
                            uint32_t rank);
+  // Rewrites `put` and deletes `forget`, atomically, with one sync.
+  absl::Status UpdateShards(const std::vector<proto::ShardRecord>& put,
+                            const std::vector<proto::ShardRecord>& forget);
 
  private:
   KvStore* const store_;

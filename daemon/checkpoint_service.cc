@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -231,6 +232,13 @@ absl::Status CheckpointService::Recover() {
     metrics_.Add("ckpt_recovered_shards_total", {{"job", r.job()}});
     Enqueue({r.job(), r.step(), r.rank()});
   }
+  // What a previous run left for garbage collection (it went down before
+  // collecting, or in the middle) goes now, before the first save needs the
+  // room: with nothing to persist, nothing else would start a collection.
+  {
+    absl::MutexLock lock(&mu_);
+    for (const proto::ShardRecord& r : shards) gc_wanted_.insert(r.job());
+  }
   // Shard files the catalog does not reference: temporaries of an interrupted
   // persist, or files whose garbage collection was interrupted after the
   // catalog forgot them.
@@ -251,11 +259,9 @@ absl::Status CheckpointService::Recover() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
-                                                       uint64_t step,
-                                                       uint32_t rank,
-                                                       uint32_t world_size,
-                                                       uint64_t bytes) {
+absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
+    const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+    uint64_t bytes, absl::Time deadline) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
   if (world_size == 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
@@ -263,6 +269,24 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
                      world_size));
   }
   if (rank == 0) SawSave(job, step);
+  // One BeginStage per shard at a time: the record is read, a predecessor
+  // superseded and the slot allocated (which may wait for memory) before the
+  // new record is written, and a call still running for a trainer that died
+  // meanwhile must not write its record over the one a restarted trainer's
+  // save made in between (a committed step's shard would be lost).
+  const SlotId key{job, step, rank};
+  {
+    absl::MutexLock lock(&begin_mu_);
+    auto free = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(begin_mu_) {
+      return beginning_.count(key) == 0;
+    };
+    begin_mu_.Await(absl::Condition(&free));
+    beginning_.insert(key);
+  }
+  absl::Cleanup done = [this, &key] {
+    absl::MutexLock lock(&begin_mu_);
+    beginning_.erase(key);
+  };
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> existing,
                    catalog_->GetShard(job, step, rank));
   if (existing.has_value()) {
@@ -275,8 +299,13 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(const std::string& job,
     }
   }
   const absl::Time begun = absl::Now();
+  if (!arena_->Fits(bytes)) {
+    // Slots retention no longer keeps make room: collect now rather than
+    // after the next persist, which may be waiting for this very slot.
+    RequestGc(job);
+  }
   absl::StatusOr<SlotInfo> allocated =
-      arena_->Allocate({job, step, rank}, bytes);
+      arena_->Allocate({job, step, rank}, bytes, deadline);
   if (!allocated.ok()) {
     if (allocated.status().code() == absl::StatusCode::kResourceExhausted)
       metrics_.Add("ckpt_steps_skipped_total", {{"job", job}});
@@ -1008,22 +1037,37 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
   }
   // Slots go back to the arena at once, where the next save is waiting for
   // one; files are unlinked after the loop (a large one takes a while).
+  // The catalog is rewritten in batches, one sync each (a sync per shard
+  // made a collection of thousands of shards take seconds while saves
+  // waited for memory).
+  constexpr size_t kBatch = 256;
   std::vector<std::string> unlink;
   absl::Status failed;
   size_t applied = 0;
-  for (const RetentionAction& a : plan.actions) {
-    proto::ShardRecord r = a.shard;
-    if (a.drop_file) r.clear_shard_path();
-    if (a.drop_slot) r.clear_slot_path();
-    // The catalog forgets first: a crash in between leaves an unreferenced
-    // file, which the next start deletes; never a reference to a deleted file.
-    failed = a.forget() ? catalog_->DeleteShard(r.job(), r.step(), r.rank())
-                        : catalog_->PutShard(r);
+  while (applied < plan.actions.size()) {
+    const size_t end = std::min(plan.actions.size(), applied + kBatch);
+    std::vector<proto::ShardRecord> put, forget;
+    for (size_t i = applied; i < end; ++i) {
+      const RetentionAction& a = plan.actions[i];
+      proto::ShardRecord r = a.shard;
+      if (a.drop_file) r.clear_shard_path();
+      if (a.drop_slot) r.clear_slot_path();
+      (a.forget() ? forget : put).push_back(std::move(r));
+    }
+    // The catalog forgets first: a crash in between leaves unreferenced
+    // files, which the next start deletes; never a reference to a deleted
+    // file.
+    failed = catalog_->UpdateShards(put, forget);
     if (!failed.ok()) break;
-    ++applied;
     CKPT_KILL_POINT("service.gc_after_catalog");
-    if (a.drop_slot) (void)arena_->Release({r.job(), r.step(), r.rank()});
-    if (a.drop_file) unlink.push_back(a.shard.shard_path());
+    for (size_t i = applied; i < end; ++i) {
+      const RetentionAction& a = plan.actions[i];
+      if (a.drop_slot) {
+        (void)arena_->Release({a.shard.job(), a.shard.step(), a.shard.rank()});
+      }
+      if (a.drop_file) unlink.push_back(a.shard.shard_path());
+    }
+    applied = end;
   }
   for (const std::string& file : unlink) (void)fs_->Unlink(file);
   plan.actions.resize(applied);
@@ -1145,6 +1189,70 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
         absl::StrCat("no shard for ", Describe(job, step, rank)));
   }
   return *r;
+}
+
+absl::StatusOr<proto::FindShardResponse> CheckpointService::FindShard(
+    const std::string& job, uint64_t step, uint32_t rank) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  proto::FindShardResponse resp;
+  auto add = [&resp](proto::Tier tier, const std::string& node, bool here,
+                     const std::string& path) {
+    proto::ShardSource* s = resp.add_sources();
+    s->set_tier(tier);
+    s->set_node(node);
+    s->set_here(here);
+    s->set_path(path);
+  };
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
+                   catalog_->GetShard(job, step, rank));
+  const std::string& node = options_.replication.node_id;
+  if (r.has_value() && r->state() != proto::SHARD_STAGING) {
+    if (!r->slot_path().empty() && fs_->Exists(r->slot_path()).value_or(false))
+      add(proto::TIER_MEMORY, node, true, r->slot_path());
+    if (r->state() == proto::SHARD_PERSISTED && !r->shard_path().empty() &&
+        fs_->Exists(r->shard_path()).value_or(false))
+      add(proto::TIER_LOCAL_DISK, node, true, r->shard_path());
+    if (resp.sources_size() > 0) {
+      for (const proto::StagedItem& s : r->items()) {
+        *resp.add_items() = s.item();
+      }
+    }
+  }
+  if (replicator_ != nullptr) {
+    if (absl::optional<proto::ShardRecord> copy =
+            replicator_->LocalCopy(job, step, rank)) {
+      add(proto::TIER_PEER, node, true, copy->shard_path());
+      if (resp.items().empty()) {
+        for (const proto::StagedItem& s : copy->items()) {
+          *resp.add_items() = s.item();
+        }
+      }
+    }
+    for (Replicator::PeerCopy& c : replicator_->Locate(job, step, rank)) {
+      add(c.tier, c.node, false, "");
+      if (resp.items().empty()) {
+        for (proto::Item& item : c.items) *resp.add_items() = std::move(item);
+      }
+    }
+  }
+  if (shared_ != nullptr) {
+    absl::StatusOr<proto::ShardRecord> copy = shared_->Find(job, step, rank);
+    if (copy.ok()) {
+      add(proto::TIER_SHARED, "", false, copy->shard_path());
+      if (resp.items().empty()) {
+        for (const proto::StagedItem& s : copy->items()) {
+          *resp.add_items() = s.item();
+        }
+      }
+    }
+  }
+  if (resp.sources().empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no copy of ", Describe(job, step, rank),
+        replicator_ != nullptr ? " here or on a live peer" : " here",
+        shared_ != nullptr ? " or in the shared tier" : ""));
+  }
+  return resp;
 }
 
 absl::StatusOr<absl::optional<std::string>> CheckpointService::LocalShardFile(

@@ -76,9 +76,11 @@ class CheckpointService {
   ~CheckpointService();
 
   // Reserves and creates the staging slot for one rank's shard of a step.
-  absl::StatusOr<SlotInfo> BeginStage(const std::string& job, uint64_t step,
-                                      uint32_t rank, uint32_t world_size,
-                                      uint64_t bytes);
+  // When the memory budget is full, garbage collection runs at once and the
+  // policy applies, waiting no later than `deadline` (the caller's).
+  absl::StatusOr<SlotInfo> BeginStage(
+      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+      uint64_t bytes, absl::Time deadline = absl::InfiniteFuture());
   // The trainer filled the slot: from now on the daemon owns it. `items` say
   // where each tensor and byte item lies in the slot; they are validated
   // against the slot before anything else.
@@ -105,6 +107,12 @@ class CheckpointService {
   // else (with a shared tier) its copy there.
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
+  // Where copies of a shard are, in the order GetShard tries them (this
+  // node's slot and file, peers' replicas then their disks, the shared
+  // tier), and its items; nothing is fetched. NotFound when there is none.
+  absl::StatusOr<proto::FindShardResponse> FindShard(const std::string& job,
+                                                     uint64_t step,
+                                                     uint32_t rank);
   // The shard file this node persisted for a shard, if it has one.
   absl::StatusOr<absl::optional<std::string>> LocalShardFile(
       const std::string& job, uint64_t step, uint32_t rank);
@@ -234,6 +242,8 @@ class CheckpointService {
   std::map<std::string, JobHealth> health_ ABSL_GUARDED_BY(mu_);
   Metrics metrics_;
   absl::Mutex gc_mu_;  // one garbage collection at a time
+  absl::Mutex begin_mu_;
+  std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage
   std::vector<std::thread> workers_;
 };
 

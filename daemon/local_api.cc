@@ -28,12 +28,16 @@ class DaemonService final : public proto::CkptDaemon::Service {
   DaemonService(CheckpointService* service, io::FaultInjectionFs* faults)
       : service_(service), faults_(faults) {}
 
-  grpc::Status BeginStage(grpc::ServerContext*,
+  grpc::Status BeginStage(grpc::ServerContext* ctx,
                           const proto::BeginStageRequest* req,
                           proto::BeginStageResponse* resp) override {
+    // A wait for memory ends before the trainer's call gives up: a slot
+    // reserved for a caller that left would stay behind.
+    const absl::Time deadline =
+        absl::FromChrono(ctx->deadline()) - absl::Milliseconds(500);
     auto slot = service_->BeginStage(req->shard().job(), req->shard().step(),
                                      req->shard().rank(), req->world_size(),
-                                     req->bytes());
+                                     req->bytes(), deadline);
     if (!slot.ok()) return ToGrpc(slot.status());
     resp->set_slot_path(slot->path);
     resp->set_slot_bytes(slot->bytes);
@@ -92,6 +96,16 @@ class DaemonService final : public proto::CkptDaemon::Service {
                                     req->shard().rank());
     if (!shard.ok()) return ToGrpc(shard.status());
     *resp->mutable_shard() = *shard;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FindShard(grpc::ServerContext*,
+                         const proto::FindShardRequest* req,
+                         proto::FindShardResponse* resp) override {
+    auto found = service_->FindShard(req->shard().job(), req->shard().step(),
+                                     req->shard().rank());
+    if (!found.ok()) return ToGrpc(found.status());
+    *resp = *std::move(found);
     return grpc::Status::OK;
   }
 

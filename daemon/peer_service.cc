@@ -9,6 +9,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
+#include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -88,6 +89,12 @@ class PeerService final : public proto::CkptPeer::Service {
     if (!copy.ok()) return ToGrpc(copy.status());
     resp->set_tier(copy->tier);
     resp->set_file_bytes(copy->bytes);
+    if (req->with_items()) {
+      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
+          snapshot::ShardReader::Open(io::DefaultFileSystem(), copy->path);
+      if (!reader.ok()) return ToGrpc(reader.status());
+      *resp->mutable_items() = (*reader)->manifest().items();
+    }
     return grpc::Status::OK;
   }
 

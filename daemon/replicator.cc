@@ -418,6 +418,60 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
   return absl::OkStatus();
 }
 
+absl::StatusOr<proto::LocateShardResponse> Replicator::LocateOn(
+    const proto::PeerInfo& peer, const ReplicaStore::Key& key,
+    bool with_items) {
+  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  proto::LocateShardRequest req;
+  req.mutable_shard()->set_job(key.job);
+  req.mutable_shard()->set_step(key.step);
+  req.mutable_shard()->set_rank(key.rank);
+  req.set_with_items(with_items);
+  proto::LocateShardResponse resp;
+  RETURN_IF_ERROR(
+      FromGrpc(stub->LocateShard(&ctx, req, &resp),
+               absl::StrCat("locating ", Describe(key.job, key.step, key.rank),
+                            " on node ", peer.node_id())));
+  return resp;
+}
+
+absl::optional<proto::ShardRecord> Replicator::LocalCopy(const std::string& job,
+                                                         uint64_t step,
+                                                         uint32_t rank) {
+  for (ReplicaStore* store : {held_.get(), fetched_.get()}) {
+    if (absl::optional<ReplicaStore::Entry> e =
+            store->Find({job, step, rank})) {
+      absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
+      if (r.ok()) return *std::move(r);
+    }
+  }
+  return absl::nullopt;
+}
+
+std::vector<Replicator::PeerCopy> Replicator::Locate(const std::string& job,
+                                                     uint64_t step,
+                                                     uint32_t rank) {
+  std::vector<PeerCopy> copies;
+  absl::StatusOr<std::vector<proto::PeerInfo>> peers = Peers();
+  if (!peers.ok()) return copies;
+  for (const proto::PeerInfo& peer : *peers) {
+    absl::StatusOr<proto::LocateShardResponse> resp =
+        LocateOn(peer, {job, step, rank}, /*with_items=*/copies.empty());
+    if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
+      copies.push_back({peer.node_id(),
+                        resp->tier(),
+                        {resp->items().begin(), resp->items().end()}});
+    }
+  }
+  // A peer's memory before a peer's disk, as Fetch tries them.
+  std::stable_sort(
+      copies.begin(), copies.end(),
+      [](const PeerCopy& a, const PeerCopy& b) { return a.tier < b.tier; });
+  return copies;
+}
+
 absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
                                                      uint64_t step,
                                                      uint32_t rank) {
@@ -447,17 +501,10 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
   std::vector<std::string> asked;
   for (const proto::PeerInfo& peer : peers) {
     asked.push_back(peer.node_id());
-    auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    proto::LocateShardRequest req;
-    req.mutable_shard()->set_job(job);
-    req.mutable_shard()->set_step(step);
-    req.mutable_shard()->set_rank(rank);
-    proto::LocateShardResponse resp;
-    if (stub->LocateShard(&ctx, req, &resp).ok() &&
-        resp.tier() != proto::TIER_UNSPECIFIED) {
-      candidates.push_back({&peer, resp.tier()});
+    absl::StatusOr<proto::LocateShardResponse> resp =
+        LocateOn(peer, key, /*with_items=*/false);
+    if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
+      candidates.push_back({&peer, resp->tier()});
     }
   }
   // A peer's memory before a peer's disk (DESIGN.md §2).

@@ -96,6 +96,21 @@ class Replicator {
   // peer. NotFound names the peers asked when none has a good copy.
   absl::StatusOr<proto::ShardRecord> Fetch(const std::string& job,
                                            uint64_t step, uint32_t rank);
+  // The peers that have a copy of a shard, a replica in memory before an
+  // owner's disk (the order Fetch tries them in), without fetching; the first
+  // one found also describes the shard's items.
+  struct PeerCopy {
+    std::string node;
+    proto::Tier tier;  // TIER_PEER (memory) or TIER_LOCAL_DISK
+    std::vector<proto::Item> items;
+  };
+  std::vector<PeerCopy> Locate(const std::string& job, uint64_t step,
+                               uint32_t rank);
+  // A copy of a shard this node has in memory already: a replica a peer
+  // pushed here, or one fetched before (as Fetch answers it, nothing
+  // fetched).
+  absl::optional<proto::ShardRecord> LocalCopy(const std::string& job,
+                                               uint64_t step, uint32_t rank);
   // Drops this node's replicas and cached copies of `job` that retention no
   // longer keeps.
   void CollectGarbage(const std::string& job);
@@ -120,6 +135,9 @@ class Replicator {
   bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers);
   absl::Status Push(const proto::ShardRecord& shard,
                     const proto::PeerInfo& peer);
+  absl::StatusOr<proto::LocateShardResponse> LocateOn(
+      const proto::PeerInfo& peer, const ReplicaStore::Key& key,
+      bool with_items);
   // Whether `peer` already holds a verified replica of `shard` (a restarted
   // peer kept its replicas on tmpfs): it counts without being sent again.
   bool Holds(const proto::ShardRecord& shard, const proto::PeerInfo& peer);

@@ -73,8 +73,14 @@ std::string StagingArena::SlotPath(const SlotId& id) const {
                       SlotName(id.step, id.rank));
 }
 
+bool StagingArena::Fits(uint64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  return used_ + bytes <= options_.budget_bytes;
+}
+
 absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
-                                                uint64_t bytes) {
+                                                uint64_t bytes,
+                                                absl::Time deadline) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(id.job));
   FreeSlot reuse;
   std::vector<std::string> evict;
@@ -97,16 +103,17 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
       return used_ + bytes <= options_.budget_bytes;
     };
     if (!fits()) {
-      bool ok =
-          options_.policy == FullPolicy::kWait &&
-          mu_.AwaitWithTimeout(absl::Condition(&fits), options_.wait_timeout);
+      const absl::Time until =
+          std::min(absl::Now() + options_.wait_timeout, deadline);
+      bool ok = options_.policy == FullPolicy::kWait &&
+                mu_.AwaitWithDeadline(absl::Condition(&fits), until);
       if (!ok) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "memory budget exhausted: staging slot for ", Describe(id),
             " needs ", bytes, " bytes, ", used_, " of ", options_.budget_bytes,
             " bytes are in use by ", slots_.size(), " slots",
             options_.policy == FullPolicy::kWait
-                ? absl::StrCat(" after waiting ",
+                ? absl::StrCat(" after waiting up to ",
                                absl::FormatDuration(options_.wait_timeout))
                 : " (policy: skip)"));
       }

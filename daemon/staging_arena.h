@@ -62,7 +62,13 @@ class StagingArena {
   // Reserves `bytes` and creates the slot file. A slot that already exists is
   // an error (AlreadyExists). A request larger than the whole budget fails at
   // once.
-  absl::StatusOr<SlotInfo> Allocate(const SlotId& id, uint64_t bytes);
+  // With the wait policy, waits for space until `wait_timeout` passed or
+  // `deadline` (the caller's own, e.g. its RPC's) came, whichever is first.
+  absl::StatusOr<SlotInfo> Allocate(
+      const SlotId& id, uint64_t bytes,
+      absl::Time deadline = absl::InfiniteFuture());
+  // Whether `bytes` more fit in the budget now.
+  bool Fits(uint64_t bytes) const;
   // Deletes the slot file and returns its bytes to the budget. Unknown slots
   // are NotFound.
   absl::Status Release(const SlotId& id);

@@ -428,7 +428,7 @@ class Chaos {
     Node& node =
         nodes_[std::uniform_int_distribution<uint32_t>(0, o_.nodes - 1)(rng_)];
     report_.faults[kind]++;
-    const uint64_t before = Latest(proto::TIER_MEMORY).value_or(0);
+    uint64_t before = Latest(proto::TIER_MEMORY).value_or(0);
     const Clock::time_point t0 = Clock::now();
     std::optional<uint64_t> resumed;
     uint64_t computed = 0;  // the furthest step the killed job had computed
@@ -459,6 +459,11 @@ class Chaos {
       // The machine is replaced: nothing of what it had comes back, and its
       // replacement takes its id, sooner or later than its lease expires.
       computed = KillNode(node);
+      // Steps the node voted for before it died may still get committed (the
+      // other ranks' votes complete them) with its shards gone: committed at
+      // the memory and disk tiers only, they are lost with it, as those tiers
+      // allow. What counts is newer than all of them.
+      before = std::max(before, Latest(proto::TIER_MEMORY).value_or(0));
       std::error_code ec;
       std::filesystem::remove_all(node.data(), ec);
       std::filesystem::remove_all(node.staging, ec);

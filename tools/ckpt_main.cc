@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -905,9 +906,9 @@ int Gc(const std::string& data_dir, const std::string& socket_path,
 // --split-dim into M near-equal boxes (rank r gets [e*r/M, e*(r+1)/M)), as
 // libckpt's Restore reads them: the memory-tier slot when it is there, else
 // the shard file.
-int RestorePlan(const std::string& data_dir, const std::string& job,
-                const std::string& step_text, uint32_t world, int split_dim,
-                bool json) {
+int RestorePlan(const std::string& data_dir, const std::string& socket_path,
+                const std::string& job, const std::string& step_text,
+                uint32_t world, int split_dim, bool json) {
   auto step = ParseStep(step_text);
   if (!step.ok()) return UsageError("restore-plan", step.status());
   if (world == 0) {
@@ -917,7 +918,21 @@ int RestorePlan(const std::string& data_dir, const std::string& job,
   auto view = ckpt::tools::DataDirView::Open(data_dir);
   if (!view.ok()) return Fail("restore-plan", view.status());
   auto shards = (*view)->StepShards(job, *step);
-  if (!shards.ok()) return Fail("restore-plan", shards.status());
+  // A node of a cluster knows its own shards; the daemon, when it runs, finds
+  // the others' (peers, shared tier) and the step's world size.
+  auto commits = DaemonCommits(socket_path, job);
+  if (!commits.ok()) return Fail("restore-plan", commits.status());
+  uint32_t saved_world = 0;
+  if (commits->has_value()) {
+    for (const proto::CommitRecord& c : **commits) {
+      if (c.step() == *step) saved_world = c.world_size();
+    }
+  }
+  if (!shards.ok() &&
+      (!absl::IsNotFound(shards.status()) || saved_world == 0)) {
+    return Fail("restore-plan", shards.status());
+  }
+  if (!shards.ok()) shards = std::vector<proto::ShardRecord>();
   ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
   auto exists = [fs](const std::string& p) {
     auto e = fs->Exists(p);
@@ -930,6 +945,18 @@ int RestorePlan(const std::string& data_dir, const std::string& job,
     std::string source, path;
   };
   std::map<std::string, std::pair<proto::Item, std::vector<Saved>>> tensors;
+  auto add_pieces = [&](uint32_t rank, const proto::Item& item,
+                        const std::string& source, const std::string& path) {
+    if (item.kind() != proto::ITEM_KIND_TENSOR) return;
+    auto& t = tensors[item.name()];
+    t.first = item;
+    t.second.push_back({rank,
+                        {{item.box_offset().begin(), item.box_offset().end()},
+                         {item.box_length().begin(), item.box_length().end()}},
+                        source,
+                        path});
+  };
+  std::set<uint32_t> here;
   for (const proto::ShardRecord& r : *shards) {
     std::string source, path;
     if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_FAILED) {
@@ -939,17 +966,46 @@ int RestorePlan(const std::string& data_dir, const std::string& job,
     } else if (r.state() == proto::SHARD_PERSISTED && exists(r.shard_path())) {
       source = "local_disk", path = r.shard_path();
     }
+    if (!source.empty()) here.insert(r.rank());
+    if (saved_world == 0) saved_world = r.world_size();
     for (const proto::StagedItem& s : r.items()) {
-      const proto::Item& item = s.item();
-      if (item.kind() != proto::ITEM_KIND_TENSOR) continue;
-      auto& t = tensors[item.name()];
-      t.first = item;
-      t.second.push_back(
-          {r.rank(),
-           {{item.box_offset().begin(), item.box_offset().end()},
-            {item.box_length().begin(), item.box_length().end()}},
-           source,
-           path});
+      add_pieces(r.rank(), s.item(), source, path);
+    }
+  }
+  // The saved ranks this node has no copy of: where the daemon would fetch
+  // them from, without fetching.
+  int unlocated = 0;
+  for (uint32_t rank = 0; commits->has_value() && rank < saved_world; ++rank) {
+    if (here.count(rank) > 0) continue;
+    proto::FindShardRequest req;
+    req.mutable_shard()->set_job(job);
+    req.mutable_shard()->set_step(*step);
+    req.mutable_shard()->set_rank(rank);
+    auto found = ckpt::client::CallDaemon<proto::FindShardRequest,
+                                          proto::FindShardResponse>(
+        socket_path, &proto::CkptDaemon::Stub::FindShard, req,
+        absl::StrCat("finding rank ", rank, "'s shard"),
+        std::chrono::seconds(30));
+    if (!found.ok()) {
+      if (!absl::IsNotFound(found.status())) {
+        return Fail("restore-plan", found.status());
+      }
+      ++unlocated;
+      continue;
+    }
+    const proto::ShardSource& best = found->sources(0);
+    std::string source;
+    if (best.tier() == proto::TIER_PEER) {
+      source = best.here() ? "replica_here" : "peer_memory";
+    } else if (best.tier() == proto::TIER_LOCAL_DISK && !best.here()) {
+      source = "peer_disk";
+    }
+    if (source.empty()) source = ckpt::daemon::TierName(best.tier());
+    if (!best.node().empty() && !best.here()) {
+      absl::StrAppend(&source, "@", best.node());
+    }
+    for (const proto::Item& item : found->items()) {
+      add_pieces(rank, item, source, best.path());
     }
   }
   nlohmann::json out;
@@ -997,6 +1053,8 @@ int RestorePlan(const std::string& data_dir, const std::string& job,
     out["ranks"].push_back(std::move(rj));
   }
   out["complete"] = missing == 0;
+  out["saved_world"] = saved_world;
+  out["ranks_without_a_copy"] = unlocated;
   if (json) {
     std::cout << out.dump(2) << "\n";
   } else {
@@ -1025,6 +1083,9 @@ int RestorePlan(const std::string& data_dir, const std::string& job,
                 : "");
       }
     }
+    if (unlocated > 0)
+      std::printf("%d of the %u saved ranks have no copy anywhere\n", unlocated,
+                  saved_world);
     if (missing > 0)
       std::printf("%d tensor box(es) cannot be restored\n", missing);
   }
@@ -1203,6 +1264,10 @@ int main(int argc, char** argv) {
                    "dimension the tensors are split along")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  restore_plan->add_option("--socket", socket_path,
+                           "ckptd's socket (default: the one the data "
+                           "directory's ckptd recorded): it finds the saved "
+                           "ranks this node has no copy of");
   restore_plan->add_flag("--json", json, "print JSON");
 
   std::string restore_job, restore_step, into;
@@ -1235,8 +1300,8 @@ int main(int argc, char** argv) {
   }
   if (*status) return Status(data_dir, socket_path, json);
   if (*restore_plan) {
-    return RestorePlan(data_dir, plan_job, plan_step, plan_world, split_dim,
-                       json);
+    return RestorePlan(data_dir, socket_path, plan_job, plan_step, plan_world,
+                       split_dim, json);
   }
   if (*gc) {
     return Gc(data_dir, socket_path, gc_job, keep, keep_memory, dry_run, json);

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +17,13 @@ namespace ckpt::tools {
 
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
             const std::string& env) {
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid == 0) {
+    // The child dies with the harness (a test runner's timeout SIGKILLs it):
+    // an orphaned cluster would load the machine for every later test.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // it died before the prctl
     FILE* f = std::fopen(log.c_str(), "a");
     if (f != nullptr) {
       ::dup2(fileno(f), 1);

@@ -12,7 +12,9 @@
 namespace ckpt::tools {
 
 // Forks and execs args[0] with `args`, stdout and stderr appended to `log`;
-// `env` ("NAME=value"), when given, is added to the child's environment.
+// `env` ("NAME=value"), when given, is added to the child's environment. The
+// child is SIGKILLed when the thread that spawned it exits (PR_SET_PDEATHSIG):
+// call it from a thread that lives as long as the child should.
 // Returns the child's pid (-1 if fork failed).
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
             const std::string& env = "");

@@ -322,6 +322,49 @@ TEST(CheckpointerTest, DaemonKilledMidPersistFinishesAfterRestart) {
   EXPECT_EQ(t.w, expected.w);
 }
 
+// A daemon that starts with its memory budget full of slots retention no
+// longer keeps (here: restarted with a smaller --keep-memory) collects them
+// before the first save needs the room; nothing else would (no persist is
+// pending), and the job's saves would be refused, or wait, forever.
+TEST(CheckpointerTest, ARestartFreesTheMemoryRetentionNoLongerKeeps) {
+  constexpr int64_t kFloats = 100000;
+  // A slot: the tensor and the RNG item, each at a 64-byte aligned offset.
+  constexpr uint64_t kSlot = kFloats * 4 + 64;
+  const std::string budget = std::to_string(4 * kSlot + 1000);  // 4 slots
+  testing::DaemonProcess daemon({"--memory-budget", budget, "--full-policy",
+                                 "skip", "--keep-memory", "4", "--keep-disk",
+                                 "1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  {
+    Trainer t(daemon.socket(), 0, 1, kFloats);
+    ASSERT_TRUE(t.ckpt);
+    for (uint64_t step = 1; step <= 4; ++step) {
+      t.Fill(step, 0);
+      auto save = t.ckpt->SaveAsync(step);
+      ASSERT_TRUE(save.ok()) << save.status();
+      ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok()) << daemon.log();
+    }
+    // Four kept slots fill the budget: the policy refuses a fifth.
+    auto refused = t.ckpt->SaveAsync(5);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_THAT(refused.status().message(), HasSubstr("memory budget"));
+  }
+  daemon.Kill();
+  daemon.set_extra_args({"--memory-budget", budget, "--full-policy", "wait",
+                         "--keep-memory", "1", "--keep-disk", "1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1, kFloats);
+  ASSERT_TRUE(t.ckpt);
+  t.Fill(5, 0);
+  auto save = t.ckpt->SaveAsync(5);
+  ASSERT_TRUE(save.ok()) << save.status() << daemon.log();
+  ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok()) << daemon.log();
+  Trainer expected(daemon.socket(), 0, 1, kFloats);
+  expected.Fill(5, 0);
+  ASSERT_TRUE(t.ckpt->Restore(5).ok());
+  EXPECT_EQ(t.w, expected.w);
+}
+
 TEST(CheckpointerTest, AConnectionFromAnotherUidIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
   testing::DaemonProcess daemon;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -36,6 +37,11 @@ class DaemonProcess {
     std::filesystem::remove_all(staging_ + ".peer", ec);
   }
 
+  // The flags of the next Start (a restart with other settings).
+  void set_extra_args(std::vector<std::string> args) {
+    extra_args_ = std::move(args);
+  }
+
   std::string socket() const { return dir_.File("run/ckptd.sock"); }
   std::string data_dir() const { return dir_.File("data"); }
   const std::string& staging_dir() const { return staging_; }
@@ -53,9 +59,12 @@ class DaemonProcess {
       ::dup2(log, 1);
       ::dup2(log, 2);
       std::vector<std::string> args = {
-          CKPTD,        "--socket",        socket(),
-          "--data-dir", data_dir(),        "--staging-dir",
-          staging_,     "--memory-budget", "256M"};
+          CKPTD,      "--socket",      socket(), "--data-dir",
+          data_dir(), "--staging-dir", staging_};
+      if (std::find(extra_args_.begin(), extra_args_.end(),
+                    "--memory-budget") == extra_args_.end()) {
+        args.insert(args.end(), {"--memory-budget", "256M"});
+      }
       args.insert(args.end(), extra_args_.begin(), extra_args_.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -194,6 +195,24 @@ TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
     EXPECT_TRUE(quarter.Matches(2, /*rng_too=*/false)) << "rank " << rank;
   }
   EXPECT_THAT(c.log() + b.log(), HasSubstr("over a bulk transfer"));
+  // The dry run on node c: the lost rank 0 from node b's replica (or the copy
+  // c fetched), rank 1 from a copy here or on b; nothing is fetched for it.
+  Result plan =
+      RunCli("--data-dir " + c.data_dir() +
+             " restore-plan rep 2 --world 1 --json --socket " + c.socket());
+  ASSERT_EQ(plan.exit_code, 0) << plan.out;
+  nlohmann::json pj = nlohmann::json::parse(plan.out, nullptr, false);
+  EXPECT_EQ(pj["complete"], true) << plan.out;
+  EXPECT_EQ(pj["saved_world"], 2) << plan.out;
+  std::set<uint32_t> saved_ranks;
+  for (const nlohmann::json& piece : pj["ranks"][0]["tensors"][0]["pieces"]) {
+    saved_ranks.insert(piece["saved_rank"].get<uint32_t>());
+    EXPECT_THAT(piece["source"].get<std::string>(),
+                ::testing::AnyOf(::testing::StartsWith("replica_here"),
+                                 ::testing::StartsWith("peer_")))
+        << plan.out;
+  }
+  EXPECT_EQ(saved_ranks, (std::set<uint32_t>{0, 1})) << plan.out;
   // A shard nobody has gets an error naming it and the peers asked.
   Rank late(c.socket(), "rep", 0, 2, kGlobal);
   ASSERT_TRUE(late.ckpt);
