@@ -244,7 +244,7 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
     // Plain TCP like the peer service itself; with TLS, bytes stay in it.
     ASSIGN_OR_RETURN(server->bulk_,
                      BulkServer::Start(options.address.substr(0, colon)));
-    replicator->SetBulkServer(server->bulk_.get());
+    replicator->SetBulkServer(server->bulk_);
   }
   server->service_ =
       std::make_unique<PeerService>(service, replicator, server->bulk_.get());

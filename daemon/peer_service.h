@@ -52,7 +52,7 @@ class PeerServer {
   PeerServer() = default;
 
   Replicator* replicator_ = nullptr;
-  std::unique_ptr<BulkServer> bulk_;
+  std::shared_ptr<BulkServer> bulk_;  // shared with the replicator
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

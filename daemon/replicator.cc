@@ -109,9 +109,9 @@ Replicator::~Replicator() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Replicator::SetBulkServer(BulkServer* bulk) {
+void Replicator::SetBulkServer(std::shared_ptr<BulkServer> bulk) {
   absl::MutexLock lock(&mu_);
-  bulk_ = bulk;
+  bulk_ = std::move(bulk);
 }
 
 void Replicator::SetAddress(const std::string& address) {
@@ -337,7 +337,7 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
   const std::string what = absl::StrCat(
       "pushing ", Describe(shard.job(), shard.step(), shard.rank()),
       " to node ", peer.node_id(), " at ", peer.address());
-  BulkServer* bulk;
+  std::shared_ptr<BulkServer> bulk;  // kept alive while in use
   std::string address;
   {
     absl::MutexLock lock(&mu_);

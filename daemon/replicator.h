@@ -87,7 +87,7 @@ class Replicator {
   void SetAddress(const std::string& address);
   // This node's bulk server (null: none, with mutual TLS): pushes then offer
   // the file and the peer pulls it (PullReplica) instead of a gRPC stream.
-  void SetBulkServer(BulkServer* bulk);
+  void SetBulkServer(std::shared_ptr<BulkServer> bulk);
   // A persisted shard (state PERSISTED, `shard_path` set) to push; nodes that
   // already hold it count.
   void Enqueue(const proto::ShardRecord& shard,
@@ -173,7 +173,7 @@ class Replicator {
 
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
-  BulkServer* bulk_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::shared_ptr<BulkServer> bulk_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
