@@ -427,6 +427,30 @@ absl::Status CheckpointService::StageComplete(
       begun_.erase(b);
     }
   }
+  // A trainer stages one step at a time, in order: a staging of this rank
+  // begun before this one and never completed was abandoned (its trainer
+  // died, or gave up on the call). Its slot goes back to the budget now
+  // rather than at the next restart.
+  std::vector<uint64_t> abandoned;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = begun_.lower_bound({job, 0, 0});
+         it != begun_.end() && std::get<0>(it->first) == job &&
+         std::get<1>(it->first) < step;) {
+      if (std::get<2>(it->first) == rank) {
+        abandoned.push_back(std::get<1>(it->first));
+        it = begun_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (uint64_t old_step : abandoned) {
+    if (AbortStage(job, old_step, rank).ok()) {
+      CKPT_LOG_INFO("{}: abandoned while staging; its slot is freed",
+                    Describe(job, old_step, rank));
+    }
+  }
   uint64_t staged_bytes = 0;
   for (const proto::StagedItem& item : items)
     staged_bytes += item.item().raw_size();

@@ -1,6 +1,7 @@
 #include "daemon/checkpoint_service.h"
 
 #include <cerrno>
+#include <filesystem>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -176,6 +177,26 @@ TEST_F(CheckpointServiceTest, MemoryBudgetExhaustedSkipsAndSaysSo) {
   // The daemon is still up and still holds step 1 in memory.
   EXPECT_TRUE(service->WaitCommitted("job", 1, kMem, absl::Seconds(1)).ok());
   EXPECT_TRUE(service->arena()->Find({"job", 1, 0}).ok());
+}
+
+// A rank's staging that its trainer never completed (it died, or gave up on
+// the call) is dropped, and its slot freed, once the rank completes a newer
+// one; other ranks' stagings stay.
+TEST_F(CheckpointServiceTest,
+       AnAbandonedStagingIsDroppedOnceTheRankStagesANewerStep) {
+  auto service = Start(io::DefaultFileSystem(), Options());
+  auto abandoned = service->BeginStage("job", 1, 0, 2, RankState(1, 0).bytes());
+  ASSERT_TRUE(abandoned.ok()) << abandoned.status();
+  auto other = service->BeginStage("job", 1, 1, 2, RankState(1, 1).bytes());
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(RankState(2, 0).Stage(service.get(), "job", 2, 0, 2).ok());
+  EXPECT_EQ(service->arena()->Find({"job", 1, 0}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(abandoned->path));
+  auto gone = service->GetShard("job", 1, 0);
+  EXPECT_FALSE(gone.ok() && gone->state() == proto::SHARD_STAGING);
+  // Rank 1's staging of step 1 is its own business.
+  EXPECT_TRUE(service->arena()->Find({"job", 1, 1}).ok());
 }
 
 TEST_F(CheckpointServiceTest, RetentionKeepsTheNewestStepsPerTier) {
