@@ -71,6 +71,14 @@ uint64_t GetLe64(const uint8_t in[8]) {
   return v;
 }
 
+// "[::1]" (a host as gRPC writes IPv6 addresses) as "::1".
+std::string BareHost(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 // The first IPv4 or IPv6 address of `host` (numeric or a name).
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port,
                                          socklen_t* len) {
@@ -95,11 +103,7 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port,
 
 absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
     const std::string& host) {
-  // "[::1]" as gRPC writes IPv6 hosts.
-  std::string bare = host;
-  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
-    bare = bare.substr(1, bare.size() - 2);
-  }
+  const std::string bare = BareHost(host);
   socklen_t len = 0;
   absl::StatusOr<sockaddr_storage> addr = Resolve(bare, 0, &len);
   if (!addr.ok()) return addr.status();
@@ -245,10 +249,7 @@ absl::Status BulkFetch(const std::string& host, int port,
                        const std::function<void(uint64_t)>& progress) {
   const std::string where =
       absl::StrCat("bulk transfer from ", host, ":", port);
-  std::string bare = host;
-  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
-    bare = bare.substr(1, bare.size() - 2);
-  }
+  const std::string bare = BareHost(host);
   socklen_t len = 0;
   absl::StatusOr<sockaddr_storage> addr = Resolve(bare, port, &len);
   if (!addr.ok()) return addr.status();

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -283,11 +282,9 @@ std::string TierCell(const ckpt::tools::StepSummary& s, proto::Tier tier,
 // Where the ckptd of `data_dir` listens: what it recorded there when it
 // started, else ckptd's default socket.
 std::string DaemonSocketOf(const std::string& data_dir) {
-  std::ifstream in(data_dir + "/ckptd.json");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (in && j.is_object() && !j.value("socket", "").empty()) {
-    return j.value("socket", "");
-  }
+  absl::optional<ckpt::tools::DaemonRecord> d =
+      ckpt::tools::ReadDaemonRecord(data_dir);
+  if (d.has_value() && !d->socket.empty()) return d->socket;
   return absl::StrCat("/tmp/ckpt-", ::getuid(), "/ckptd.sock");
 }
 

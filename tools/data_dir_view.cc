@@ -37,18 +37,21 @@ absl::StatusOr<std::unique_ptr<DataDirView>> DataDirView::Open(
                    daemon::KvStore::OpenReadOnly(catalog));
   std::unique_ptr<DataDirView> view(
       new DataDirView(data_dir, std::move(store)));
+  view->daemon_ = ReadDaemonRecord(data_dir);
+  return view;
+}
+
+absl::optional<DaemonRecord> ReadDaemonRecord(const std::string& data_dir) {
   std::ifstream in(io::JoinPath(data_dir, "ckptd.json"));
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (in && j.is_object()) {
-    DaemonRecord d;
-    d.socket = j.value("socket", "");
-    d.node_id = j.value("node_id", "");
-    d.staging_dir = j.value("staging_dir", "");
-    d.replica_dir = j.value("replica_dir", "");
-    d.shared_dir = j.value("shared_dir", "");
-    view->daemon_ = d;
-  }
-  return view;
+  if (!in || !j.is_object()) return absl::nullopt;
+  DaemonRecord d;
+  d.socket = j.value("socket", "");
+  d.node_id = j.value("node_id", "");
+  d.staging_dir = j.value("staging_dir", "");
+  d.replica_dir = j.value("replica_dir", "");
+  d.shared_dir = j.value("shared_dir", "");
+  return d;
 }
 
 std::vector<TierCheck> DataDirView::VerifyBeyond(

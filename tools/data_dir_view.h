@@ -47,6 +47,10 @@ struct DaemonRecord {
   std::string shared_dir;   // empty: no shared tier
 };
 
+// The record ckptd left in `data_dir`; nullopt when there is none (no daemon
+// started there, or one older than the record).
+absl::optional<DaemonRecord> ReadDaemonRecord(const std::string& data_dir);
+
 // One problem `ckpt verify` found, or one shard copy it checked.
 struct TierCheck {
   std::string tier;  // "memory", "local_disk", "peer" or "shared"
