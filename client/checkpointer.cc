@@ -606,21 +606,29 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
           "staging slot ", shard.slot_path(), " has ", (*slot)->size(),
           " bytes, expected ", shard.slot_bytes()));
     }
-    if (usable.ok() && reader != nullptr) {
-      usable = VerifySlot((*slot)->data(), sources, *reader);
-    }
     if (usable.ok()) {
-      for (size_t i = 0; i < items_.size(); ++i) {
+      uint64_t copied = 0;
+      for (size_t i = 0; i < items_.size() && usable.ok(); ++i) {
         const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
         uint64_t n = sources[i]->item().raw_size();
-        report_.memory_bytes += n;
+        copied += n;
         if (items_[i].is_tensor()) {
-          RETURN_IF_ERROR(device_->CopyFromHost(src, items_[i].tensor, n));
+          usable = device_->CopyFromHost(src, items_[i].tensor, n);
         } else {
           items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
         }
       }
-      return device_->Synchronize();
+      if (usable.ok()) usable = device_->Synchronize();
+      // Checked after the copy, not before: the slot is the daemon's, and one
+      // retention released meanwhile may already hold another save's bytes.
+      // What was copied is good only if the slot still verifies now.
+      if (usable.ok() && reader != nullptr) {
+        usable = VerifySlot((*slot)->data(), sources, *reader);
+      }
+      if (usable.ok()) {
+        report_.memory_bytes += copied;
+        return absl::OkStatus();
+      }
     }
     if (reader == nullptr) {
       return absl::Status(
