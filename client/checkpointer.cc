@@ -1,11 +1,13 @@
 #include "client/checkpointer.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -120,6 +122,7 @@ absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
 
 Checkpointer::Checkpointer(const CheckpointerOptions& options)
     : options_(options),
+      host_snapshot_(options.host_snapshot),
       device_(kernels::NewCpuDevice()),
       handover_(std::make_unique<io::ThreadPool>(1)) {}
 
@@ -168,6 +171,17 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   if (options.mapped_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "mapped_slots must be at least 1, not ", options.mapped_slots));
+  }
+  if (const char* mode = std::getenv("CKPT_HOST_SNAPSHOT")) {
+    const std::string m = mode;
+    if (m == "copy") {
+      options.host_snapshot = HostSnapshot::kCopy;
+    } else if (m == "fork") {
+      options.host_snapshot = HostSnapshot::kFork;
+    } else if (!m.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CKPT_HOST_SNAPSHOT is \"", m, "\"; it must be copy or fork"));
+    }
   }
   std::unique_ptr<Checkpointer> ckpt(new Checkpointer(options));
   if (options.device == DeviceKind::kCuda) {
@@ -224,7 +238,12 @@ absl::Status Checkpointer::RegisterTensor(const std::string& name,
   r.item.set_raw_size(size);
   r.tensor = data;
   RETURN_IF_ERROR(CheckNewName(name));
+  if (device_->host_resident() && host_snapshot_ == HostSnapshot::kFork &&
+      data != nullptr) {
+    AdviseHugePages(data, size);
+  }
   items_.push_back(std::move(r));
+  inspected_ = false;
   return absl::OkStatus();
 }
 
@@ -240,6 +259,27 @@ absl::Status Checkpointer::RegisterBytes(const std::string& name,
 }
 
 absl::Status Checkpointer::LastSaveError() { return failures_->Take(); }
+
+bool Checkpointer::ShouldFork(const std::vector<HostRegion>& regions) {
+  if (host_snapshot_ != HostSnapshot::kFork || regions.empty() ||
+      !device_->host_resident() || device_->queues_copies()) {
+    return false;
+  }
+  if (!inspected_) {
+    absl::StatusOr<ForkInspection> inspection = Inspect(regions);
+    if (!inspection.ok()) {
+      absl::MutexLock lock(&mu_);
+      stats_.fork_refused = inspection.status().ToString();
+      return false;
+    }
+    inspection_ = *std::move(inspection);
+    inspected_ = true;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.fork_refused = inspection_.unsafe;
+  stats_.huge_page_share = inspection_.huge_page_share;
+  return inspection_.unsafe.empty();
+}
 
 absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     uint64_t step) {
@@ -320,18 +360,55 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   }
   auto handle = std::shared_ptr<SaveHandle>(
       new SaveHandle(rpc_, failures_, options_.job, step));
-  copier_ = std::thread([this, handle, step, layout = std::move(layout), slot,
-                         copied, copy_tensors]() mutable {
-    absl::Status status =
-        copied != nullptr ? copied->Wait() : copy_tensors(layout);
-    handle->Copied(status);
-    // The hand-over runs on its own thread, in save order, so the next
-    // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
-    handover_->Schedule(
-        [this, handle, step, layout = std::move(layout), status]() mutable {
-          HandOver(handle, step, layout, std::move(status));
-        });
-  });
+  std::vector<HostRegion> regions;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
+    regions.push_back(
+        {items_[i].tensor, items_[i].item.raw_size(), layout[i].slot_offset()});
+  }
+  const bool fork = copied == nullptr && ShouldFork(regions);
+  copier_ =
+      std::thread([this, handle, step, layout = std::move(layout), slot, copied,
+                   copy_tensors, fork, regions = std::move(regions),
+                   slot_path = resp.slot_path()]() mutable {
+        absl::Status status;
+        bool forked = false;
+        if (fork) {
+          // The fork runs here: the child dies with the thread that forked it,
+          // and this one lives until the child is done.
+          const int fd = ::open(slot_path.c_str(), O_WRONLY | O_CLOEXEC);
+          absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
+              fd < 0 ? io::ErrnoToStatus(errno, slot_path)
+                     : ForkedCopy::Start(fd, regions);
+          if (child.ok()) {
+            forked = true;
+            handle->Copied(absl::OkStatus());  // captured: training may go on
+            CKPT_KILL_POINT("client.forked");
+            status = (*child)->Wait();
+            if (status.ok()) CKPT_KILL_POINT("client.item_copied");
+          } else {
+            CKPT_LOG_WARN("saving step {}: copying instead of forking: {}",
+                          step, child.status().ToString());
+          }
+          if (fd >= 0) ::close(fd);
+        }
+        if (!forked) {
+          status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
+          handle->Copied(status);
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          if (copied == nullptr && !regions.empty()) {
+            ++(forked ? stats_.saves_forked : stats_.saves_copied);
+          }
+        }
+        // The hand-over runs on its own thread, in save order, so the next
+        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+        handover_->Schedule(
+            [this, handle, step, layout = std::move(layout), status]() mutable {
+              HandOver(handle, step, layout, std::move(status));
+            });
+      });
   return handle;
 }
 

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "client/fork_snapshot.h"
 #include "io/thread_pool.h"
 #include "kernels/device.h"
 #include "proto/catalog.pb.h"
@@ -41,6 +42,22 @@
 namespace ckpt::client {
 
 enum class DeviceKind { kCpu, kCuda };
+
+// How a save captures tensors in host memory (DeviceKind::kCpu). The
+// environment variable CKPT_HOST_SNAPSHOT=copy|fork overrides the option.
+enum class HostSnapshot {
+  // A helper thread copies the tensors into the slot; WaitStaged waits for
+  // the copy.
+  kCopy,
+  // A forked child process writes the tensors into the slot from a
+  // copy-on-write view of memory; WaitStaged waits only for the fork. The
+  // trainer pays later instead, in page faults on its first writes after the
+  // fork (client/fork_snapshot.h): worth it when the trainer's memory is in
+  // huge pages and it does not rewrite its state at once. Falls back to a
+  // copy where a fork would not capture the memory (shared or do-not-fork
+  // mappings).
+  kFork,
+};
 
 struct CheckpointerOptions {
   std::string job;
@@ -64,12 +81,19 @@ struct CheckpointerOptions {
   // Staging slots kept mapped (and, on a GPU, pinned) between saves. ckptd
   // reuses slot files, so a steady job maps and pins each slot once.
   int mapped_slots = 4;
+  HostSnapshot host_snapshot = HostSnapshot::kCopy;
 };
 
 // What the Checkpointer did, for tests and benchmarks.
 struct CheckpointerStats {
   uint64_t slots_mapped = 0;  // slot mappings made (and pinned) afresh
   uint64_t slots_reused = 0;  // saves that found their slot already mapped
+  uint64_t saves_forked = 0;  // host tensors captured by a fork
+  uint64_t saves_copied = 0;  // host tensors copied by a helper thread
+  // kFork: why the latest save was not forked (empty when it was).
+  std::string fork_refused;
+  // kFork: the share of the tensors' resident memory in huge pages.
+  double huge_page_share = 0;
 };
 
 // The connection to ckptd (defined in checkpointer.cc).
@@ -98,8 +122,10 @@ class FailureLog {
 class SaveHandle {
  public:
   uint64_t step() const { return step_; }
-  // Returns once the state is copied into the slot (and the daemon owns it), or
-  // the save failed.
+  // Returns once the trainer may mutate its state again: the state is copied
+  // into the slot, or captured by a fork whose child is writing it there
+  // (HostSnapshot::kFork), or the save failed. A failure after that is
+  // reported by WaitCommitted.
   absl::Status WaitStaged();
   // Waits until every rank's shard of the step reached `tier`.
   absl::Status WaitCommitted(proto::Tier tier = proto::TIER_LOCAL_DISK,
@@ -231,7 +257,17 @@ class Checkpointer {
   absl::StatusOr<std::shared_ptr<MappedSlot>> MapSlot(const std::string& path,
                                                       uint64_t bytes);
 
+  // Whether this save's host tensors (`regions`) are captured by a fork;
+  // records why not in stats_.fork_refused.
+  bool ShouldFork(const std::vector<HostRegion>& regions);
+
   const CheckpointerOptions options_;
+  HostSnapshot host_snapshot_;  // the option, or CKPT_HOST_SNAPSHOT
+  // kFork: the mappings under the registered tensors
+  // (client/fork_snapshot.h), inspected at the first save after a
+  // registration. Touched only by the thread driving saves.
+  bool inspected_ = false;
+  ForkInspection inspection_;
   std::shared_ptr<Rpc> rpc_;
   std::unique_ptr<kernels::Device> device_;
   std::vector<Registered> items_;

@@ -128,7 +128,7 @@ class PyCheckpointer {
   PyCheckpointer(const std::string& job, uint32_t rank, uint32_t world_size,
                  const std::string& socket, double rpc_timeout_s,
                  const std::string& device, int cuda_device,
-                 uintptr_t compute_stream) {
+                 uintptr_t compute_stream, const std::string& host_snapshot) {
     client::CheckpointerOptions options;
     options.job = job;
     options.rank = rank;
@@ -143,6 +143,13 @@ class PyCheckpointer {
     }
     options.cuda_device = cuda_device;
     options.compute_stream = reinterpret_cast<void*>(compute_stream);
+    if (host_snapshot == "fork") {
+      options.host_snapshot = client::HostSnapshot::kFork;
+    } else if (host_snapshot != "copy") {
+      RaiseIfError(absl::InvalidArgumentError(
+          absl::StrCat("unknown host_snapshot \"", host_snapshot,
+                       "\"; expected copy or fork")));
+    }
     absl::StatusOr<std::unique_ptr<client::Checkpointer>> connected;
     {
       py::gil_scoped_release release;
@@ -245,6 +252,10 @@ class PyCheckpointer {
     py::dict d;
     d["slots_mapped"] = stats.slots_mapped;
     d["slots_reused"] = stats.slots_reused;
+    d["saves_forked"] = stats.saves_forked;
+    d["saves_copied"] = stats.saves_copied;
+    d["fork_refused"] = stats.fork_refused;
+    d["huge_page_share"] = stats.huge_page_share;
     return d;
   }
 
@@ -376,11 +387,12 @@ PYBIND11_MODULE(_ckpt, m) {
 
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,
-                    double, const std::string&, int, uintptr_t>(),
+                    double, const std::string&, int, uintptr_t,
+                    const std::string&>(),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1,
            py::arg("socket") = "", py::arg("rpc_timeout") = 30.0,
            py::arg("device") = "cpu", py::arg("cuda_device") = 0,
-           py::arg("compute_stream") = 0)
+           py::arg("compute_stream") = 0, py::arg("host_snapshot") = "copy")
       .def("register_tensor", &PyCheckpointer::RegisterTensor, py::arg("name"),
            py::arg("dtype"), py::arg("data_ptr"), py::arg("global_shape"),
            py::arg("box_offset") = py::none(),

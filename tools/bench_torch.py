@@ -4,7 +4,14 @@ of the same state dict to the same disk, measured in the same run.
 
 Run through `ckpt-bench torch`, which starts the benchmark's ckptd and sets
 PYTHONPATH; the reference is torch.save into the ckptd data directory's file
-system, without and with fsync."""
+system, without and with fsync.
+
+A save may also cost the trainer after wait_staged: with fork snapshots
+(--host-snapshot fork), the first write to each page after the fork
+faults. So each save is followed by one timed training step (forward,
+backward, Adam step: every parameter and Adam tensor is rewritten), compared
+with training steps without a save; `save_cost_s` is the stall plus that
+slowdown."""
 
 import argparse
 import json
@@ -28,9 +35,21 @@ def build(state_mib):
     model = torch.nn.Sequential(
         *[torch.nn.Linear(width, width, bias=True) for _ in range(layers)])
     optim = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model(torch.randn(4, width)).square().mean().backward()
-    optim.step()
-    return model, optim
+    batch = torch.randn(4, width)
+
+    def train_step():
+        optim.zero_grad(set_to_none=False)
+        model(batch).square().mean().backward()
+        optim.step()
+
+    train_step()
+    return model, optim, train_step
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def state_bytes(model, optim):
@@ -60,24 +79,33 @@ def main():
     p.add_argument("--state-mib", type=int, default=768)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--host-snapshot", default="copy",
+                   choices=["copy", "fork"])
+    p.add_argument("--huge-pages", action="store_true",
+                   help="(reported only: set by ckpt-bench through "
+                   "GLIBC_TUNABLES)")
     args = p.parse_args()
 
-    model, optim = build(args.state_mib)
+    model, optim, train_step = build(args.state_mib)
     total = state_bytes(model, optim)
     state = {"model": model, "optim": optim}
     ckp = ckpt.torch.Checkpointer(state, job="bench-torch", socket=args.socket,
-                                  rank=0, world_size=1)
+                                  rank=0, world_size=1,
+                                  host_snapshot=args.host_snapshot)
     # The first save maps (and on a GPU pins) its staging slot; the steady
     # state is what a training loop sees.
     ckp.save(0).wait_committed("disk", 600)
-    stalls, persists = [], []
+    plain_steps = [timed(train_step) for _ in range(args.runs + 1)][1:]
+    stalls, persists, steps_after = [], [], []
     for step in range(1, args.runs + 1):
         start = time.perf_counter()
         handle = ckp.save_async(step)
         handle.wait_staged()
         stalls.append(time.perf_counter() - start)
+        steps_after.append(timed(train_step))
         handle.wait_committed("disk", 600)
         persists.append(time.perf_counter() - start)
+    stats = ckp.stats()
     ckp.close()
 
     reference = {"model": model.state_dict(), "optim": optim.state_dict()}
@@ -86,6 +114,8 @@ def main():
     synced = [torch_save(reference, path, True) for _ in range(args.runs)]
 
     stall = statistics.median(stalls)
+    slowdown = statistics.median(steps_after) - statistics.median(plain_steps)
+    cost = stall + max(0.0, slowdown)
     result = {
         "benchmark": "torch",
         "state_mib": round(total / (1 << 20), 1),
@@ -96,6 +126,15 @@ def main():
         "stall_vs_torch_save": round(stall / statistics.median(plain), 4),
         "stall_vs_torch_save_fsync": round(stall / statistics.median(synced),
                                            4),
+        "train_step_s": round(statistics.median(plain_steps), 4),
+        "train_step_after_save_s": round(statistics.median(steps_after), 4),
+        "save_cost_s": round(cost, 4),
+        "save_cost_vs_torch_save": round(cost / statistics.median(plain), 4),
+        "host_snapshot": args.host_snapshot,
+        "huge_pages": args.huge_pages,
+        "saves_forked": stats["saves_forked"],
+        "fork_refused": stats["fork_refused"],
+        "huge_page_share": round(stats["huge_page_share"], 3),
         "save_to_disk_commit_s": round(statistics.median(persists), 4),
         "stalls_s": [round(s, 4) for s in stalls],
         "torch_saves_s": [round(s, 4) for s in plain],

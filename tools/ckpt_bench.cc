@@ -481,7 +481,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
 
 // `ckpt-bench torch`: bench_torch.py (next to the ckpt Python package in the
 // build tree) against the benchmark's own ckptd.
-int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json) {
+int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json,
+             const std::string& host_snapshot, bool huge_pages) {
   std::error_code ec;
   std::filesystem::remove_all(dir + "/data", ec);
   std::filesystem::create_directories(dir + "/run");
@@ -499,10 +500,15 @@ int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json) {
   pid_t pid = ::fork();
   if (pid == 0) {
     ::setenv("PYTHONPATH", python_dir.c_str(), 1);
+    // glibc's malloc then asks for transparent huge pages for its large
+    // allocations (torch's tensors), what fork snapshots want.
+    if (huge_pages) ::setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1", 1);
     std::vector<const char*> argv = {
-        CKPT_PYTHON, script.c_str(),  "--socket",    socket.c_str(),
-        "--dir",     dir.c_str(),     "--state-mib", mib.c_str(),
-        "--runs",    runs_arg.c_str()};
+        CKPT_PYTHON,      script.c_str(),    "--socket",
+        socket.c_str(),   "--dir",           dir.c_str(),
+        "--state-mib",    mib.c_str(),       "--runs",
+        runs_arg.c_str(), "--host-snapshot", host_snapshot.c_str()};
+    if (huge_pages) argv.push_back("--huge-pages");
     if (json) argv.push_back("--json");
     argv.push_back(nullptr);
     ::execv(CKPT_PYTHON, const_cast<char* const*>(argv.data()));
@@ -927,6 +933,15 @@ int main(int argc, char** argv) {
   torch_cmd->add_option("--runs", runs, "saves; medians are reported")
       ->check(CLI::Range(1, 100));
   torch_cmd->add_flag("--json", json, "print one JSON object");
+  std::string host_snapshot = "copy";
+  torch_cmd
+      ->add_option("--host-snapshot", host_snapshot,
+                   "how ckpt.torch captures the CPU tensors")
+      ->check(CLI::IsMember({"copy", "fork"}));
+  bool huge_pages = true;
+  torch_cmd->add_flag("--huge-pages,!--no-huge-pages", huge_pages,
+                      "run the trainer with "
+                      "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (default on)");
   int cp_ranks = 1024, cp_nodes = 128;
   std::string etcd;
   CLI::App* cp_cmd = app.add_subcommand(
@@ -956,7 +971,9 @@ int main(int argc, char** argv) {
   }
 
   if (*save_cmd) return RunSave(dir, sizes_mib, runs, json);
-  if (*torch_cmd) return RunTorch(dir, state_mib, runs, json);
+  if (*torch_cmd) {
+    return RunTorch(dir, state_mib, runs, json, host_snapshot, huge_pages);
+  }
   if (*rec_cmd)
     return RunRecovery(dir + "/ckpt-bench-recovery", recovery_mib, json);
   if (*cp_cmd) {

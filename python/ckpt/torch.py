@@ -164,7 +164,11 @@ class Checkpointer:
     RANK and WORLD_SIZE, else 0 and 1). socket: ckptd's socket (default: the
     daemon's default for this uid). device: "cpu", or "cuda" when the tensors
     live on the GPU (default: from the tensors). rng: save and restore the
-    RNG states."""
+    RNG states. host_snapshot: how CPU tensors are captured: "copy" (a helper
+    thread copies them; wait_staged waits for it), or "fork" (a forked child
+    writes them from a copy-on-write view; wait_staged waits only for the
+    fork, and the trainer's first writes to its pages after it fault: see
+    the README). CKPT_HOST_SNAPSHOT overrides it."""
 
     def __init__(self,
                  state,
@@ -174,7 +178,8 @@ class Checkpointer:
                  socket=None,
                  rpc_timeout=30.0,
                  device=None,
-                 rng=True):
+                 rng=True,
+                 host_snapshot="copy"):
         if not isinstance(state, dict):
             raise errors.InvalidArgumentError(
                 f"state must be a dict of tensors, modules, optimizers and "
@@ -188,6 +193,7 @@ class Checkpointer:
         self.socket = socket or ""
         self.rpc_timeout = rpc_timeout
         self.rng = rng
+        self.host_snapshot = host_snapshot
         self._device = device
         self._native = None
         self._registered = None  # the signature the native object holds
@@ -320,7 +326,8 @@ class Checkpointer:
                                   rpc_timeout=self.rpc_timeout,
                                   device=device,
                                   cuda_device=cuda_device,
-                                  compute_stream=stream)
+                                  compute_stream=stream,
+                                  host_snapshot=self.host_snapshot)
 
     def _flatten(self):
         """The items of the state as they are now."""

@@ -25,5 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckpt::snapshot::ShardReaderOptions options{.direct_io = false, .pool = pool};
   auto reader = ckpt::snapshot::ShardReader::Open(fs, path, options);
   if (reader.ok()) (void)(*reader)->VerifyAll();
+  // Not left in /dev/shm when the fuzzer stops.
+  (void)fs->Unlink(path);
   return 0;
 }

@@ -1,7 +1,8 @@
 """A real PyTorch training process, SIGKILLed at random steps and restarted
 each time (and resumed at other world sizes), ends bitwise identical to an
 uninterrupted run: parameters, buffers, Adam state, LR schedule, progress
-extras and RNG state."""
+extras and RNG state. Each killed run captures its state by copy or by fork
+(CKPT_HOST_SNAPSHOT), drawn at random."""
 
 import os
 import random
@@ -19,11 +20,12 @@ TRAIN = os.path.join(HERE, "train_mlp.py")
 STEPS = 240
 
 
-def run(args, kill_after=None):
+def run(args, kill_after=None, snapshot="copy"):
     """Runs train_mlp.py; with `kill_after`, SIGKILLs it once it reported that
     step. Returns (killed, the steps it restored from, its output)."""
+    env = dict(os.environ, CKPT_HOST_SNAPSHOT=snapshot)
     proc = subprocess.Popen([sys.executable, TRAIN, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=env)
     restored, lines, killed = [], [], False
     for line in proc.stdout:
         lines.append(line)
@@ -59,17 +61,18 @@ class TorchKillTest(unittest.TestCase):
     def test_sigkill_at_random_steps_then_resume_is_bitwise_identical(self):
         rng = random.Random(seed())
         kills = sorted(rng.sample(range(3, STEPS - 3), 4))
-        print(f"killing after steps {kills}", flush=True)
+        snapshots = [rng.choice(["copy", "fork"]) for _ in kills]
+        print(f"killing after steps {kills}, snapshots {snapshots}", flush=True)
         out = os.path.join(self.tmp.name, "killed.pt")
         with Daemon() as daemon:
             common = ["--socket", daemon.socket, "--job", "kill", "--steps", str(STEPS),
                       "--save-every", "7", "--out", out]
             resumed = []
-            for k in kills:
-                killed, restored, log = run(common, kill_after=k)
+            for k, snapshot in zip(kills, snapshots):
+                killed, restored, log = run(common, kill_after=k, snapshot=snapshot)
                 self.assertTrue(killed, log)
                 resumed += restored
-            _, restored, log = run(common)
+            _, restored, log = run(common, snapshot=rng.choice(["copy", "fork"]))
             resumed += restored
             self.assertEqual(len(resumed), len(kills), log)
             # Each run resumed from a committed step at or before the kill.
