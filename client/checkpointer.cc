@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/daemon_admin.h"
+#include "daemon/bulk_transfer.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
 #include "io/kill_point.h"
@@ -27,6 +28,7 @@
 #include "snapshot/format.h"
 #include "snapshot/names.h"
 #include "snapshot/shard_reader.h"
+#include "snapshot/shard_stream.h"
 
 namespace ckpt::client {
 namespace {
@@ -556,6 +558,7 @@ absl::Status Checkpointer::Restore(uint64_t step) {
     req.mutable_shard()->set_rank(options_.rank);
     req.set_memory_bytes(report_.memory_bytes);
     req.set_local_disk_bytes(report_.disk_bytes);
+    req.set_peer_bytes(report_.peer_bytes);
     req.set_checksum_mismatches(report_.mismatches);
     req.set_fallbacks(report_.fallbacks);
     proto::ReportRestoreResponse ignored;
@@ -611,6 +614,17 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   }
   if (commit->world_size() != options_.world_size) {
     return RestoreResharded(step, commit->world_size(), what);
+  }
+  if (device_->host_resident()) {
+    // A shard on no local tier streams straight from a peer into place.
+    absl::Status streamed = RestoreFromPeerStream(step, what);
+    if (streamed.ok()) return streamed;
+    if (!absl::IsFailedPrecondition(streamed) && !absl::IsNotFound(streamed)) {
+      CKPT_LOG_WARN("{}: streaming from a peer failed ({}); ckptd fetches it",
+                    what, streamed.ToString());
+      if (absl::IsDataLoss(streamed)) ++report_.mismatches;
+      ++report_.fallbacks;
+    }
   }
   ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
   if (!Restorable(shard)) {
@@ -772,6 +786,101 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
       from_file.code(),
       absl::StrCat(from_file.message(), "; no other rank saved a replica: ",
                    from_replicas.message()));
+}
+
+namespace {
+// Whether a saved item has the registered one's kind, dtype, shape and box.
+bool SameLayout(const proto::Item& saved, const proto::Item& registered) {
+  auto same = [](const auto& a, const auto& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  };
+  return saved.kind() == registered.kind() &&
+         saved.dtype() == registered.dtype() &&
+         same(saved.global_shape(), registered.global_shape()) &&
+         same(saved.box_offset(), registered.box_offset()) &&
+         same(saved.box_length(), registered.box_length());
+}
+}  // namespace
+
+absl::Status Checkpointer::RestoreFromPeerStream(uint64_t step,
+                                                 const std::string& what) {
+  proto::GetShardRequest req;
+  req.mutable_shard()->set_job(options_.job);
+  req.mutable_shard()->set_step(step);
+  req.mutable_shard()->set_rank(options_.rank);
+  proto::PeerShardOffer offer;
+  RETURN_IF_ERROR(
+      rpc_->Call(&proto::CkptDaemon::Stub::OfferPeerShard, req, &offer, what));
+  const std::string from =
+      absl::StrCat(what, ": from node ", offer.node(), "'s ",
+                   offer.tier() == proto::TIER_PEER ? "memory" : "disk");
+  absl::StatusOr<proto::ShardManifest> manifest =
+      snapshot::ParseStreamManifest(offer.manifest(), offer.file_bytes());
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat(from, ": ", manifest.status().message()));
+  }
+  // The registered items land in place; the others are read (and checked)
+  // into scratch memory.
+  std::vector<absl::Span<uint8_t>> dst(manifest->items_size());
+  std::vector<std::string> values(items_.size());
+  uint64_t bytes = 0;
+  for (size_t k = 0; k < items_.size(); ++k) {
+    Registered& r = items_[k];
+    int m = 0;
+    while (m < manifest->items_size() &&
+           manifest->items(m).name() != r.item.name()) {
+      ++m;
+    }
+    if (m == manifest->items_size() ||
+        (r.is_tensor() && !SameLayout(manifest->items(m), r.item))) {
+      // Not saved, or saved with other boxes: GetShard's path says so, or
+      // reshards.
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": \"", r.item.name(), "\" was not saved alike"));
+    }
+    const uint64_t n = manifest->items(m).raw_size();
+    if (r.is_tensor()) {
+      dst[m] = absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor), n);
+    } else {
+      values[k].resize(n);
+      dst[m] =
+          absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(values[k].data()), n);
+    }
+    bytes += n;
+  }
+  std::vector<std::vector<uint8_t>> scratch;
+  for (int m = 0; m < manifest->items_size(); ++m) {
+    if (dst[m].data() != nullptr || manifest->items(m).raw_size() == 0)
+      continue;
+    scratch.emplace_back(manifest->items(m).raw_size());
+    dst[m] = absl::MakeSpan(scratch.back());
+  }
+  absl::StatusOr<std::unique_ptr<daemon::BulkStream>> stream =
+      daemon::BulkStream::Open(offer.host(), static_cast<int>(offer.port()),
+                               offer.ticket(), absl::Seconds(30));
+  absl::Status s = stream.status();
+  if (s.ok() && (*stream)->size() != offer.file_bytes()) {
+    s = absl::DataLossError(absl::StrCat("the file has ", (*stream)->size(),
+                                         " bytes, the offer said ",
+                                         offer.file_bytes()));
+  }
+  if (s.ok()) {
+    // Compressed chunks decode on every core while the next ones arrive.
+    io::ThreadPool decoders(
+        static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+    s = snapshot::ReadShardStream(
+        [&](absl::Span<uint8_t> out) { return (*stream)->Read(out); },
+        offer.file_bytes(), *manifest, offer.manifest(), dst, &decoders);
+  }
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(from, ": ", s.message()));
+  }
+  for (size_t k = 0; k < items_.size(); ++k) {
+    if (!items_[k].is_tensor()) *items_[k].bytes = std::move(values[k]);
+  }
+  report_.peer_bytes += bytes;
+  return absl::OkStatus();
 }
 
 // One saved rank's shard of the step being restored onto another layout: its

@@ -237,6 +237,11 @@ class Checkpointer {
                           const snapshot::ShardReader& reader) const;
   // Restore minus the report to the daemon.
   absl::Status RestoreFrom(uint64_t step);
+  // Restores a shard on no tier of this node, as saved (same boxes), by
+  // streaming its file from a peer straight into the registered memory
+  // (proto PeerShardOffer); FailedPrecondition or NotFound when that does not
+  // apply. A failure may leave the registered memory half written.
+  absl::Status RestoreFromPeerStream(uint64_t step, const std::string& what);
   // Restore onto a layout other than the saved one (`saved_world` ranks).
   absl::Status RestoreResharded(uint64_t step, uint32_t saved_world,
                                 const std::string& what);
@@ -279,7 +284,7 @@ class Checkpointer {
   std::vector<std::shared_ptr<MappedSlot>> mapped_;
   // What the restore in progress read, reported to ckptd when it succeeds.
   struct RestoreReport {
-    uint64_t memory_bytes = 0, disk_bytes = 0;
+    uint64_t memory_bytes = 0, disk_bytes = 0, peer_bytes = 0;
     uint32_t mismatches = 0, fallbacks = 0;
   };
   RestoreReport report_;  // touched only by the thread calling Restore

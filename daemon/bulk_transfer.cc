@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "io/errno_status.h"
 #include "io/logging.h"
+#include "io/status_macros.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -243,10 +244,9 @@ void BulkServer::Serve(int connection) {
   --serving_;
 }
 
-absl::Status BulkFetch(const std::string& host, int port,
-                       absl::string_view ticket, absl::Span<uint8_t> dst,
-                       absl::Duration timeout,
-                       const std::function<void(uint64_t)>& progress) {
+absl::StatusOr<std::unique_ptr<BulkStream>> BulkStream::Open(
+    const std::string& host, int port, absl::string_view ticket,
+    absl::Duration timeout) {
   const std::string where =
       absl::StrCat("bulk transfer from ", host, ":", port);
   const std::string bare = BareHost(host);
@@ -255,39 +255,63 @@ absl::Status BulkFetch(const std::string& host, int port,
   if (!addr.ok()) return addr.status();
   const int fd = ::socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return io::ErrnoToStatus(errno, where + ": socket");
+  std::unique_ptr<BulkStream> stream(new BulkStream(fd, where));
   SetTimeouts(fd, static_cast<int>(
                       std::max<int64_t>(1, absl::ToInt64Seconds(timeout))));
-  absl::Status status;
   uint8_t header[8];
   if (::connect(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0) {
-    status = io::ErrnoToStatus(errno, where + ": connect");
-  } else if (!SendAll(fd, ticket.data(), ticket.size()) ||
-             !RecvAll(fd, header, sizeof header)) {
-    status = io::ErrnoToStatus(errno, where + ": presenting the ticket");
-  } else if (const uint64_t size = GetLe64(header); size == kNoSuchTicket) {
-    status = absl::NotFoundError(
+    return io::ErrnoToStatus(errno, where + ": connect");
+  }
+  if (!SendAll(fd, ticket.data(), ticket.size()) ||
+      !RecvAll(fd, header, sizeof header)) {
+    return io::ErrnoToStatus(errno, where + ": presenting the ticket");
+  }
+  stream->size_ = GetLe64(header);
+  if (stream->size_ == kNoSuchTicket) {
+    return absl::NotFoundError(
         where + ": the ticket is unknown (used, or expired after " +
         absl::FormatDuration(kTicketLife) + ")");
-  } else if (size != dst.size()) {
-    status = absl::DataLossError(absl::StrCat(
-        where, ": the file is ", size, " bytes, ", dst.size(), " expected"));
-  } else {
-    constexpr size_t kPiece = 4 << 20;
-    for (size_t at = 0; at < dst.size();) {
-      const size_t n =
-          progress ? std::min(kPiece, dst.size() - at) : dst.size() - at;
-      if (!RecvAll(fd, dst.data() + at, n)) {
-        status = io::ErrnoToStatus(
-            errno, absl::StrCat(where, ": receiving the file (", at, " of ",
-                                dst.size(), " bytes arrived)"));
-        break;
-      }
-      at += n;
-      if (progress) progress(at);
-    }
   }
-  ::close(fd);
-  return status;
+  return stream;
+}
+
+BulkStream::~BulkStream() { ::close(fd_); }
+
+absl::Status BulkStream::Read(absl::Span<uint8_t> dst) {
+  if (dst.size() > size_ - received_) {
+    return absl::OutOfRangeError(
+        absl::StrCat(where_, ": ", dst.size(), " bytes wanted, ",
+                     size_ - received_, " left of ", size_));
+  }
+  if (!RecvAll(fd_, dst.data(), dst.size())) {
+    return io::ErrnoToStatus(
+        errno, absl::StrCat(where_, ": receiving the file (", received_, " of ",
+                            size_, " bytes arrived)"));
+  }
+  received_ += dst.size();
+  return absl::OkStatus();
+}
+
+absl::Status BulkFetch(const std::string& host, int port,
+                       absl::string_view ticket, absl::Span<uint8_t> dst,
+                       absl::Duration timeout,
+                       const std::function<void(uint64_t)>& progress) {
+  ASSIGN_OR_RETURN(std::unique_ptr<BulkStream> stream,
+                   BulkStream::Open(host, port, ticket, timeout));
+  if (stream->size() != dst.size()) {
+    return absl::DataLossError(
+        absl::StrCat("bulk transfer from ", host, ":", port, ": the file is ",
+                     stream->size(), " bytes, ", dst.size(), " expected"));
+  }
+  constexpr size_t kPiece = 4 << 20;
+  for (size_t at = 0; at < dst.size();) {
+    const size_t n =
+        progress ? std::min(kPiece, dst.size() - at) : dst.size() - at;
+    RETURN_IF_ERROR(stream->Read(dst.subspan(at, n)));
+    at += n;
+    if (progress) progress(at);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt::daemon

@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -84,6 +85,31 @@ class BulkServer {
   // Connections being served (shut down when the server stops).
   std::set<int> connections_ ABSL_GUARDED_BY(mu_);
   int serving_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The receiving end of one transfer, read in order, piece by piece (a shard
+// file streamed into the memory its items go to: snapshot/shard_stream.h).
+class BulkStream {
+ public:
+  // Connects to the bulk server at host:port, presents `ticket` and reads the
+  // file's size; `timeout` bounds each wait for the server.
+  static absl::StatusOr<std::unique_ptr<BulkStream>> Open(
+      const std::string& host, int port, absl::string_view ticket,
+      absl::Duration timeout);
+  ~BulkStream();
+
+  uint64_t size() const { return size_; }
+  uint64_t received() const { return received_; }
+  // Receives exactly dst.size() more bytes of the file. Errors name the
+  // server.
+  absl::Status Read(absl::Span<uint8_t> dst);
+
+ private:
+  BulkStream(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}
+  const int fd_;
+  const std::string where_;
+  uint64_t size_ = 0;
+  uint64_t received_ = 0;
 };
 
 // Fetches the file `ticket` stands for from the bulk server at host:port into

@@ -511,11 +511,13 @@ absl::Status CheckpointService::ReportRestore(
     const proto::ReportRestoreRequest& report) {
   const std::string& job = report.shard().job();
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  for (const auto& [tier, bytes] :
-       {std::make_pair(proto::TIER_MEMORY, report.memory_bytes()),
-        std::make_pair(proto::TIER_LOCAL_DISK, report.local_disk_bytes())}) {
+  for (const auto& [source, bytes] :
+       {std::make_pair(TierName(proto::TIER_MEMORY), report.memory_bytes()),
+        std::make_pair(TierName(proto::TIER_LOCAL_DISK),
+                       report.local_disk_bytes()),
+        std::make_pair(std::string("peer_stream"), report.peer_bytes())}) {
     if (bytes == 0) continue;
-    const Labels labels = {{"job", job}, {"source", TierName(tier)}};
+    const Labels labels = {{"job", job}, {"source", source}};
     metrics_.Add("ckpt_restores_total", labels);
     metrics_.Add("ckpt_restored_bytes_total", labels,
                  static_cast<double>(bytes));
@@ -1213,6 +1215,21 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
         absl::StrCat("no shard for ", Describe(job, step, rank)));
   }
   return *r;
+}
+
+absl::StatusOr<proto::PeerShardOffer> CheckpointService::OfferPeerShard(
+    const std::string& job, uint64_t step, uint32_t rank) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
+                   catalog_->GetShard(job, step, rank));
+  if (r.has_value() && r->state() != proto::SHARD_FAILED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(job, step, rank), " is on this node"));
+  }
+  if (replicator_ == nullptr) {
+    return absl::FailedPreconditionError("this node has no peers");
+  }
+  return replicator_->OfferFromPeers(job, step, rank);
 }
 
 absl::StatusOr<proto::FindShardResponse> CheckpointService::FindShard(

@@ -89,6 +89,12 @@ class CheckpointService {
                              const std::vector<proto::StagedItem>& items);
   // Gives up a slot that was never completed (the trainer failed to fill it).
   absl::Status AbortStage(const std::string& job, uint64_t step, uint32_t rank);
+  // A peer's offer of a shard this node has no copy of, for the client to
+  // stream straight into its memory (Replicator::OfferFromPeers);
+  // FailedPrecondition when this node has a copy, or no peer service.
+  absl::StatusOr<proto::PeerShardOffer> OfferPeerShard(const std::string& job,
+                                                       uint64_t step,
+                                                       uint32_t rank);
 
   // Waits until the step is committed at `tier`, a shard of it failed to get
   // there (the error names step, rank and cause), or `timeout` passes

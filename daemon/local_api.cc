@@ -99,6 +99,16 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status OfferPeerShard(grpc::ServerContext*,
+                              const proto::GetShardRequest* req,
+                              proto::PeerShardOffer* resp) override {
+    auto offer = service_->OfferPeerShard(
+        req->shard().job(), req->shard().step(), req->shard().rank());
+    if (!offer.ok()) return ToGrpc(offer.status());
+    *resp = *std::move(offer);
+    return grpc::Status::OK;
+  }
+
   grpc::Status FindShard(grpc::ServerContext*,
                          const proto::FindShardRequest* req,
                          proto::FindShardResponse* resp) override {

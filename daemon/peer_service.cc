@@ -141,6 +141,16 @@ class PeerService final : public proto::CkptPeer::Service {
     if (!copy.ok()) return ToGrpc(copy.status());
     absl::StatusOr<BulkServer::Ticket> ticket = bulk_->Offer(copy->path);
     if (!ticket.ok()) return ToGrpc(ticket.status());
+    if (req->with_manifest()) {
+      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
+          snapshot::ShardReader::Open(io::DefaultFileSystem(), copy->path);
+      if (!reader.ok()) return ToGrpc(reader.status());
+      if ((*reader)->file_size() != ticket->bytes) {
+        return ToGrpc(absl::AbortedError(
+            absl::StrCat(copy->path, " changed while it was offered")));
+      }
+      resp->set_manifest((*reader)->manifest_bytes());
+    }
     resp->set_tier(copy->tier);
     resp->set_file_bytes(ticket->bytes);
     resp->set_ticket(ticket->token);

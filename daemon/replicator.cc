@@ -472,6 +472,23 @@ std::vector<Replicator::PeerCopy> Replicator::Locate(const std::string& job,
   return copies;
 }
 
+namespace {
+// Why no peer gave a shard: `failed` (with each peer's error) when some had
+// a copy, else NotFound naming the peers asked.
+absl::Status NoCopy(absl::StatusCode failed, const std::string& what,
+                    const std::vector<std::string>& failures,
+                    const std::vector<std::string>& asked) {
+  if (!failures.empty()) {
+    return absl::Status(
+        failed, absl::StrCat("no good copy of ", what, " on any live node (",
+                             absl::StrJoin(failures, "; "), ")"));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no shard for ", what, " on this node or on any live peer (asked: ",
+      asked.empty() ? "none is known" : absl::StrJoin(asked, ", "), ")"));
+}
+}  // namespace
+
 absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
                                                      uint64_t step,
                                                      uint32_t rank) {
@@ -493,24 +510,8 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     }
   }
   ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
-  struct Candidate {
-    const proto::PeerInfo* peer;
-    proto::Tier tier;
-  };
-  std::vector<Candidate> candidates;
   std::vector<std::string> asked;
-  for (const proto::PeerInfo& peer : peers) {
-    asked.push_back(peer.node_id());
-    absl::StatusOr<proto::LocateShardResponse> resp =
-        LocateOn(peer, key, /*with_items=*/false);
-    if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
-      candidates.push_back({&peer, resp->tier()});
-    }
-  }
-  // A peer's memory before a peer's disk (DESIGN.md §2).
-  std::stable_sort(
-      candidates.begin(), candidates.end(),
-      [](const Candidate& a, const Candidate& b) { return a.tier < b.tier; });
+  const std::vector<Candidate> candidates = PeersWith(key, peers, &asked);
   std::vector<std::string> failures;
   for (const Candidate& c : candidates) {
     const absl::Time start = absl::Now();
@@ -536,14 +537,73 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     failures.push_back(
         absl::StrCat(c.peer->node_id(), ": ", got.status().message()));
   }
-  if (!failures.empty()) {
-    return absl::DataLossError(
-        absl::StrCat("no good copy of ", what, " on any live node (",
-                     absl::StrJoin(failures, "; "), ")"));
+  return NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
+}
+
+std::vector<Replicator::Candidate> Replicator::PeersWith(
+    const ReplicaStore::Key& key, const std::vector<proto::PeerInfo>& peers,
+    std::vector<std::string>* asked) {
+  std::vector<Candidate> candidates;
+  for (const proto::PeerInfo& peer : peers) {
+    asked->push_back(peer.node_id());
+    absl::StatusOr<proto::LocateShardResponse> resp =
+        LocateOn(peer, key, /*with_items=*/false);
+    if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
+      candidates.push_back({&peer, resp->tier()});
+    }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "no shard for ", what, " on this node or on any live peer (asked: ",
-      asked.empty() ? "none is known" : absl::StrJoin(asked, ", "), ")"));
+  // A peer's memory before a peer's disk (DESIGN.md §2).
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const Candidate& a, const Candidate& b) { return a.tier < b.tier; });
+  return candidates;
+}
+
+absl::StatusOr<proto::PeerShardOffer> Replicator::OfferFromPeers(
+    const std::string& job, uint64_t step, uint32_t rank) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  const std::string what = Describe(job, step, rank);
+  if (LocalCopy(job, step, rank).has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " has a copy on this node"));
+  }
+  const ReplicaStore::Key key{job, step, rank};
+  ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
+  std::vector<std::string> asked, failures;
+  for (const Candidate& c : PeersWith(key, peers, &asked)) {
+    const std::string& address = c.peer->address();
+    auto stub = proto::CkptPeer::NewStub(ChannelTo(address));
+    proto::FetchShardRequest req;
+    req.mutable_shard()->set_job(job);
+    req.mutable_shard()->set_step(step);
+    req.mutable_shard()->set_rank(rank);
+    req.set_with_manifest(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::ShardOffer offer;
+    grpc::Status offered = stub->OfferShard(&ctx, req, &offer);
+    if (offered.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        offered.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node ", c.peer->node_id(),
+                       " offers no bulk transfers: ", offered.error_message()));
+    }
+    if (!offered.ok()) {
+      failures.push_back(
+          absl::StrCat(c.peer->node_id(), ": ", offered.error_message()));
+      continue;
+    }
+    proto::PeerShardOffer out;
+    out.set_node(c.peer->node_id());
+    out.set_tier(offer.tier());
+    out.set_host(address.substr(0, address.rfind(':')));
+    out.set_port(offer.port());
+    out.set_ticket(offer.ticket());
+    out.set_file_bytes(offer.file_bytes());
+    out.set_manifest(offer.manifest());
+    return out;
+  }
+  return NoCopy(absl::StatusCode::kUnavailable, what, failures, asked);
 }
 
 absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>>

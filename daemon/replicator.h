@@ -35,6 +35,7 @@
 #include "daemon/replica_store.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
+#include "proto/daemon.pb.h"
 #include "proto/peer.pb.h"
 
 namespace grpc {
@@ -106,6 +107,13 @@ class Replicator {
   };
   std::vector<PeerCopy> Locate(const std::string& job, uint64_t step,
                                uint32_t rank);
+  // A peer's offer of a shard this node has no copy of, with its manifest,
+  // for a client to stream (proto PeerShardOffer): memory before disk as in
+  // Fetch. FailedPrecondition when this node has a copy, or the peer has no
+  // bulk transfers (mutual TLS).
+  absl::StatusOr<proto::PeerShardOffer> OfferFromPeers(const std::string& job,
+                                                       uint64_t step,
+                                                       uint32_t rank);
   // A copy of a shard this node has in memory already: a replica a peer
   // pushed here, or one fetched before (as Fetch answers it, nothing
   // fetched).
@@ -135,6 +143,15 @@ class Replicator {
   bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers);
   absl::Status Push(const proto::ShardRecord& shard,
                     const proto::PeerInfo& peer);
+  struct Candidate {
+    const proto::PeerInfo* peer;
+    proto::Tier tier;
+  };
+  // The peers among `peers` that have a copy of `key`, memory before disk;
+  // appends every peer asked to `asked`.
+  std::vector<Candidate> PeersWith(const ReplicaStore::Key& key,
+                                   const std::vector<proto::PeerInfo>& peers,
+                                   std::vector<std::string>* asked);
   absl::StatusOr<proto::LocateShardResponse> LocateOn(
       const proto::PeerInfo& peer, const ReplicaStore::Key& key,
       bool with_items);

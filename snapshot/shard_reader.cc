@@ -94,6 +94,8 @@ absl::Status ShardReader::LoadManifest() {
     return absl::DataLossError("manifest does not parse");
   }
   RETURN_IF_ERROR(ValidateManifest(manifest_, footer.manifest_offset));
+  manifest_bytes_.assign(reinterpret_cast<const char*>(manifest_bytes),
+                         footer.manifest_size);
   const size_t window_chunks =
       options_.read_window_bytes / manifest_.chunk_size() + 1;
   buffers_ = std::make_unique<io::BufferPool>(

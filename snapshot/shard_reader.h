@@ -45,6 +45,8 @@ class ShardReader {
   ~ShardReader();
 
   const proto::ShardManifest& manifest() const { return manifest_; }
+  // The manifest as the file stores it (verified).
+  const std::string& manifest_bytes() const { return manifest_bytes_; }
   const std::string& path() const { return path_; }
   uint64_t file_size() const { return file_size_; }
 
@@ -78,6 +80,7 @@ class ShardReader {
   std::unique_ptr<io::BufferPool>
       buffers_;  // chunk-sized read buffers, reused across windows
   proto::ShardManifest manifest_;
+  std::string manifest_bytes_;
   uint64_t file_size_ = 0;
 };
 

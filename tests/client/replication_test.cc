@@ -403,6 +403,54 @@ TEST(ReplicationTest, CkptVerifyChecksHeldReplicasAndTheSharedTier) {
   EXPECT_THAT(bad.out, HasSubstr("chunk"));
 }
 
+// A rank restarted on a node with no copy of its shard streams the file from
+// the peer holding the replica straight into its tensors (no landing copy on
+// node c); a replica with a flipped byte is refused, however it travels.
+TEST(ReplicationTest, ARankMovedToANodeWithoutACopyStreamsItFromThePeer) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  const std::vector<std::string> keep = {"--keep-memory", "2"};
+  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a", keep)),
+      b(NodeArgs(etcd.endpoint(), "node-b", keep)),
+      c(NodeArgs(etcd.endpoint(), "node-c", keep));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  constexpr int64_t kGlobal = 1 << 21;
+  {
+    Rank r0(a.socket(), "stream", 0, 2, kGlobal),
+        r1(b.socket(), "stream", 1, 2, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    for (uint64_t step = 1; step <= 2; ++step) {
+      absl::Status s = SaveAll({&r0, &r1}, step, kPeer);
+      ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log();
+    }
+  }
+  a.Lose();
+  // Node c replaces it: it has no copy of anything.
+  ASSERT_TRUE(c.Start()) << c.log();
+  FlipMiddleByte(b.replica_dir() +
+                 "/held/stream/00000000000000000002-0000000000.ckpt");
+  Rank moved(c.socket(), "stream", 0, 2, kGlobal);
+  ASSERT_TRUE(moved.ckpt);
+  // The stream is refused at the flipped chunk; so is the copy node c
+  // fetches next.
+  absl::Status bad = moved.ckpt->Restore(2);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  EXPECT_THAT(c.log(), HasSubstr("step 2 rank 0: fetched"));
+
+  absl::Status restored = moved.ckpt->Restore(1);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << c.log();
+  EXPECT_TRUE(moved.Matches(1));
+  auto metrics = GetMetricsText(c.socket());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics,
+              ::testing::ContainsRegex("ckpt_restored_bytes_total\\{job="
+                                       "\"stream\",source=\"peer_stream\"\\} "
+                                       "[1-9]"));
+  // Nothing of step 1 landed in node c's memory on the way.
+  EXPECT_THAT(c.log(), ::testing::Not(HasSubstr("step 1 rank 0: fetched")));
+}
+
 // Tier T3: node a copies every second step to a shared directory; once node a
 // is lost with its directories, node b restores those steps from the shared
 // copies, at the same and at another world size, and names what is missing.
