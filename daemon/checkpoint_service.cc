@@ -312,6 +312,8 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
     return allocated.status();
   }
   const SlotInfo& slot = *allocated;
+  // The rank's next save of this size finds its slot ready.
+  arena_->PrepareAhead(slot.bytes);
   {
     absl::MutexLock lock(&mu_);
     begun_[{job, step, rank}] = begun;

@@ -75,7 +75,54 @@ std::string StagingArena::SlotPath(const SlotId& id) const {
 
 bool StagingArena::Fits(uint64_t bytes) const {
   absl::MutexLock lock(&mu_);
-  return used_ + bytes <= options_.budget_bytes;
+  return used_ + preparing_ + bytes <= options_.budget_bytes;
+}
+
+uint64_t StagingArena::prepared() const {
+  absl::MutexLock lock(&mu_);
+  return prepared_;
+}
+
+void StagingArena::PrepareAhead(uint64_t bytes) {
+  constexpr size_t kMaxFreeSlots = 4;
+  std::string path;
+  {
+    absl::MutexLock lock(&mu_);
+    // Room for the slot made and one more: an Allocate of that size while
+    // it is being made does not have to wait for it.
+    if (bytes == 0 || preparing_ != 0 || free_.count(bytes) != 0 ||
+        free_.size() >= kMaxFreeSlots ||
+        used_ + free_bytes_ + 2 * bytes > options_.budget_bytes) {
+      return;
+    }
+    preparing_ = bytes;
+    path = io::JoinPath(FreeDir(), absl::StrCat(next_free_id_++, kSlotSuffix));
+  }
+  preparer_->Schedule([this, bytes, path] {
+    absl::StatusOr<std::unique_ptr<io::MappedFile>> mapped =
+        fs_->MapFile(path, io::MapOptions{.create_size = bytes});
+    bool keep = false;
+    {
+      absl::MutexLock lock(&mu_);
+      preparing_ = 0;
+      // Slots allocated meanwhile may leave no room for it.
+      keep = mapped.ok() &&
+             used_ + free_bytes_ + bytes <= options_.budget_bytes &&
+             free_.size() < kMaxFreeSlots;
+      if (keep) {
+        free_.emplace(bytes, FreeSlot{path, std::move(*mapped)});
+        free_bytes_ += bytes;
+        ++prepared_;
+      }
+    }
+    if (!keep) {
+      if (!mapped.ok()) {
+        CKPT_LOG_WARN("preparing a staging slot of {} bytes: {}", bytes,
+                      mapped.status().ToString());
+      }
+      (void)fs_->Unlink(path);
+    }
+  });
 }
 
 absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
@@ -99,8 +146,9 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
       return absl::AlreadyExistsError(
           absl::StrCat("staging slot for ", Describe(id), " already exists"));
     }
+    // A slot PrepareAhead is making holds its bytes until it is done.
     auto fits = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return used_ + bytes <= options_.budget_bytes;
+      return used_ + preparing_ + bytes <= options_.budget_bytes;
     };
     if (!fits()) {
       const absl::Time until =

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "io/file_system.h"
+#include "io/thread_pool.h"
 
 namespace ckpt::daemon {
 
@@ -67,6 +68,14 @@ class StagingArena {
   absl::StatusOr<SlotInfo> Allocate(
       const SlotId& id, uint64_t bytes,
       absl::Time deadline = absl::InfiniteFuture());
+  // Makes a free slot of `bytes` ready in the background (created, its pages
+  // allocated, mapped) when none of that size is free or being made, and it
+  // and one more fit the budget beside the slots in use and kept: the next
+  // Allocate of that size then takes it instead of allocating pages while a
+  // trainer waits. A slot being made counts against the budget.
+  void PrepareAhead(uint64_t bytes);
+  // Free slots made by PrepareAhead so far (for tests and benchmarks).
+  uint64_t prepared() const;
   // Whether `bytes` more fit in the budget now.
   bool Fits(uint64_t bytes) const;
   // Deletes the slot file and returns its bytes to the budget. Unknown slots
@@ -113,6 +122,13 @@ class StagingArena {
   std::multimap<uint64_t, FreeSlot> free_ ABSL_GUARDED_BY(mu_);  // by size
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_free_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // PrepareAhead: the bytes of the slot being made (0: none), and the count
+  // made.
+  uint64_t preparing_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prepared_ ABSL_GUARDED_BY(mu_) = 0;
+  // Makes PrepareAhead's slots; declared last, so destroyed (drained) first.
+  std::unique_ptr<io::ThreadPool> preparer_ =
+      std::make_unique<io::ThreadPool>(1);
 };
 
 }  // namespace ckpt::daemon

@@ -276,7 +276,7 @@ pid_t StartDaemon(const std::string& dir, const std::string& staging,
 // One memcpy of `data` into a fresh file on the same tmpfs as the staging
 // slots.
 double MemcpyToTmpfs(const std::string& staging,
-                     const std::vector<uint8_t>& data) {
+                     absl::Span<const uint8_t> data) {
   std::string path = staging + "/ckpt-bench-memcpy";
   auto start = std::chrono::steady_clock::now();
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -293,7 +293,7 @@ double MemcpyToTmpfs(const std::string& staging,
 }
 
 // write + fsync of `data` to the data directory: what a synchronous save costs.
-double SyncWrite(const std::string& dir, const std::vector<uint8_t>& data) {
+double SyncWrite(const std::string& dir, absl::Span<const uint8_t> data) {
   std::string path = dir + "/ckpt-bench-sync";
   auto start = std::chrono::steady_clock::now();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -326,8 +326,48 @@ struct BenchDaemon {
   }
 };
 
+// A trainer's state for `ckpt-bench save`: random bytes in anonymous memory,
+// in transparent huge pages when asked (what fork snapshots want: see
+// client/fork_snapshot.h).
+class BenchState {
+ public:
+  BenchState(size_t bytes, bool huge_pages, std::mt19937_64& rng)
+      : size_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::cerr << "ckpt-bench: mmap of " << bytes << " bytes failed\n";
+      std::exit(1);
+    }
+    if (huge_pages) (void)::madvise(p, bytes, MADV_HUGEPAGE);
+    data_ = static_cast<uint8_t*>(p);
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(data_ + i, &v, 8);
+    }
+  }
+  ~BenchState() { ::munmap(data_, size_); }
+  BenchState(const BenchState&) = delete;
+  BenchState& operator=(const BenchState&) = delete;
+
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+  absl::Span<const uint8_t> span() const { return {data_, size_}; }
+  // What a training step does to the state, reduced to its page-level cost:
+  // one write in every 4 KiB page. Returns the seconds it took.
+  double Touch() {
+    auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < size_; i += 4096) data_[i] ^= 1;
+    return Seconds(start);
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_;
+};
+
 int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
-            bool json) {
+            bool json, bool fork) {
   // A fresh catalog and data directory each run: steps of an earlier run would
   // be committed already.
   std::error_code ec;
@@ -345,17 +385,17 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
   j["benchmark"] = "save";
   j["dir"] = dir;
   j["runs"] = runs;
+  j["host_snapshot"] = fork ? "fork" : "copy";
+  ckpt::client::CheckpointerOptions options{"bench", 0, 1,
+                                            dir + "/run/ckptd.sock"};
+  options.host_snapshot = fork ? ckpt::client::HostSnapshot::kFork
+                               : ckpt::client::HostSnapshot::kCopy;
   uint64_t step = 0;
   std::mt19937_64 rng(7);
-  double sync_ratio = 0;
+  double sync_ratio = 0, touch_ratio = 0;
   for (uint64_t mib : sizes_mib) {
-    std::vector<uint8_t> state(mib << 20);
-    for (size_t i = 0; i + 8 <= state.size(); i += 8) {
-      uint64_t v = rng();
-      std::memcpy(&state[i], &v, 8);
-    }
-    auto c = ckpt::client::Checkpointer::Connect(
-        {"bench", 0, 1, dir + "/run/ckptd.sock"});
+    BenchState state(mib << 20, fork, rng);
+    auto c = ckpt::client::Checkpointer::Connect(options);
     if (!c.ok() ||
         !(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
                               {static_cast<int64_t>(state.size())}, {0},
@@ -364,13 +404,17 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
       std::cerr << "ckpt-bench: " << c.status() << "\n";
       return 1;
     }
-    std::vector<double> stall, memcpy_s, ratio, sync_s;
+    std::vector<double> stall, memcpy_s, ratio, sync_s, touch, touch_after;
     for (int r = 0; r < runs; ++r) {
-      memcpy_s.push_back(MemcpyToTmpfs(staging, state));
+      memcpy_s.push_back(MemcpyToTmpfs(staging, state.span()));
+      touch.push_back(state.Touch());
       auto start = std::chrono::steady_clock::now();
       auto save = (*c)->SaveAsync(++step);
       absl::Status st = save.ok() ? (*save)->WaitStaged() : save.status();
       stall.push_back(Seconds(start));
+      // The trainer goes on at once; with a fork snapshot, its first write to
+      // each page faults.
+      touch_after.push_back(state.Touch());
       if (st.ok()) st = (*save)->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK);
       if (!st.ok()) {
         std::cerr << "ckpt-bench: save of step " << step << " failed: " << st
@@ -379,14 +423,19 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
       }
       ratio.push_back(stall.back() / memcpy_s.back());
       if (mib == sizes_mib.front()) {
-        sync_s.push_back(SyncWrite(dir, state));
+        sync_s.push_back(SyncWrite(dir, state.span()));
         sync_ratio = Median(stall) / Median(sync_s);
+        touch_ratio = (Median(stall) + std::max(0.0, Median(touch_after) -
+                                                         Median(touch))) /
+                      Median(sync_s);
       }
       if (!json) {
         std::fprintf(stderr,
-                     "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f)\n",
+                     "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f); "
+                     "page-touch pass %.1f ms, right after the save %.1f ms\n",
                      static_cast<unsigned long>(mib), r + 1, stall.back() * 1e3,
-                     memcpy_s.back() * 1e3, ratio.back());
+                     memcpy_s.back() * 1e3, ratio.back(), touch.back() * 1e3,
+                     touch_after.back() * 1e3);
       }
     }
     std::string key = mib % 1024 == 0 ? std::to_string(mib / 1024) + "g"
@@ -394,9 +443,14 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
     j["stall_ms_" + key] = Median(stall) * 1e3;
     j["memcpy_ms_" + key] = Median(memcpy_s) * 1e3;
     j["stall_vs_memcpy_" + key] = Median(ratio);
+    j["touch_ms_" + key] = Median(touch) * 1e3;
+    j["touch_after_save_ms_" + key] = Median(touch_after) * 1e3;
     if (!sync_s.empty()) j["sync_write_ms_" + key] = Median(sync_s) * 1e3;
   }
   j["stall_vs_sync_write"] = sync_ratio;
+  // The stall plus what the trainer's first pass over its pages lost to the
+  // save (page faults after a fork), against the synchronous write.
+  j["stall_and_touch_vs_sync_write"] = touch_ratio;
 
   // Persist throughput while saves continue: after two warm-up saves (fresh
   // slots cost tmpfs page allocation, not persisting), back-to-back saves of
@@ -404,13 +458,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
   // to persist) to the last commit on disk, against fio on the same disk.
   {
     const uint64_t mib = sizes_mib.front();
-    std::vector<uint8_t> state(mib << 20, 0);
-    for (size_t i = 0; i + 8 <= state.size(); i += 8) {
-      uint64_t v = rng();
-      std::memcpy(&state[i], &v, 8);
-    }
-    auto c = ckpt::client::Checkpointer::Connect(
-        {"bench", 0, 1, dir + "/run/ckptd.sock"});
+    BenchState state(mib << 20, fork, rng);
+    auto c = ckpt::client::Checkpointer::Connect(options);
     if (!c.ok()) {
       std::cerr << "ckpt-bench: " << c.status() << "\n";
       return 1;
@@ -455,7 +504,7 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
       }
       if (i == warmup) start = std::chrono::steady_clock::now();
       last = *save;
-      state[i] ^= 1;  // training goes on
+      state.data()[i] ^= 1;  // training goes on
     }
     absl::Status committed = last->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK);
     if (!committed.ok()) {
@@ -937,6 +986,12 @@ int main(int argc, char** argv) {
   save_cmd->add_option("--runs", runs, "saves per size; medians are reported")
       ->check(CLI::Range(1, 100));
   save_cmd->add_flag("--json", json, "print one JSON object");
+  std::string save_snapshot = "copy";
+  save_cmd
+      ->add_option("--host-snapshot", save_snapshot,
+                   "how the state is captured: copy, or fork (the state then "
+                   "in huge pages)")
+      ->check(CLI::IsMember({"copy", "fork"}));
   uint64_t state_mib = 768;
   CLI::App* torch_cmd = app.add_subcommand(
       "torch",
@@ -989,7 +1044,9 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
-  if (*save_cmd) return RunSave(dir, sizes_mib, runs, json);
+  if (*save_cmd) {
+    return RunSave(dir, sizes_mib, runs, json, save_snapshot == "fork");
+  }
   if (*torch_cmd) {
     return RunTorch(dir, state_mib, runs, json, host_snapshot, huge_pages);
   }

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
@@ -131,6 +132,33 @@ TEST_F(StagingArenaTest, ReleasedSlotsAreReusedAndEvictedUnderPressure) {
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(arena->free_bytes(), 0u);
   EXPECT_EQ(arena->used_bytes(), 900u);
+}
+
+// A slot made ahead in the background is what the next Allocate of its size
+// takes; it is made only with room for it and one more slot of its size.
+TEST_F(StagingArenaTest, ASlotPreparedAheadIsTakenByTheNextAllocation) {
+  auto arena = Open(1300, FullPolicy::kSkip);
+  ASSERT_TRUE(arena->Allocate({"job", 1, 0}, 400).ok());
+  arena->PrepareAhead(400);
+  for (int i = 0; i < 500 && arena->prepared() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(arena->prepared(), 1u);
+  EXPECT_EQ(arena->free_bytes(), 400u);
+  arena->PrepareAhead(400);  // one of that size is free already
+  auto second = arena->Allocate({"job", 2, 0}, 400);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(arena->free_bytes(), 0u) << "the prepared slot was taken";
+  EXPECT_EQ(arena->used_bytes(), 800u);
+  // 800 in use: no room for 400 and 400 more, so nothing is made, and the
+  // next slot still fits.
+  arena->PrepareAhead(400);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(arena->prepared(), 1u);
+  EXPECT_EQ(arena->free_bytes(), 0u);
+  ASSERT_TRUE(arena->Allocate({"job", 3, 0}, 400).ok());
+  auto refused = arena->Allocate({"job", 4, 0}, 400);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 // A slot adopted after a restart has never been mapped by this daemon; once
