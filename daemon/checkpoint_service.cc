@@ -904,6 +904,10 @@ void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
 }
 
 void CheckpointService::RevoteIfRejoined() {
+  // Held for the whole re-vote: a caller returns only once the votes refused
+  // while fenced are made again (garbage collection must not take a shard
+  // whose vote is still under way for an abandoned one).
+  absl::MutexLock revoting(&revote_mu_);
   const int rejoins = coordinator_->Rejoins();
   {
     absl::MutexLock lock(&mu_);
@@ -1021,6 +1025,9 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     return absl::InvalidArgumentError(
         "retention must keep at least one step per tier");
   }
+  // Shards persisted while this node was fenced look uncommitted until they
+  // are voted again.
+  RevoteIfRejoined();
   absl::MutexLock gc(&gc_mu_);
   ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits,
                    coordinator_->ListCommits(job));

@@ -222,7 +222,8 @@ class CheckpointService {
   int gc_running_ ABSL_GUARDED_BY(mu_) = 0;  // threads collecting garbage
   std::set<std::string> gc_wanted_ ABSL_GUARDED_BY(mu_);  // jobs to collect
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int rejoins_seen_ ABSL_GUARDED_BY(mu_) = 0;  // Coordinator::Rejoins()
+  int rejoins_seen_ ABSL_GUARDED_BY(mu_) = 0;        // Coordinator::Rejoins()
+  absl::Mutex revote_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // RevoteIfRejoined
   // When each shard's BeginStage came (staging time) and each step's first
   // one (commit latency); the newest commit per (job, tier) and when.
   std::map<std::tuple<std::string, uint64_t, uint32_t>, absl::Time> begun_
