@@ -169,6 +169,24 @@ void AdviseHugePages(void* data, size_t size) {
   }
 }
 
+int WriteRegions(int fd, const std::vector<HostRegion>& regions) {
+  for (const HostRegion& r : regions) {
+    const auto* p = static_cast<const char*>(r.data);
+    for (size_t done = 0; done < r.size;) {
+      const ssize_t n = ::pwrite(fd, p + done, r.size - done,
+                                 static_cast<off_t>(r.file_offset + done));
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n == 0) {
+        return EIO;
+      } else if (errno != EINTR) {
+        return errno;
+      }
+    }
+  }
+  return 0;
+}
+
 absl::StatusOr<std::unique_ptr<ForkedCopy>> ForkedCopy::Start(
     int fd, const std::vector<HostRegion>& regions) {
   int report[2];
@@ -191,23 +209,7 @@ absl::StatusOr<std::unique_ptr<ForkedCopy>> ForkedCopy::Start(
     // daemon may hand out again.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
-    int err = 0;
-    for (const HostRegion& r : regions) {
-      const auto* p = static_cast<const char*>(r.data);
-      size_t done = 0;
-      while (err == 0 && done < r.size) {
-        const ssize_t n = ::pwrite(fd, p + done, r.size - done,
-                                   static_cast<off_t>(r.file_offset + done));
-        if (n > 0) {
-          done += static_cast<size_t>(n);
-        } else if (n < 0 && errno != EINTR) {
-          err = errno;
-        } else if (n == 0) {
-          err = EIO;
-        }
-      }
-      if (err != 0) break;
-    }
+    const int err = WriteRegions(fd, regions);
     ssize_t ignored = ::write(report[1], &err, sizeof(err));
     (void)ignored;
     ::_exit(0);

@@ -66,6 +66,10 @@ absl::StatusOr<ForkInspection> Inspect(const std::vector<HostRegion>& regions);
 // pages already there over time). Best effort.
 void AdviseHugePages(void* data, size_t size);
 
+// Writes every region to `fd` at its offset (pwrite); returns 0, or the errno
+// of the write that failed. Async-signal-safe: the forked child runs it too.
+int WriteRegions(int fd, const std::vector<HostRegion>& regions);
+
 // A child process writing the regions, as they were at Start, into a file.
 class ForkedCopy {
  public:
