@@ -425,8 +425,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
       if (mib == sizes_mib.front()) {
         sync_s.push_back(SyncWrite(dir, state.span()));
         sync_ratio = Median(stall) / Median(sync_s);
-        touch_ratio = (Median(stall) + std::max(0.0, Median(touch_after) -
-                                                         Median(touch))) /
+        touch_ratio = (Median(stall) +
+                       std::max(0.0, Median(touch_after) - Median(touch))) /
                       Median(sync_s);
       }
       if (!json) {
