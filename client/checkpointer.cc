@@ -33,8 +33,14 @@
 namespace ckpt::client {
 namespace {
 
-constexpr uint64_t kItemAlignment =
-    64;  // items start cache-line aligned in the slot
+// Items start cache-line aligned in the slot, and page aligned from
+// snapshot::kMinInPlaceBytes on: ckptd then writes their chunks to disk from
+// the slot itself, with O_DIRECT and no copy.
+constexpr uint64_t kItemAlignment = 64;
+uint64_t ItemAlignment(uint64_t raw_size) {
+  return raw_size >= snapshot::kMinInPlaceBytes ? snapshot::kAlignment
+                                                : kItemAlignment;
+}
 
 }  // namespace
 
@@ -287,17 +293,16 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     uint64_t step) {
   if (copier_.joinable())
     copier_.join();  // one copy at a time: slots are filled in order
-  // The slot layout: every item at a 64-byte aligned offset; byte items are
-  // sized now.
+  // The slot layout (see ItemAlignment); byte items are sized now.
   std::vector<proto::StagedItem> layout;
   uint64_t offset = 0;
   for (Registered& r : items_) {
     if (r.bytes != nullptr) r.item.set_raw_size(r.bytes->size());
     proto::StagedItem staged;
     *staged.mutable_item() = r.item;
+    offset = io::AlignUp(offset, ItemAlignment(r.item.raw_size()));
     staged.set_slot_offset(offset);
-    offset = (offset + r.item.raw_size() + kItemAlignment - 1) /
-             kItemAlignment * kItemAlignment;
+    offset = io::AlignUp(offset + r.item.raw_size(), kItemAlignment);
     layout.push_back(std::move(staged));
   }
   proto::BeginStageRequest req;

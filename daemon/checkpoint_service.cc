@@ -120,6 +120,10 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
           : std::make_shared<EmbeddedCoordinator>(service->store_.get());
   ASSIGN_OR_RETURN(service->arena_,
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
+  ASSIGN_OR_RETURN(
+      service->recycler_,
+      FileRecycler::Open(fs, io::JoinPath(o.data_dir, "recycle"),
+                         static_cast<size_t>(std::max(0, o.recycle_files))));
   if (!o.replication.dir.empty()) {
     CheckpointService* self = service.get();
     ASSIGN_OR_RETURN(
@@ -582,6 +586,9 @@ void CheckpointService::DeclareMetrics() {
                    seconds);
   metrics_.Declare("ckpt_compression_ratio", T::kGauge,
                    "stored/raw bytes of the last persisted shard");
+  metrics_.Declare("ckpt_disk_recycled_bytes", T::kGauge,
+                   "bytes of retired shard files kept for the next persists "
+                   "to write over");
   metrics_.Declare("ckpt_persist_failures_total", T::kCounter,
                    "shards that failed to persist (ENOSPC, EIO, ...)");
   metrics_.Declare("ckpt_steps_skipped_total", T::kCounter,
@@ -685,6 +692,8 @@ void CheckpointService::DeclareMetrics() {
       }
       m.Set("ckpt_disk_tier_bytes", {}, static_cast<double>(disk));
     }
+    m.Set("ckpt_disk_recycled_bytes", {},
+          static_cast<double>(recycler_->bytes()));
     auto free_space = fs_->FreeSpace(options_.data_dir);
     if (free_space.ok() && shards.ok()) {
       m.Set("ckpt_disk_budget_bytes", {},
@@ -755,6 +764,9 @@ void CheckpointService::PersistLoop() {
         CKPT_LOG_ERROR("{}: persist failed: {}",
                        Describe(id.job, id.step, id.rank), s.ToString());
         metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
+        // Out of space: the kept files give theirs back for the next try.
+        if (s.code() == absl::StatusCode::kResourceExhausted)
+          recycler_->Clear();
         r.set_state(proto::SHARD_FAILED);
         r.set_error(std::string(s.message()));
         absl::Status put = catalog_->PutShard(r);
@@ -787,9 +799,10 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   const absl::Time mapped = absl::Now();
   const std::string path = ShardPath(r.job(), r.step(), r.rank());
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
-  snapshot::ShardWriter writer(fs_, path,
-                               {r.job(), r.step(), r.rank(), r.world_size()},
-                               options_.writer);
+  snapshot::ShardWriterOptions writer_options = options_.writer;
+  writer_options.recycle_from = recycler_->Take(r.slot_bytes());
+  snapshot::ShardWriter writer(
+      fs_, path, {r.job(), r.step(), r.rank(), r.world_size()}, writer_options);
   for (const proto::StagedItem& staged : r.items()) {
     const proto::Item& item = staged.item();
     absl::Span<const uint8_t> data(slot->data() + staged.slot_offset(),
@@ -1104,7 +1117,7 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     }
     applied = end;
   }
-  for (const std::string& file : unlink) (void)fs_->Unlink(file);
+  for (const std::string& file : unlink) recycler_->Retire(file);
   plan.actions.resize(applied);
   if (!failed.ok()) return failed;
   // A committed step older than the kept disk commits with no shard left

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "daemon/catalog.h"
 #include "daemon/embedded_coordinator.h"
+#include "daemon/file_recycler.h"
 #include "daemon/kv_store.h"
 #include "daemon/metrics.h"
 #include "daemon/replicator.h"
@@ -54,6 +55,10 @@ struct ServiceOptions {
   // committed at the same tier.
   int keep_disk_steps = 2;
   int keep_memory_steps = 1;
+  // Shard files retired by garbage collection that are kept (in
+  // <data_dir>/recycle/) for the next persists to write over; 0 deletes them
+  // at once. See FileRecycler.
+  int recycle_files = 2;
   // The coordination backend (etcd for many nodes); null: the embedded one,
   // in this daemon's catalog.
   std::shared_ptr<Coordinator> coordinator;
@@ -207,6 +212,7 @@ class CheckpointService {
   std::unique_ptr<Catalog> catalog_;
   std::shared_ptr<Coordinator> coordinator_;
   std::unique_ptr<StagingArena> arena_;
+  std::unique_ptr<FileRecycler> recycler_;
   std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<SharedTier> shared_;
 

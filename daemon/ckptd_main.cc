@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   std::string policy = "wait";
   double wait_timeout_s = 60;
   int keep_disk = 2, keep_memory = 1, persist_threads = 2, zstd_level = 1;
+  int recycle_files = 2;
   std::string node_id;
   std::string metrics_address;
   bool metrics_allow_remote = false;
@@ -94,6 +95,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--keep-memory", keep_memory, "committed steps kept in memory")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--recycle-files", recycle_files,
+                 "shard files retired by garbage collection that are kept for "
+                 "the next persists to write over (0: delete them)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   app.add_option("--persist-threads", persist_threads,
                  "threads persisting shards")
@@ -183,6 +189,7 @@ int main(int argc, char** argv) {
   options.keep_disk_steps = keep_disk;
   options.keep_memory_steps = keep_memory;
   options.persist_threads = persist_threads;
+  options.recycle_files = recycle_files;
   options.writer.codec.zstd_level = zstd_level;
 
   if (!peer_address.empty()) {

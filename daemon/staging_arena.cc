@@ -86,21 +86,35 @@ uint64_t StagingArena::prepared() const {
 void StagingArena::PrepareAhead(uint64_t bytes) {
   constexpr size_t kMaxFreeSlots = 4;
   std::string path;
+  std::vector<std::string> evict;
   {
     absl::MutexLock lock(&mu_);
-    // Room for the slot made and one more: an Allocate of that size while
-    // it is being made does not have to wait for it.
     if (bytes == 0 || preparing_ != 0 || free_.count(bytes) != 0 ||
-        free_.size() >= kMaxFreeSlots ||
-        used_ + free_bytes_ + 2 * bytes > options_.budget_bytes) {
+        free_.size() >= kMaxFreeSlots) {
       return;
+    }
+    // Room for the slot made and one more: an Allocate of that size while
+    // it is being made does not have to wait for it. Free slots of other
+    // sizes (a job whose state changed size) give way: the size saved now is
+    // the one the next save needs.
+    if (used_ + 2 * bytes > options_.budget_bytes) return;
+    while (used_ + free_bytes_ + 2 * bytes > options_.budget_bytes &&
+           !free_.empty()) {
+      auto victim = std::prev(free_.end());
+      free_bytes_ -= victim->first;
+      evict.push_back(victim->second.path);
+      free_.erase(victim);  // drops the daemon's mapping with it
     }
     preparing_ = bytes;
     path = io::JoinPath(FreeDir(), absl::StrCat(next_free_id_++, kSlotSuffix));
   }
-  preparer_->Schedule([this, bytes, path] {
-    absl::StatusOr<std::unique_ptr<io::MappedFile>> mapped =
-        fs_->MapFile(path, io::MapOptions{.create_size = bytes});
+  preparer_->Schedule([this, bytes, path, evict = std::move(evict)] {
+    for (const std::string& old : evict) (void)fs_->Unlink(old);
+    // The daemon's mapping is populated (tmpfs pages reserved by fallocate
+    // are cleared on their first fault): neither the trainer's first copy
+    // into the slot nor the persist that reads it then waits for that.
+    absl::StatusOr<std::unique_ptr<io::MappedFile>> mapped = fs_->MapFile(
+        path, io::MapOptions{.create_size = bytes, .populate = true});
     bool keep = false;
     {
       absl::MutexLock lock(&mu_);
@@ -131,6 +145,8 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
   RETURN_IF_ERROR(snapshot::ValidateJobId(id.job));
   FreeSlot reuse;
   std::vector<std::string> evict;
+  const absl::Time start = absl::Now();
+  absl::Duration waited;
   if (bytes == 0)
     bytes =
         1;  // an empty state still gets a slot: the manifest says it is empty
@@ -155,6 +171,7 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
           std::min(absl::Now() + options_.wait_timeout, deadline);
       bool ok = options_.policy == FullPolicy::kWait &&
                 mu_.AwaitWithDeadline(absl::Condition(&fits), until);
+      waited = absl::Now() - start;
       if (!ok) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "memory budget exhausted: staging slot for ", Describe(id),
@@ -199,11 +216,14 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
       (void)fs_->Unlink(reuse.path);  // fall back to a fresh slot
     }
   }
+  absl::Duration made;
   if (s.ok() && !reused) {
+    const absl::Time making = absl::Now();
     absl::StatusOr<std::unique_ptr<io::MappedFile>> mapped =
         fs_->MapFile(SlotPath(id), io::MapOptions{.create_size = bytes});
     s = mapped.status();
     if (s.ok()) map = *std::move(mapped);
+    made = absl::Now() - making;
   }
   if (!s.ok()) {
     absl::MutexLock lock(&mu_);
@@ -216,7 +236,7 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
   absl::MutexLock lock(&mu_);
   auto it = slots_.find(id);
   if (it != slots_.end()) it->second.map = std::move(map);
-  return SlotInfo{id, SlotPath(id), bytes};
+  return SlotInfo{id, SlotPath(id), bytes, waited, made};
 }
 
 absl::Status StagingArena::Release(const SlotId& id) {

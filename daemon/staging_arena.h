@@ -53,6 +53,10 @@ struct SlotInfo {
   SlotId id;
   std::string path;
   uint64_t bytes = 0;
+  // Allocate: how long it waited for the budget, and how long making a fresh
+  // slot took (zero when a free one was reused).
+  absl::Duration waited;
+  absl::Duration made;
 };
 
 class StagingArena {
@@ -72,7 +76,10 @@ class StagingArena {
   // allocated, mapped) when none of that size is free or being made, and it
   // and one more fit the budget beside the slots in use and kept: the next
   // Allocate of that size then takes it instead of allocating pages while a
-  // trainer waits. A slot being made counts against the budget.
+  // trainer waits. A slot being made counts against the budget. Free slots of
+  // other sizes are dropped when that makes the room. The slot's pages are
+  // faulted in by the daemon's own mapping, so they are cleared before a
+  // trainer copies into them.
   void PrepareAhead(uint64_t bytes);
   // Free slots made by PrepareAhead so far (for tests and benchmarks).
   uint64_t prepared() const;

@@ -8,6 +8,15 @@
 #include "io/status_macros.h"
 
 namespace ckpt::io {
+namespace {
+
+// An injected short write: the first half of the data (aligned down) reaches
+// the file before the device gives up.
+size_t ShortPrefix(size_t size) {
+  return size / 2 / kDirectIoAlignment * kDirectIoAlignment;
+}
+
+}  // namespace
 
 class FaultInjectionFs::File final : public WritableFile {
  public:
@@ -17,22 +26,26 @@ class FaultInjectionFs::File final : public WritableFile {
   absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
     bool short_write = false;
     int err = 0;
-    RETURN_IF_ERROR(
-        fs_->OnWrite(inode_, path(), offset, &buffer, &short_write, &err));
-    if (short_write) {
-      // Part of the data reached the file before the device gave up.
-      size_t prefix =
-          buffer.size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
-      if (prefix > 0) {
-        buffer.set_size(prefix);
-        (void)base_->Write(offset, std::move(buffer));
-        (void)base_->Flush();
-      }
-      return ErrnoToStatus(err,
-                           absl::StrCat("write ", path(), " at offset ", offset,
-                                        " (injected short write)"));
+    RETURN_IF_ERROR(fs_->OnWrite(inode_, path(), offset, buffer.span(),
+                                 &short_write, &err));
+    if (!short_write) return base_->Write(offset, std::move(buffer));
+    const size_t prefix = ShortPrefix(buffer.size());
+    if (prefix > 0) {
+      buffer.set_size(prefix);
+      (void)base_->Write(offset, std::move(buffer));
     }
-    return base_->Write(offset, std::move(buffer));
+    return ShortWrite(offset, err);
+  }
+  absl::Status WriteBorrowed(uint64_t offset,
+                             absl::Span<const uint8_t> bytes) override {
+    bool short_write = false;
+    int err = 0;
+    RETURN_IF_ERROR(
+        fs_->OnWrite(inode_, path(), offset, bytes, &short_write, &err));
+    if (!short_write) return base_->WriteBorrowed(offset, bytes);
+    const size_t prefix = ShortPrefix(bytes.size());
+    if (prefix > 0) (void)base_->WriteBorrowed(offset, bytes.first(prefix));
+    return ShortWrite(offset, err);
   }
   absl::Status Flush() override { return base_->Flush(); }
   absl::Status Allocate(uint64_t size) override {
@@ -50,6 +63,12 @@ class FaultInjectionFs::File final : public WritableFile {
   const std::string& path() const override { return base_->path(); }
 
  private:
+  absl::Status ShortWrite(uint64_t offset, int err) {
+    (void)base_->Flush();
+    return ErrnoToStatus(err, absl::StrCat("write ", path(), " at offset ",
+                                           offset, " (injected short write)"));
+  }
+
   absl::Status SyncImpl(bool data_only) {
     RETURN_IF_ERROR(base_->Flush());
     int inject_err = 0;
@@ -181,7 +200,8 @@ absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectionFs::NewReadableFile(
 }
 
 absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path,
-                                       uint64_t offset, AlignedBuffer* buffer,
+                                       uint64_t offset,
+                                       absl::Span<const uint8_t> bytes,
                                        bool* short_write, int* err) {
   absl::MutexLock l(&mu_);
   RETURN_IF_ERROR(
@@ -197,16 +217,15 @@ absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path,
   if (short_write_.at == writes_) {
     *short_write = true;
     *err = short_write_.err;
-    size_t prefix =
-        buffer->size() / 2 / kDirectIoAlignment * kDirectIoAlignment;
+    const size_t prefix = ShortPrefix(bytes.size());
     node.unsynced.emplace_back(
         offset,
-        std::string(reinterpret_cast<const char*>(buffer->data()), prefix));
+        std::string(reinterpret_cast<const char*>(bytes.data()), prefix));
     return absl::OkStatus();
   }
   node.unsynced.emplace_back(
-      offset, std::string(reinterpret_cast<const char*>(buffer->data()),
-                          buffer->size()));
+      offset,
+      std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
   return absl::OkStatus();
 }
 

@@ -120,7 +120,8 @@ class FaultInjectionFs final : public FileSystem {
 
   // Called by File.
   absl::Status OnWrite(int inode, const std::string& path, uint64_t offset,
-                       AlignedBuffer* buffer, bool* short_write, int* err);
+                       absl::Span<const uint8_t> bytes, bool* short_write,
+                       int* err);
   // `injected_err`: the errno the sync fails with, 0 if it ran in the base.
   absl::Status OnSync(int inode, const std::string& path, int injected_err);
   absl::Status BeforeSync(const std::string& path, int* inject_err);

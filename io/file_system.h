@@ -32,6 +32,9 @@ struct FileOptions {
   // kDirectIoAlignment. A file system that refuses O_DIRECT (tmpfs) silently
   // gets buffered I/O.
   bool direct = false;
+  // NewWritableFile: truncate an existing file. Without, its blocks are kept
+  // and written over (a recycled file: see ShardWriterOptions::recycle_from).
+  bool truncate = true;
 };
 
 class WritableFile {
@@ -43,6 +46,12 @@ class WritableFile {
   // Flush(); a file that failed once fails every later call with the first
   // error.
   virtual absl::Status Write(uint64_t offset, AlignedBuffer buffer) = 0;
+  // Queues a write of bytes the caller owns (with O_DIRECT: an aligned
+  // address, offset and size). They must stay valid and unchanged until
+  // Flush(), Sync(), DataSync() or Close() returned; a failed write is reported
+  // like Write's.
+  virtual absl::Status WriteBorrowed(uint64_t offset,
+                                     absl::Span<const uint8_t> bytes) = 0;
   // Waits for every queued write.
   virtual absl::Status Flush() = 0;
   // Reserves blocks for [0, size) and sets the file size to at least `size`, so

@@ -128,35 +128,14 @@ class PosixWritableFile final : public WritableFile {
   }
 
   absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
-    RETURN_IF_ERROR(error_);
-    if (fd_ < 0)
-      return absl::FailedPreconditionError(
-          absl::StrCat("write to closed ", path_));
-    if (direct_ && (!IsAligned(offset) || !IsAligned(buffer.size()))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "O_DIRECT write to ", path_, " at offset ", offset, " of ",
-          buffer.size(), " bytes is not aligned to ", kDirectIoAlignment));
-    }
-    if (engine_ == nullptr) {
-      error_ = PwriteFully(fd_, path_, buffer.data(), buffer.size(), offset);
-      return error_;
-    }
-    // The buffer lives in `pending_` until all of its requests completed.
+    // The buffer lives until all of its requests completed.
     auto holder = std::make_shared<AlignedBuffer>(std::move(buffer));
-    const size_t total = holder->size();
-    for (size_t pos = 0; pos < total; pos += options_.max_request_bytes) {
-      size_t len = std::min(options_.max_request_bytes, total - pos);
-      absl::Status s = engine_->SubmitWrite(
-          fd_, &path_, holder->data() + pos, len, offset + pos,
-          [this, holder](absl::Status status) {
-            if (!status.ok() && error_.ok()) error_ = std::move(status);
-          });
-      if (!s.ok()) {
-        if (error_.ok()) error_ = s;
-        break;
-      }
-    }
-    return error_;
+    return Submit(offset, holder->span(), holder);
+  }
+
+  absl::Status WriteBorrowed(uint64_t offset,
+                             absl::Span<const uint8_t> bytes) override {
+    return Submit(offset, bytes, nullptr);
   }
 
   absl::Status Flush() override {
@@ -206,6 +185,41 @@ class PosixWritableFile final : public WritableFile {
   const std::string& path() const override { return path_; }
 
  private:
+  // Writes `bytes` at `offset`, through io_uring when there is one; `keep`
+  // (may be null) owns them and is held until the last request completed.
+  absl::Status Submit(uint64_t offset, absl::Span<const uint8_t> bytes,
+                      std::shared_ptr<AlignedBuffer> keep) {
+    RETURN_IF_ERROR(error_);
+    if (fd_ < 0)
+      return absl::FailedPreconditionError(
+          absl::StrCat("write to closed ", path_));
+    if (direct_ && (!IsAligned(offset) || !IsAligned(bytes.size()) ||
+                    !IsAligned(reinterpret_cast<uintptr_t>(bytes.data())))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "O_DIRECT write to ", path_, " at offset ", offset, " of ",
+          bytes.size(), " bytes is not aligned to ", kDirectIoAlignment));
+    }
+    if (engine_ == nullptr) {
+      error_ = PwriteFully(fd_, path_, bytes.data(), bytes.size(), offset);
+      return error_;
+    }
+    const size_t total = bytes.size();
+    for (size_t pos = 0; pos < total; pos += options_.max_request_bytes) {
+      size_t len = std::min(options_.max_request_bytes, total - pos);
+      absl::Status s =
+          engine_->SubmitWrite(fd_, &path_, bytes.data() + pos, len,
+                               offset + pos, [this, keep](absl::Status status) {
+                                 if (!status.ok() && error_.ok())
+                                   error_ = std::move(status);
+                               });
+      if (!s.ok()) {
+        if (error_.ok()) error_ = s;
+        break;
+      }
+    }
+    return error_;
+  }
+
   absl::Status SyncImpl(bool data_only) {
     RETURN_IF_ERROR(Flush());
     if (fd_ < 0)
@@ -371,8 +385,9 @@ class PosixFileSystem final : public FileSystem {
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path, const FileOptions& options) override {
     bool direct = false;
-    int fd = OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC, options.direct,
-                             &direct);
+    int fd = OpenMaybeDirect(
+        path, O_WRONLY | O_CREAT | (options.truncate ? O_TRUNC : 0),
+        options.direct, &direct);
     if (fd < 0) return PosixError("create", path);
     return std::make_unique<PosixWritableFile>(path, fd, direct, options_);
   }

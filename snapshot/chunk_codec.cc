@@ -49,33 +49,36 @@ uint64_t Checksum(absl::Span<const uint8_t> bytes) {
 }
 
 size_t MaxEncodedSize(size_t raw_size) {
-  return ChunkFootprint(ZSTD_compressBound(raw_size));
+  return ChunkFootprint(kChunkHeaderSize, ZSTD_compressBound(raw_size));
 }
 
-absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
-                                              uint32_t element_width,
-                                              const CodecOptions& options,
-                                              io::BufferPool* pool,
-                                              ChunkHeader* header) {
+absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
+                                         uint32_t element_width,
+                                         const CodecOptions& options,
+                                         io::BufferPool* pool,
+                                         ChunkHeader* header) {
   if (element_width == 0 || element_width > 255) {
     return absl::InvalidArgumentError(
         absl::StrCat("element width ", element_width));
   }
   const size_t raw_size = raw.size();
   const size_t max_size = MaxEncodedSize(raw_size);
-  io::AlignedBuffer out =
-      (pool != nullptr && pool->buffer_capacity() >= max_size)
-          ? pool->Acquire()
-          : io::AlignedBuffer(max_size);
-  uint8_t* stored = out.data() + kChunkHeaderSize;
+  auto acquire = [&] {
+    return (pool != nullptr && pool->buffer_capacity() >= max_size)
+               ? pool->Acquire()
+               : io::AlignedBuffer(max_size);
+  };
 
+  header->version = kFormatVersion;
+  header->stored_offset = kChunkHeaderSize;
   header->element_width = element_width;
   header->raw_size = static_cast<uint32_t>(raw_size);
   header->raw_xxh3 = Checksum(raw);
   header->codec = proto::CODEC_NONE;
   header->filter = proto::FILTER_NONE;
-  size_t stored_size = raw_size;
 
+  EncodedChunk chunk;
+  io::AlignedBuffer& out = chunk.head;  // header, stored bytes, padding
   if (options.codec == proto::CODEC_ZSTD && raw_size > 0) {
     const bool shuffled = options.shuffle && element_width > 1;
     ZSTD_CCtx* cctx = ThreadCCtx();
@@ -98,13 +101,15 @@ absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
       worth_trying =
           static_cast<double>(probe) < keep * static_cast<double>(sample);
     }
-    const uint8_t* input = raw.data();
-    if (worth_trying && shuffled) {
-      uint8_t* filtered = Scratch(raw_size, 0);
-      ByteShuffle(raw.data(), filtered, raw_size, element_width);
-      input = filtered;
-    }
     if (worth_trying) {
+      const uint8_t* input = raw.data();
+      if (shuffled) {
+        uint8_t* filtered = Scratch(raw_size, 0);
+        ByteShuffle(raw.data(), filtered, raw_size, element_width);
+        input = filtered;
+      }
+      out = acquire();
+      uint8_t* stored = out.data() + kChunkHeaderSize;
       size_t n = ZSTD_compressCCtx(cctx, stored, ZSTD_compressBound(raw_size),
                                    input, raw_size, options.zstd_level);
       if (ZSTD_isError(n)) return ZstdError(n, "compress");
@@ -112,23 +117,41 @@ absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
         header->codec = proto::CODEC_ZSTD;
         header->filter =
             shuffled ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
-        stored_size = n;
+        header->stored_size = static_cast<uint32_t>(n);
+        header->stored_xxh3 = Checksum({stored, n});
       }
     }
   }
+
   if (header->codec == proto::CODEC_NONE) {
-    if (raw_size > 0) std::memcpy(stored, raw.data(), raw_size);
+    header->stored_size = static_cast<uint32_t>(raw_size);
     header->stored_xxh3 = header->raw_xxh3;
-  } else {
-    header->stored_xxh3 = Checksum({stored, stored_size});
+    if (options.in_place && raw_size >= options.min_in_place_bytes &&
+        io::IsAligned(reinterpret_cast<uintptr_t>(raw.data()), kAlignment)) {
+      header->stored_offset = kAlignment;
+      out = io::AlignedBuffer(kAlignment);
+      std::memset(out.data(), 0, kAlignment);
+      EncodeChunkHeader(*header, out.data());
+      const size_t body = raw_size / kAlignment * kAlignment;
+      chunk.body = raw.first(body);
+      if (body < raw_size) {
+        chunk.tail = io::AlignedBuffer(kAlignment);
+        std::memset(chunk.tail.data(), 0, kAlignment);
+        std::memcpy(chunk.tail.data(), raw.data() + body, raw_size - body);
+      }
+      return chunk;
+    }
+    if (out.empty()) out = acquire();
+    if (raw_size > 0)
+      std::memcpy(out.data() + kChunkHeaderSize, raw.data(), raw_size);
   }
-  header->stored_size = static_cast<uint32_t>(stored_size);
   EncodeChunkHeader(*header, out.data());
-  size_t footprint = ChunkFootprint(stored_size);
-  std::memset(stored + stored_size, 0,
-              footprint - kChunkHeaderSize - stored_size);
+  const size_t stored_end = kChunkHeaderSize + header->stored_size;
+  const size_t footprint =
+      ChunkFootprint(kChunkHeaderSize, header->stored_size);
+  std::memset(out.data() + stored_end, 0, footprint - stored_end);
   out.set_size(footprint);
-  return out;
+  return chunk;
 }
 
 absl::Status DecodeChunk(const ChunkHeader& header,

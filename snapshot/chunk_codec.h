@@ -1,8 +1,10 @@
 // The chunk codec: raw bytes -> (byte-shuffle filter) -> (zstd) -> stored
-// bytes, each step checksummed with XXH3-64, and back. Encoding produces a
-// write-ready, O_DIRECT-aligned buffer: the 64-byte chunk header, the stored
-// bytes and zero padding. Decoding bounds every decompression by the declared
-// raw size, so a lying header or a zstd bomb is an error, never an allocation.
+// bytes, each step checksummed with XXH3-64, and back. Encoding produces
+// write-ready, O_DIRECT-aligned pieces: the 64-byte chunk header, the stored
+// bytes and zero padding; a chunk stored raw is written from where its bytes
+// lie when they are aligned (no copy). Decoding bounds every decompression by
+// the declared raw size, so a lying header or a zstd bomb is an error, never an
+// allocation.
 //
 // Thread-safety: both functions are thread-safe (zstd contexts are per thread).
 #ifndef CKPT_SNAPSHOT_CHUNK_CODEC_H_
@@ -19,6 +21,10 @@
 
 namespace ckpt::snapshot {
 
+// Smaller raw chunks are copied behind their header by default: padding the
+// header to the alignment would cost more than the copy saves.
+inline constexpr size_t kMinInPlaceBytes = 64 << 10;
+
 struct CodecOptions {
   // CODEC_NONE stores every chunk raw; CODEC_ZSTD compresses when it pays.
   proto::Codec codec = proto::CODEC_ZSTD;
@@ -31,20 +37,39 @@ struct CodecOptions {
   // bytes does not compress, the chunk is stored raw without compressing the
   // rest.
   size_t probe_bytes = 64 << 10;
+  // A chunk stored raw whose bytes start at an aligned address and are at
+  // least `min_in_place_bytes` is stored in place: its header is padded to the
+  // alignment and its bytes are written from where they are, uncopied.
+  bool in_place = true;
+  size_t min_in_place_bytes = kMinInPlaceBytes;
+};
+
+// A chunk ready to be written at its file offset: `head`, then `body`, then
+// `tail`, back to back; together a multiple of the alignment. `body` and `tail`
+// are empty unless the chunk is stored in place: then `head` is the header
+// padded with zeros to the alignment, `body` the aligned prefix of the raw
+// bytes, borrowed from the caller, and `tail` the rest of them padded with
+// zeros.
+struct EncodedChunk {
+  io::AlignedBuffer head;
+  absl::Span<const uint8_t> body;
+  io::AlignedBuffer tail;
+  uint64_t size() const { return head.size() + body.size() + tail.size(); }
 };
 
 // The largest buffer EncodeChunk needs for a raw chunk of `raw_size` bytes.
 size_t MaxEncodedSize(size_t raw_size);
 
-// Encodes one chunk. Uses a buffer from `pool` when it is large enough (pool
-// may be null). `header`'s item_index, chunk_index and raw_offset are inputs
-// (they are written into the chunk header); the other fields are filled with
-// what was written.
-absl::StatusOr<io::AlignedBuffer> EncodeChunk(absl::Span<const uint8_t> raw,
-                                              uint32_t element_width,
-                                              const CodecOptions& options,
-                                              io::BufferPool* pool,
-                                              ChunkHeader* header);
+// Encodes one chunk in the current format (kFormatVersion). Uses a buffer from
+// `pool` when it is large enough (pool may be null). `header`'s item_index,
+// chunk_index and raw_offset are inputs (they are written into the chunk
+// header); the other fields are filled with what was written. A chunk stored in
+// place borrows `raw`: it must stay valid and unchanged until written.
+absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
+                                         uint32_t element_width,
+                                         const CodecOptions& options,
+                                         io::BufferPool* pool,
+                                         ChunkHeader* header);
 
 // Decodes `stored` (header.stored_size bytes) into `raw_out` (header.raw_size
 // bytes) and checks both checksums. Errors say which check failed; the caller

@@ -14,8 +14,6 @@
 namespace ckpt::snapshot {
 namespace {
 
-constexpr uint16_t kChunkHeaderVersion = 1;
-
 // The format is little-endian; so is every machine ckpt runs on.
 static_assert(std::endian::native == std::endian::little,
               "ckpt assumes a little-endian host");
@@ -53,13 +51,14 @@ bool KnownFilter(proto::Filter f) {
 }  // namespace
 
 // Layout (little-endian): magic[4] version u16 codec u8 filter u8 | width u8
-// reserved[3] item u32 chunk u32 | raw_size u32 stored_size u32 reserved u32 |
+// reserved[3] item u32 chunk u32 | raw_size u32 stored_size u32 stored_offset
+// u32 (version 2; zero in version 1) |
 // raw_offset u64 raw_xxh3 u64 stored_xxh3 u64 | header_xxh3 u64 (of bytes
 // 0..55).
 void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
   std::memset(out, 0, kChunkHeaderSize);
   std::memcpy(out, kChunkMagic, 4);
-  Put16(out + 4, kChunkHeaderVersion);
+  Put16(out + 4, static_cast<uint16_t>(h.version));
   out[6] = static_cast<uint8_t>(h.codec);
   out[7] = static_cast<uint8_t>(h.filter);
   out[8] = static_cast<uint8_t>(h.element_width);
@@ -67,6 +66,7 @@ void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
   Put32(out + 16, h.chunk_index);
   Put32(out + 20, h.raw_size);
   Put32(out + 24, h.stored_size);
+  if (h.version >= 2) Put32(out + 28, h.stored_offset);
   Put64(out + 32, h.raw_offset);
   Put64(out + 40, h.raw_xxh3);
   Put64(out + 48, h.stored_xxh3);
@@ -84,14 +84,24 @@ absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
   if (Get64(p + 56) != XXH3_64bits(p, 56)) {
     return absl::DataLossError("chunk header: checksum mismatch");
   }
-  if (Get16(p + 4) != kChunkHeaderVersion) {
+  const uint16_t version = Get16(p + 4);
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
     return absl::DataLossError(
-        absl::StrCat("chunk header: unsupported version ", Get16(p + 4)));
+        absl::StrCat("chunk header: unsupported version ", version));
   }
-  if (!AllZero(p + 9, 3) || !AllZero(p + 28, 4)) {
+  if (!AllZero(p + 9, 3) || (version == 1 && !AllZero(p + 28, 4))) {
     return absl::DataLossError("chunk header: reserved bytes are not zero");
   }
   ChunkHeader h;
+  h.version = version;
+  if (version >= 2) {
+    h.stored_offset = Get32(p + 28);
+    if (h.stored_offset != kChunkHeaderSize && h.stored_offset != kAlignment) {
+      return absl::DataLossError(absl::StrCat(
+          "chunk header: stored bytes at offset ", h.stored_offset,
+          " (expected ", kChunkHeaderSize, " or ", kAlignment, ")"));
+    }
+  }
   h.codec = static_cast<proto::Codec>(p[6]);
   h.filter = static_cast<proto::Filter>(p[7]);
   h.element_width = p[8];
@@ -111,7 +121,7 @@ absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
 void EncodeFooter(const Footer& f, uint8_t out[kFooterSize]) {
   std::memset(out, 0, kFooterSize);
   std::memcpy(out, kFooterMagic, 8);
-  Put32(out + 8, kFormatVersion);
+  Put32(out + 8, f.version);
   Put64(out + 16, f.manifest_offset);
   Put64(out + 24, f.manifest_size);
   Put64(out + 32, f.manifest_xxh3);
@@ -132,15 +142,17 @@ absl::StatusOr<Footer> DecodeFooter(absl::Span<const uint8_t> bytes) {
   if (Get64(p + 56) != XXH3_64bits(p, 56))
     return absl::DataLossError("footer: checksum mismatch");
   uint32_t version = Get32(p + 8);
-  if (version != kFormatVersion) {
-    return absl::DataLossError(absl::StrCat(
-        "footer: format version ", version,
-        " is not supported (this reader knows ", kFormatVersion, ")"));
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
+    return absl::DataLossError(
+        absl::StrCat("footer: format version ", version,
+                     " is not supported (this reader knows ",
+                     kOldestFormatVersion, " to ", kFormatVersion, ")"));
   }
   if (Get32(p + 12) != 0 || Get64(p + 48) != 0) {
     return absl::DataLossError("footer: reserved bytes are not zero");
   }
   Footer f;
+  f.version = version;
   f.manifest_offset = Get64(p + 16);
   f.manifest_size = Get64(p + 24);
   f.manifest_xxh3 = Get64(p + 32);
@@ -195,8 +207,10 @@ absl::StatusOr<uint64_t> ValidateTensorBox(const proto::Item& item) {
 }
 
 ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index,
-                      uint32_t chunk_index) {
+                      uint32_t chunk_index, uint32_t version) {
   ChunkHeader h;
+  h.version = version;
+  h.stored_offset = StoredOffset(c);
   h.codec = c.codec();
   h.filter = c.filter();
   h.element_width = c.element_width();
@@ -211,7 +225,8 @@ ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index,
 }
 
 bool operator==(const ChunkHeader& a, const ChunkHeader& b) {
-  return a.codec == b.codec && a.filter == b.filter &&
+  return a.version == b.version && a.stored_offset == b.stored_offset &&
+         a.codec == b.codec && a.filter == b.filter &&
          a.element_width == b.element_width && a.item_index == b.item_index &&
          a.chunk_index == b.chunk_index && a.raw_size == b.raw_size &&
          a.stored_size == b.stored_size && a.raw_offset == b.raw_offset &&
@@ -223,7 +238,8 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
   auto bad = [](auto&&... parts) {
     return absl::DataLossError(absl::StrCat(parts...));
   };
-  if (m.format_version() != kFormatVersion) {
+  if (m.format_version() < kOldestFormatVersion ||
+      m.format_version() > kFormatVersion) {
     return bad("manifest: format version ", m.format_version(),
                " is not supported");
   }
@@ -315,7 +331,17 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
         return bad(where(), ": file offset ", chunk.file_offset(),
                    ", expected ", file_pos);
       }
-      file_pos += ChunkFootprint(chunk.stored_size());
+      const uint32_t stored_offset = chunk.stored_offset();
+      if (m.format_version() == 1 ? stored_offset != 0
+                                  : stored_offset != kChunkHeaderSize &&
+                                        stored_offset != kAlignment) {
+        return bad(where(), ": stored offset ", stored_offset,
+                   " is not valid in format ", m.format_version());
+      }
+      if (stored_offset == kAlignment && chunk.codec() != proto::CODEC_NONE) {
+        return bad(where(), ": a compressed chunk stored at the alignment");
+      }
+      file_pos += ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
       raw_pos += chunk.raw_size();
     }
     if (raw_pos != item.raw_size()) {

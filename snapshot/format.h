@@ -15,7 +15,10 @@
 
 namespace ckpt::snapshot {
 
-inline constexpr uint32_t kFormatVersion = 1;
+// What writers write; readers also read every version from
+// kOldestFormatVersion on.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr uint32_t kAlignment = 4096;
 inline constexpr size_t kChunkHeaderSize = 64;
 inline constexpr size_t kFooterSize = 64;
@@ -33,6 +36,13 @@ inline constexpr char kTempSuffix[] = ".tmp";
 // manifest's ChunkInfo so a chunk can be checked (and shipped to a peer) on its
 // own.
 struct ChunkHeader {
+  // The header layout's version: the file's format version.
+  uint32_t version = kFormatVersion;
+  // Where the stored bytes start, counted from the chunk's first byte: right
+  // after the header (kChunkHeaderSize), or, from format 2 on, at the next
+  // alignment boundary (kAlignment), which lets a writer send raw bytes to
+  // O_DIRECT from where they lie in memory.
+  uint32_t stored_offset = kChunkHeaderSize;
   proto::Codec codec = proto::CODEC_NONE;
   proto::Filter filter = proto::FILTER_NONE;
   uint32_t element_width = 1;
@@ -51,6 +61,7 @@ void EncodeChunkHeader(const ChunkHeader& header,
 absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes);
 
 struct Footer {
+  uint32_t version = kFormatVersion;
   uint64_t manifest_offset = 0;
   uint64_t manifest_size = 0;
   uint64_t manifest_xxh3 = 0;
@@ -60,11 +71,16 @@ struct Footer {
 void EncodeFooter(const Footer& footer, uint8_t out[kFooterSize]);
 absl::StatusOr<Footer> DecodeFooter(absl::Span<const uint8_t> bytes);
 
-// Bytes a chunk occupies in the file: header + stored bytes, padded with zeros
-// to kAlignment.
-inline uint64_t ChunkFootprint(uint64_t stored_size) {
-  return (kChunkHeaderSize + stored_size + kAlignment - 1) / kAlignment *
+// Bytes a chunk occupies in the file: header, zero padding up to
+// `stored_offset`, stored bytes, zero padding to kAlignment.
+inline uint64_t ChunkFootprint(uint64_t stored_offset, uint64_t stored_size) {
+  return (stored_offset + stored_size + kAlignment - 1) / kAlignment *
          kAlignment;
+}
+// A manifest chunk's stored offset (format 1 manifests leave it unset).
+inline uint32_t StoredOffset(const proto::ChunkInfo& chunk) {
+  return chunk.stored_offset() == 0 ? static_cast<uint32_t>(kChunkHeaderSize)
+                                    : chunk.stored_offset();
 }
 
 // Checks that a manifest is self-consistent and fits a file of `file_size`
@@ -84,10 +100,10 @@ absl::StatusOr<uint64_t> TensorByteSize(const proto::Item& item);
 // use this one check.
 absl::StatusOr<uint64_t> ValidateTensorBox(const proto::Item& item);
 
-// The header a manifest's chunk entry implies, to compare with the one in the
-// file.
+// The header a manifest's chunk entry implies in a file of `version`, to
+// compare with the one in the file.
 ChunkHeader HeaderFor(const proto::ChunkInfo& chunk, uint32_t item_index,
-                      uint32_t chunk_index);
+                      uint32_t chunk_index, uint32_t version);
 bool operator==(const ChunkHeader& a, const ChunkHeader& b);
 
 }  // namespace ckpt::snapshot

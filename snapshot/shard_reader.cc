@@ -94,12 +94,18 @@ absl::Status ShardReader::LoadManifest() {
     return absl::DataLossError("manifest does not parse");
   }
   RETURN_IF_ERROR(ValidateManifest(manifest_, footer.manifest_offset));
+  if (manifest_.format_version() != footer.version) {
+    return absl::DataLossError(absl::StrCat("manifest says format ",
+                                            manifest_.format_version(),
+                                            ", the footer ", footer.version));
+  }
   manifest_bytes_.assign(reinterpret_cast<const char*>(manifest_bytes),
                          footer.manifest_size);
   const size_t window_chunks =
       options_.read_window_bytes / manifest_.chunk_size() + 1;
   buffers_ = std::make_unique<io::BufferPool>(
-      ChunkFootprint(manifest_.chunk_size() + 1024), 2 * window_chunks + 2);
+      ChunkFootprint(kAlignment, manifest_.chunk_size() + 1024),
+      2 * window_chunks + 2);
   return absl::OkStatus();
 }
 
@@ -176,18 +182,23 @@ absl::Status ShardReader::DecodePiece(const Piece& piece,
   absl::StatusOr<ChunkHeader> header =
       DecodeChunkHeader({bytes, kChunkHeaderSize});
   if (!header.ok()) return header.status();
-  if (!(*header == HeaderFor(chunk, piece.item_index, piece.chunk_index))) {
+  if (!(*header == HeaderFor(chunk, piece.item_index, piece.chunk_index,
+                             manifest_.format_version()))) {
     return absl::DataLossError("chunk header does not match the manifest");
   }
-  const uint8_t* stored = bytes + kChunkHeaderSize;
-  const uint64_t footprint = ChunkFootprint(chunk.stored_size());
-  const uint8_t* pad = stored + chunk.stored_size();
-  const uint8_t* pad_end = bytes + footprint;
-  auto nonzero = std::find_if(pad, pad_end, [](uint8_t b) { return b != 0; });
-  if (nonzero != pad_end) {
-    return absl::DataLossError(
-        absl::StrCat("non-zero padding byte at file offset ",
-                     chunk.file_offset() + (nonzero - bytes)));
+  const uint8_t* stored = bytes + header->stored_offset;
+  const uint64_t footprint =
+      ChunkFootprint(header->stored_offset, chunk.stored_size());
+  // Zero padding after the header and after the stored bytes.
+  for (auto [pad, pad_end] :
+       {std::pair(bytes + kChunkHeaderSize, stored),
+        std::pair(stored + chunk.stored_size(), bytes + footprint)}) {
+    auto nonzero = std::find_if(pad, pad_end, [](uint8_t b) { return b != 0; });
+    if (nonzero != pad_end) {
+      return absl::DataLossError(
+          absl::StrCat("non-zero padding byte at file offset ",
+                       chunk.file_offset() + (nonzero - bytes)));
+    }
   }
   const bool whole = piece.begin == 0 && piece.out.size() == chunk.raw_size();
   if (whole)
@@ -259,7 +270,8 @@ absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
       const size_t i = issued++;
       const proto::ChunkInfo& chunk =
           pieces[i].item->chunks(pieces[i].chunk_index);
-      const uint64_t footprint = ChunkFootprint(chunk.stored_size());
+      const uint64_t footprint =
+          ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
       buffers[i] = footprint <= buffers_->buffer_capacity()
                        ? buffers_->Acquire()
                        : io::AlignedBuffer(footprint);

@@ -119,14 +119,24 @@ absl::Status ReadShardStream(const StreamRead& read, uint64_t file_size,
         break;
       }
       if (!(*header == HeaderFor(chunk, static_cast<uint32_t>(i),
-                                 static_cast<uint32_t>(c)))) {
+                                 static_cast<uint32_t>(c),
+                                 manifest.format_version()))) {
         failed = where(absl::DataLossError("header differs from the manifest"));
         break;
       }
+      // Zero padding between the header and the stored bytes (a chunk stored
+      // in place).
+      const size_t gap = header->stored_offset - kChunkHeaderSize;
+      s = read(absl::MakeSpan(padding.data(), gap));
+      if (s.ok() && !AllZero(padding.data(), gap)) {
+        s = absl::DataLossError("nonzero padding after the header");
+      }
       absl::Span<uint8_t> dst =
           items[i].subspan(chunk.raw_offset(), chunk.raw_size());
-      if (chunk.codec() == proto::CODEC_NONE &&
-          chunk.filter() == proto::FILTER_NONE) {
+      if (!s.ok()) {
+        // Reported below.
+      } else if (chunk.codec() == proto::CODEC_NONE &&
+                 chunk.filter() == proto::FILTER_NONE) {
         // Stored bytes are the raw bytes: straight into place.
         XXH3_64bits_reset(hash.get());
         for (size_t at = 0; at < dst.size() && s.ok();) {
@@ -163,8 +173,9 @@ absl::Status ReadShardStream(const StreamRead& read, uint64_t file_size,
         }
       }
       if (s.ok()) {
-        const size_t pad = ChunkFootprint(chunk.stored_size()) -
-                           kChunkHeaderSize - chunk.stored_size();
+        const size_t pad =
+            ChunkFootprint(header->stored_offset, chunk.stored_size()) -
+            header->stored_offset - chunk.stored_size();
         s = read(absl::MakeSpan(padding.data(), pad));
         if (s.ok() && !AllZero(padding.data(), pad)) {
           s = absl::DataLossError("nonzero padding");
@@ -190,7 +201,8 @@ absl::Status ReadShardStream(const StreamRead& read, uint64_t file_size,
   ASSIGN_OR_RETURN(Footer footer,
                    DecodeFooter(absl::MakeConstSpan(tail).subspan(
                        tail.size() - kFooterSize)));
-  if (footer.manifest_offset != manifest.data_size() ||
+  if (footer.version != manifest.format_version() ||
+      footer.manifest_offset != manifest.data_size() ||
       footer.manifest_size != manifest_bytes.size() ||
       footer.file_size != file_size ||
       footer.manifest_xxh3 !=

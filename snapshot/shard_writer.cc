@@ -24,7 +24,7 @@ struct ChunkTask {
   absl::Span<const uint8_t> raw;
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
-  absl::StatusOr<io::AlignedBuffer> result ABSL_GUARDED_BY(mu) =
+  absl::StatusOr<EncodedChunk> result ABSL_GUARDED_BY(mu) =
       absl::UnknownError("pending");
 };
 
@@ -121,8 +121,13 @@ absl::StatusOr<proto::ShardManifest> ShardWriter::Commit() {
   }
   manifest_.set_created_unix_micros(NowMicros());
 
-  absl::StatusOr<std::unique_ptr<io::WritableFile>> file = fs_->NewWritableFile(
-      temp_path_, io::FileOptions{.direct = options_.direct_io});
+  io::FileOptions file_options{.direct = options_.direct_io};
+  if (!options_.recycle_from.empty() &&
+      fs_->Rename(options_.recycle_from, temp_path_).ok()) {
+    file_options.truncate = false;
+  }
+  absl::StatusOr<std::unique_ptr<io::WritableFile>> file =
+      fs_->NewWritableFile(temp_path_, file_options);
   if (!file.ok()) return Fail(file.status());
   absl::Status s = WriteAll(file->get());
   if (s.ok()) {
@@ -182,14 +187,15 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   // keeps the O_DIRECT writes from extending the file. The tail write extends
   // it, then Truncate trims.
   uint64_t bound = 0;
-  for (const auto& task : tasks) bound += ChunkFootprint(task->raw.size());
+  for (const auto& task : tasks)
+    bound += ChunkFootprint(kAlignment, task->raw.size());
   RETURN_IF_ERROR(file->Allocate(bound));
 
   const CodecOptions codec = options_.codec;
   auto schedule = [&](ChunkTask* task) {
     pool->Schedule([task, codec, &buffers] {
       ChunkHeader header = task->header;
-      absl::StatusOr<io::AlignedBuffer> encoded = EncodeChunk(
+      absl::StatusOr<EncodedChunk> encoded = EncodeChunk(
           task->raw, header.element_width, codec, &buffers, &header);
       absl::MutexLock l(&task->mu);
       task->header = header;
@@ -209,7 +215,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   // drained.
   for (size_t t = 0; t < next_to_schedule; ++t) {
     ChunkTask* task = tasks[t].get();
-    absl::StatusOr<io::AlignedBuffer> encoded = absl::UnknownError("pending");
+    absl::StatusOr<EncodedChunk> encoded = absl::UnknownError("pending");
     {
       absl::MutexLock l(&task->mu);
       task->mu.Await(absl::Condition(&task->done));
@@ -231,8 +237,18 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
     info->set_element_width(h.element_width);
     info->set_raw_xxh3(h.raw_xxh3);
     info->set_stored_xxh3(h.stored_xxh3);
-    size_t footprint = encoded->size();
-    status = file->Write(file_pos, *std::move(encoded));
+    info->set_stored_offset(h.stored_offset);
+    // A chunk stored in place is written from the caller's memory, which
+    // stays unchanged until Commit() returns.
+    const uint64_t footprint = encoded->size();
+    const uint64_t body_at = file_pos + encoded->head.size();
+    status = file->Write(file_pos, std::move(encoded->head));
+    if (status.ok() && !encoded->body.empty())
+      status = file->WriteBorrowed(body_at, encoded->body);
+    if (status.ok() && !encoded->tail.empty()) {
+      status =
+          file->Write(body_at + encoded->body.size(), std::move(encoded->tail));
+    }
     file_pos += footprint;
     CKPT_KILL_POINT("shard.chunk_written");
   }

@@ -52,6 +52,14 @@ struct ShardWriterOptions {
   int encode_threads = 2;
   io::ThreadPool* pool = nullptr;
   bool direct_io = true;
+  // A file to write the shard over instead of creating one: a retired shard
+  // nothing references any more. It is renamed to the temporary name and its
+  // blocks are reused (what Commit() does not overwrite is truncated away), so
+  // the file system neither frees them nor allocates new ones. On ext4 mounted
+  // with `discard`, freeing a large file discards its blocks inside a journal
+  // commit, which stalls the writes of the shard being persisted beside it.
+  // When the rename fails, the shard goes to a new file.
+  std::string recycle_from;
 };
 
 class ShardWriter {

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <set>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -223,6 +224,49 @@ TEST_F(CheckpointServiceTest, RetentionKeepsTheNewestStepsPerTier) {
   }
   EXPECT_EQ(*service->LatestCommitted("job", kDisk).value(), 5u);
   EXPECT_TRUE(RankState(4, 0).Check(service->ShardPath("job", 4, 0)).ok());
+}
+
+// Shard files retired by retention are written over by the next persists:
+// the same inode comes back under a new step's name, and every step still
+// reads back exactly as saved (no byte of the old contents survives in it).
+TEST_F(CheckpointServiceTest, RetiredShardFilesAreWrittenOverByLaterSteps) {
+  ServiceOptions o = Options();
+  o.keep_disk_steps = 1;
+  o.recycle_files = 1;
+  auto service = Start(io::DefaultFileSystem(), o);
+  std::set<uint64_t> inodes;
+  for (uint64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(
+        RankState(step, 0).Stage(service.get(), "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+    const std::string path = service->ShardPath("job", step, 0);
+    EXPECT_TRUE(RankState(step, 0).Check(path).ok()) << "step " << step;
+    inodes.insert(io::DefaultFileSystem()->GetFileId(path)->inode);
+  }
+  // One file kept at a time, taken by the next persist: two inodes alternate
+  // (the step kept on disk, the file kept for the next step), where there
+  // would be six new files.
+  EXPECT_EQ(inodes.size(), 2u);
+  auto kept = io::DefaultFileSystem()->ListDir(o.data_dir + "/recycle");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->size(), 1u);
+
+  // Turned off, retired files are deleted.
+  service.reset();
+  o.recycle_files = 0;
+  service = Start(io::DefaultFileSystem(), o);
+  kept = io::DefaultFileSystem()->ListDir(o.data_dir + "/recycle");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->empty()) << "a kept file over the limit was deleted";
+  ASSERT_TRUE(RankState(7, 0).Stage(service.get(), "job", 7, 0, 1).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 7, kDisk, absl::Seconds(30)).ok());
+  service->WaitIdle();
+  EXPECT_FALSE(
+      *io::DefaultFileSystem()->Exists(service->ShardPath("job", 6, 0)));
+  kept = io::DefaultFileSystem()->ListDir(o.data_dir + "/recycle");
+  EXPECT_TRUE(kept->empty());
 }
 
 // A daemon killed after the catalog forgot a step's last shard but before the

@@ -161,6 +161,29 @@ TEST_F(StagingArenaTest, ASlotPreparedAheadIsTakenByTheNextAllocation) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// A job whose state changed size: the free slot of the old size makes room
+// for one of the new size, made ahead.
+TEST_F(StagingArenaTest, FreeSlotsOfAnotherSizeGiveWayToOnePreparedAhead) {
+  auto arena = Open(1300, FullPolicy::kSkip);
+  ASSERT_TRUE(arena->Allocate({"job", 1, 0}, 600).ok());
+  ASSERT_TRUE(arena->Release({"job", 1, 0}).ok());
+  ASSERT_EQ(arena->free_bytes(), 600u);
+  ASSERT_TRUE(arena->Allocate({"job", 2, 0}, 400).ok());
+  EXPECT_EQ(arena->free_bytes(), 600u) << "kept while the budget has room";
+  arena->PrepareAhead(400);
+  for (int i = 0; i < 500 && arena->prepared() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(arena->prepared(), 1u);
+  EXPECT_EQ(arena->free_bytes(), 400u) << "the 600-byte slot gave way";
+  auto next = arena->Allocate({"job", 3, 0}, 400);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(arena->free_bytes(), 0u);
+  auto files = io::DefaultFileSystem()->ListDir(dir_.File("staging/+free"));
+  ASSERT_TRUE(files.ok());
+  EXPECT_TRUE(files->empty()) << "the dropped slot's file is gone";
+}
+
 // A slot adopted after a restart has never been mapped by this daemon; once
 // released it must still be reusable (it used to fail with "File exists").
 TEST_F(StagingArenaTest, AdoptedSlotIsReusedAfterRelease) {

@@ -118,6 +118,32 @@ TEST_F(FaultInjectionFsTest, ShortWritePersistsAPrefixAndFails) {
   EXPECT_EQ(Contents("f").size(), 4096u);
 }
 
+TEST_F(FaultInjectionFsTest, BorrowedWritesTakeTheSameFaultsAndPowerLoss) {
+  const std::string data(3 * 4096, 'b');
+  const auto bytes = absl::MakeConstSpan(
+      reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  fs_.ShortWriteAt(1, EIO);
+  {
+    auto file = fs_.NewWritableFile(dir_.File("short"), {});
+    ASSERT_TRUE(file.ok());
+    EXPECT_EQ(StatusErrno((*file)->WriteBorrowed(0, bytes)), EIO);
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  EXPECT_EQ(Contents("short"), data.substr(0, 4096));
+  // Unsynced borrowed bytes are lost with the power; synced ones stay.
+  {
+    auto file = fs_.NewWritableFile(dir_.File("kept"), {});
+    ASSERT_TRUE(file.ok());
+    ASSERT_TRUE((*file)->WriteBorrowed(0, bytes).ok());
+    ASSERT_TRUE((*file)->Sync().ok());
+    ASSERT_TRUE((*file)->WriteBorrowed(data.size(), bytes).ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  ASSERT_TRUE(fs_.SyncDir(dir_.path()).ok());
+  ASSERT_TRUE(fs_.SimulatePowerLoss().ok());
+  EXPECT_EQ(Contents("kept"), data);
+}
+
 TEST_F(FaultInjectionFsTest, PowerOutFailsEverythingAfterTheNthMutation) {
   fs_.PowerLossAfter(2);  // create, write; then the sync fails
   auto file = fs_.NewWritableFile(dir_.File("f"), {});

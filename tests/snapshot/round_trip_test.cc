@@ -8,6 +8,7 @@
 #include "io/file_system.h"
 #include "snapshot/dtype.h"
 #include "snapshot/shard_reader.h"
+#include "snapshot/shard_stream.h"
 #include "snapshot/shard_writer.h"
 #include "tests/test_util.h"
 
@@ -224,6 +225,46 @@ TEST(ShardReaderTest, MissingItemsAndBadRangesNameTheShard) {
   auto missing =
       ShardReader::Open(io::DefaultFileSystem(), dir.File("none.shard"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+// A file written in format 1 (before chunks could be stored in place) reads
+// and verifies, from a file and as a stream.
+TEST(ShardReaderTest, FormatOneFilesStillRead) {
+  auto reader = ShardReader::Open(io::DefaultFileSystem(), CKPT_FORMAT1_SHARD);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const proto::ShardManifest& m = (*reader)->manifest();
+  EXPECT_EQ(m.format_version(), 1u);
+  ASSERT_EQ(m.items_size(), 3);
+  EXPECT_EQ(m.items(0).chunks(0).codec(), proto::CODEC_ZSTD);
+  EXPECT_EQ(m.items(1).chunks(0).codec(), proto::CODEC_NONE);
+  EXPECT_TRUE((*reader)->VerifyAll().empty());
+  std::vector<std::vector<uint8_t>> items;
+  std::vector<absl::Span<uint8_t>> dst;
+  for (const proto::Item& item : m.items()) {
+    items.emplace_back(item.raw_size());
+    ASSERT_TRUE(
+        (*reader)->ReadItem(item.name(), absl::MakeSpan(items.back())).ok());
+  }
+  std::vector<std::vector<uint8_t>> streamed;
+  for (const proto::Item& item : m.items()) {
+    streamed.emplace_back(item.raw_size());
+    dst.push_back(absl::MakeSpan(streamed.back()));
+  }
+  const std::string file = testing::ReadAll(CKPT_FORMAT1_SHARD);
+  size_t at = 0;
+  auto read = [&](absl::Span<uint8_t> out) {
+    if (file.size() - at < out.size())
+      return absl::OutOfRangeError("end of stream");
+    std::memcpy(out.data(), file.data() + at, out.size());
+    at += out.size();
+    return absl::OkStatus();
+  };
+  auto parsed = ParseStreamManifest((*reader)->manifest_bytes(), file.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(ReadShardStream(read, file.size(), *parsed,
+                              (*reader)->manifest_bytes(), dst)
+                  .ok());
+  EXPECT_EQ(streamed, items);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // A small, deterministic shard for the corruption and crash tests: a few
 // tensors of different dtypes (compressible and not, several chunks each with a
-// small chunk size) and a byte item.
+// small chunk size; one page-aligned in memory, so its chunks are stored in
+// place) and a byte item.
 #ifndef CKPT_TESTS_SNAPSHOT_SAMPLE_SHARD_H_
 #define CKPT_TESTS_SNAPSHOT_SAMPLE_SHARD_H_
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "io/aligned_buffer.h"
 #include "io/file_system.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
@@ -38,12 +40,21 @@ struct SampleShard {
     for (auto& b : noise) b = static_cast<uint8_t>(rng());
     items["noise"] = noise;  // incompressible: stored raw
     items["rng"] = std::vector<uint8_t>{1, 2, 3, 4, 5, 6, 7};
+    // Three whole chunks stored in place and a short last one copied.
+    std::vector<uint8_t> page(3 * 8192 + 100);
+    for (auto& b : page) b = static_cast<uint8_t>(rng());
+    aligned = io::AlignedBuffer(page.size());
+    std::memcpy(aligned.data(), page.data(), page.size());
+    items["page"] = std::move(page);
   }
+
+  io::AlignedBuffer aligned;  // items["page"], page aligned
 
   absl::Status Write(io::FileSystem* fs, const std::string& path,
                      uint64_t step) const {
     snapshot::ShardWriterOptions options;
     options.chunk_size = 8192;
+    options.codec.min_in_place_bytes = 8192;
     snapshot::ShardWriter writer(fs, path, {"job", step, 0, 1}, options);
     const auto& w = items.at("w");
     int64_t n = static_cast<int64_t>(w.size() / 4);
@@ -60,6 +71,11 @@ struct SampleShard {
                             absl::MakeConstSpan(noise)});
     }
     if (s.ok()) s = writer.AddBytes("rng", items.at("rng"));
+    if (s.ok()) {
+      const int64_t n = static_cast<int64_t>(aligned.size());
+      s = writer.AddTensor(
+          {"page", proto::DTYPE_UINT8, {n}, {0}, {n}, aligned.span()});
+    }
     if (!s.ok()) return s;
     return writer.Commit().status();
   }

@@ -44,7 +44,7 @@ TEST_F(CliTest, InspectShowsItemsHumanAndJson) {
   ASSERT_EQ(json.exit_code, 0) << json.out;
   nlohmann::json j = nlohmann::json::parse(json.out);
   EXPECT_EQ(j["step"], 5);
-  EXPECT_EQ(j["items"].size(), 3u);
+  EXPECT_EQ(j["items"].size(), 4u);
   EXPECT_EQ(j["items"][0]["name"], "w");
   EXPECT_EQ(j["items"][0]["dtype"], "float32");
   EXPECT_EQ(j["items"][0]["raw_size"], 24000);
@@ -54,7 +54,7 @@ TEST_F(CliTest, VerifyPassesAnIntactShard) {
   Result r = RunCli("verify " + path_);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("OK"));
-  EXPECT_THAT(r.out, HasSubstr("6 chunks verified"));
+  EXPECT_THAT(r.out, HasSubstr("10 chunks verified"));
 }
 
 TEST_F(CliTest, VerifyExitsOneWithALinePerBadChunk) {
@@ -101,7 +101,7 @@ TEST_F(CliTest, WithoutIoUringFallsBackWithAWarning) {
   Result r = RunCli("verify " + path_, "CKPT_DISABLE_IO_URING=1");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("using pwrite/pread"));
-  EXPECT_THAT(r.out, HasSubstr("6 chunks verified"));
+  EXPECT_THAT(r.out, HasSubstr("10 chunks verified"));
 }
 
 TEST_F(CliTest, BadInputGetsAClearErrorAndNonZeroExit) {
