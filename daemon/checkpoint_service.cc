@@ -123,7 +123,12 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   ASSIGN_OR_RETURN(
       service->recycler_,
       FileRecycler::Open(fs, io::JoinPath(o.data_dir, "recycle"),
-                         static_cast<size_t>(std::max(0, o.recycle_files))));
+                         static_cast<size_t>(std::max(0, o.recycle_files)),
+                         [self = service.get()] {
+                           // A shard being persisted.
+                           absl::MutexLock lock(&self->mu_);
+                           return !self->busy_.empty();
+                         }));
   if (!o.replication.dir.empty()) {
     CheckpointService* self = service.get();
     ASSIGN_OR_RETURN(
@@ -162,6 +167,7 @@ CheckpointService::~CheckpointService() {
   for (std::thread& t : workers_) t.join();
   replicator_.reset();  // its callback uses the catalog
   shared_.reset();
+  recycler_.reset();  // its deletions ask whether a persist runs (mu_)
 }
 
 absl::Status CheckpointService::Recover() {

@@ -1,5 +1,9 @@
 #include "daemon/file_recycler.h"
 
+#include <atomic>
+#include <filesystem>
+
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -27,22 +31,42 @@ class FileRecyclerTest : public ::testing::Test {
 
 TEST_F(FileRecyclerTest, KeepsUpToItsLimitAndHandsOutTheBestFit) {
   auto recycler = Open(2);
-  const std::string a = Make("a", 1000), b = Make("b", 3000),
+  const std::string a = Make("a", 1000), b = Make("b", 5000),
                     c = Make("c", 2000);
   recycler->Retire(a);
   recycler->Retire(b);
-  recycler->Retire(c);  // over the limit: deleted
-  EXPECT_FALSE(Exists(a) || Exists(b) || Exists(c)) << "moved or deleted";
+  // Over the limit: the newest stays, the size least like it (b) goes.
+  recycler->Retire(c);
+  EXPECT_FALSE(Exists(a) || Exists(b) || Exists(c)) << "moved away";
   EXPECT_EQ(recycler->files(), 2u);
-  EXPECT_EQ(recycler->bytes(), 4000u);
-  // The smallest at least as large; else the largest.
-  const std::string fit = recycler->Take(1500);
-  EXPECT_EQ(*io::DefaultFileSystem()->FileSize(fit), 3000u);
-  const std::string last = recycler->Take(5000);
+  EXPECT_EQ(recycler->bytes(), 3000u);
+  // The closest size.
+  const std::string fit = recycler->Take(1800);
+  EXPECT_EQ(*io::DefaultFileSystem()->FileSize(fit), 2000u);
+  const std::string last = recycler->Take(1);
   EXPECT_EQ(*io::DefaultFileSystem()->FileSize(last), 1000u);
   EXPECT_EQ(recycler->Take(1), "");
   EXPECT_EQ(recycler->bytes(), 0u);
   EXPECT_TRUE(Exists(fit) && Exists(last)) << "the taker's now";
+}
+
+// Writing a small shard over a much larger file would free most of its blocks
+// when the shard is truncated to its size: such a file is not handed out.
+TEST_F(FileRecyclerTest, AFileFarLargerThanTheShardIsNotHandedOut) {
+  auto recycler = Open(2);
+  const std::string big = dir_.File("big");
+  testing::WriteAll(big, "");
+  std::filesystem::resize_file(big, 1ull << 30);  // sparse
+  recycler->Retire(big);
+  EXPECT_EQ(recycler->Take(100 << 20), "");
+  const std::string taken = recycler->Take(400 << 20);
+  ASSERT_FALSE(taken.empty());
+  // Deleted a step at a time, it goes all the same.
+  recycler->Retire(taken);
+  recycler->Clear();
+  auto left = io::DefaultFileSystem()->ListDir(dir_.File("recycle"));
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty());
 }
 
 TEST_F(FileRecyclerTest, ARestartKeepsWhatFitsAndClearDeletesAll) {
@@ -66,8 +90,36 @@ TEST_F(FileRecyclerTest, ARestartKeepsWhatFitsAndClearDeletesAll) {
   auto off = Open(0);
   const std::string d = Make("d", 5);
   off->Retire(d);
+  off->Clear();  // waits for the deletion in the background
   EXPECT_FALSE(Exists(d));
   EXPECT_EQ(off->files(), 0u);
+}
+
+// A deletion waits while persists write, a step at a time, and goes on when
+// they pause.
+TEST_F(FileRecyclerTest, DeletingWaitsWhileBusy) {
+  std::atomic<bool> busy{true};
+  auto opened =
+      FileRecycler::Open(io::DefaultFileSystem(), dir_.File("recycle"), 1,
+                         [&busy] { return busy.load(); });
+  ASSERT_TRUE(opened.ok());
+  auto& recycler = *opened;
+  const std::string big = dir_.File("big");
+  testing::WriteAll(big, "");
+  std::filesystem::resize_file(big, 600ull << 20);  // sparse: 3 steps
+  recycler->Retire(big);
+  recycler->Retire(Make("small", 10));  // the big one is evicted
+  absl::SleepFor(absl::Milliseconds(300));
+  auto left = io::DefaultFileSystem()->ListDir(dir_.File("recycle"));
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 2u) << "still being deleted";
+  busy = false;
+  for (int i = 0; i < 500 && left->size() > 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    left = io::DefaultFileSystem()->ListDir(dir_.File("recycle"));
+  }
+  EXPECT_EQ(left->size(), 1u);
+  EXPECT_EQ(recycler->files(), 1u);
 }
 
 }  // namespace
