@@ -20,6 +20,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "io/errno_status.h"
+#include "io/file_system.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 
@@ -148,6 +149,11 @@ BulkServer::~BulkServer() {
 absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return io::ErrnoToStatus(errno, "opening " + path);
+  // Held while the ticket lives: the file is not recycled under the sender.
+  if (absl::Status locked = io::LockForReading(fd, path); !locked.ok()) {
+    ::close(fd);
+    return locked;
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;

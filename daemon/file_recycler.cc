@@ -100,6 +100,10 @@ std::string FileRecycler::Take(uint64_t bytes) {
   };
   for (auto it = kept_.begin(); it != kept_.end(); ++it) {
     if (it->first > 2 * bytes + kStep) continue;
+    // A reader that opened the shard before it was retired still reads it
+    // (a restore, a replica sent to a peer): it must not be written over.
+    absl::StatusOr<bool> in_use = fs_->InUse(it->second);
+    if (!in_use.ok() || *in_use) continue;
     if (best == kept_.end() || distance(it->first) < distance(best->first))
       best = it;
   }

@@ -51,7 +51,8 @@ class FileRecycler {
   // size is deleted instead, in the background.
   void Retire(const std::string& path);
   // A kept file for a shard of about `bytes` (the closest size, and at most
-  // about twice that), or empty when none fits. It is no longer the
+  // about twice that) that no reader holds open (FileSystem::InUse), or empty
+  // when none fits. It is no longer the
   // recycler's: the caller renames it away or deletes it.
   std::string Take(uint64_t bytes);
   // Deletes every kept file, and the pending deletions, now (when the disk

@@ -342,6 +342,10 @@ absl::StatusOr<FileId> FaultInjectionFs::GetFileId(const std::string& path) {
   return base_->GetFileId(path);
 }
 
+absl::StatusOr<bool> FaultInjectionFs::InUse(const std::string& path) {
+  return base_->InUse(path);
+}
+
 absl::StatusOr<uint64_t> FaultInjectionFs::FreeSpace(const std::string& path) {
   return base_->FreeSpace(path);
 }

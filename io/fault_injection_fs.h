@@ -86,6 +86,7 @@ class FaultInjectionFs final : public FileSystem {
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
   absl::StatusOr<bool> Exists(const std::string& path) override;
   absl::StatusOr<FileId> GetFileId(const std::string& path) override;
+  absl::StatusOr<bool> InUse(const std::string& path) override;
   absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override;
   // Passed through: mappings live in memory (tmpfs), outside the power-loss
   // model.

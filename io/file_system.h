@@ -163,6 +163,10 @@ class FileSystem {
   virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
   // The identity of the file at `path` (a symlink there is not followed).
   virtual absl::StatusOr<FileId> GetFileId(const std::string& path) = 0;
+  // Whether a reader has `path` open: readable files (and ReaderLock) hold a
+  // shared flock(2) on their file, which this probes. A file that is about to
+  // be written over (a recycled shard) must not be.
+  virtual absl::StatusOr<bool> InUse(const std::string& path) = 0;
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
   // Bytes available to an unprivileged user on the file system holding `path`.
   virtual absl::StatusOr<uint64_t> FreeSpace(const std::string& path) = 0;
@@ -190,6 +194,12 @@ std::unique_ptr<FileSystem> NewPosixFileSystem(
 
 // A process-wide posix file system with default options.
 FileSystem* DefaultFileSystem();
+
+// What a reader does right after opening `path` as `fd` (readable files do it
+// themselves): takes the shared lock FileSystem::InUse probes, then checks
+// that `path` still names the file opened. NotFound when it no longer does (it
+// was retired, to be written over, in between).
+absl::Status LockForReading(int fd, const std::string& path);
 
 // True when io_uring can be set up in this process (kernel support and no
 // seccomp filter).

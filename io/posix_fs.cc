@@ -2,6 +2,7 @@
 // when the kernel refuses io_uring) for data.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -397,6 +398,11 @@ class PosixFileSystem final : public FileSystem {
     bool direct = false;
     int fd = OpenMaybeDirect(path, O_RDONLY, options.direct, &direct);
     if (fd < 0) return PosixError("open", path);
+    absl::Status locked = LockForReading(fd, path);
+    if (!locked.ok()) {
+      ::close(fd);
+      return locked;
+    }
     return std::make_unique<PosixReadableFile>(path, fd, direct, options_);
   }
 
@@ -550,6 +556,19 @@ class PosixFileSystem final : public FileSystem {
     return IdOf(st);
   }
 
+  absl::StatusOr<bool> InUse(const std::string& path) override {
+    int fd;
+    do {
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return PosixError("open", path);
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    const int err = errno;
+    ::close(fd);  // releases the probe's lock
+    if (!free && err != EWOULDBLOCK) return ErrnoToStatus(err, "flock " + path);
+    return !free;
+  }
+
   absl::StatusOr<uint64_t> FreeSpace(const std::string& path) override {
     struct statvfs st;
     if (::statvfs(path.c_str(), &st) != 0) return PosixError("statvfs", path);
@@ -561,6 +580,22 @@ class PosixFileSystem final : public FileSystem {
 };
 
 }  // namespace
+
+absl::Status LockForReading(int fd, const std::string& path) {
+  // Not waited for: only InUse's probe takes the lock exclusively, and only
+  // for a moment.
+  (void)::flock(fd, LOCK_SH | LOCK_NB);
+  // A file retired (renamed away to be written over) between the open and the
+  // lock: this reader would read another shard's bytes.
+  struct stat by_fd, by_path;
+  if (::fstat(fd, &by_fd) != 0) return PosixError("fstat", path);
+  if (::stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino ||
+      by_fd.st_dev != by_path.st_dev) {
+    return absl::NotFoundError(
+        absl::StrCat(path, " was removed while being opened"));
+  }
+  return absl::OkStatus();
+}
 
 bool IoUringAvailable() {
   static absl::once_flag once;

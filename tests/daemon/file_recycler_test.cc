@@ -95,6 +95,22 @@ TEST_F(FileRecyclerTest, ARestartKeepsWhatFitsAndClearDeletesAll) {
   EXPECT_EQ(off->files(), 0u);
 }
 
+// A shard a reader opened before it was retired is not written over while the
+// reader holds it; and a reader that opens a retired shard's old name finds
+// nothing.
+TEST_F(FileRecyclerTest, AFileAReaderHoldsIsNotHandedOut) {
+  auto recycler = Open(2);
+  const std::string shard = Make("shard", 4096);
+  auto reader = io::DefaultFileSystem()->NewReadableFile(shard, {});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  recycler->Retire(shard);
+  EXPECT_EQ(io::DefaultFileSystem()->NewReadableFile(shard, {}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(recycler->Take(4096), "") << "still being read";
+  reader->reset();
+  EXPECT_NE(recycler->Take(4096), "") << "the reader is done";
+}
+
 // A deletion waits while persists write, a step at a time, and goes on when
 // they pause.
 TEST_F(FileRecyclerTest, DeletingWaitsWhileBusy) {
