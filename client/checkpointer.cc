@@ -203,10 +203,11 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
     }
     ckpt->device_ = *std::move(cuda);
   }
-  ckpt->rpc_ = std::make_shared<Rpc>(
+  std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),
-                                grpc::InsecureChannelCredentials(), args),
-      options.rpc_timeout, options.socket_path);
+                                grpc::InsecureChannelCredentials(), args);
+  ckpt->rpc_ =
+      std::make_shared<Rpc>(channel, options.rpc_timeout, options.socket_path);
   // A first call proves the daemon accepted us (it drops connections of other
   // uids).
   proto::LatestCommittedRequest probe;
@@ -216,6 +217,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   RETURN_IF_ERROR(
       ckpt->rpc_->Call(&proto::CkptDaemon::Stub::LatestCommitted, probe, &resp,
                        absl::StrCat("ckptd at ", options.socket_path)));
+  ckpt->session_ = std::make_unique<DaemonSession>(std::move(channel),
+                                                   options.job, options.rank);
   return ckpt;
 }
 

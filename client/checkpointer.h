@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "client/daemon_session.h"
 #include "client/fork_snapshot.h"
 #include "io/thread_pool.h"
 #include "kernels/device.h"
@@ -288,6 +289,8 @@ class Checkpointer {
     uint32_t mismatches = 0, fallbacks = 0;
   };
   RestoreReport report_;  // touched only by the thread calling Restore
+  // Tells ckptd this trainer is attached (its job is not idle).
+  std::unique_ptr<DaemonSession> session_;
   // The failure watcher (WatchFailures).
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};

@@ -156,6 +156,10 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   for (int i = 0; i < o.persist_threads; ++i) {
     service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
   }
+  if (o.idle_job_memory_ttl != absl::InfiniteDuration()) {
+    service->housekeeper_ =
+        std::thread([s = service.get()] { s->Housekeeping(); });
+  }
   return service;
 }
 
@@ -165,6 +169,7 @@ CheckpointService::~CheckpointService() {
     stopping_ = true;
   }
   for (std::thread& t : workers_) t.join();
+  if (housekeeper_.joinable()) housekeeper_.join();
   replicator_.reset();  // its callback uses the catalog
   shared_.reset();
   recycler_.reset();  // its deletions ask whether a persist runs (mu_)
@@ -279,6 +284,7 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
                      world_size));
   }
   if (rank == 0) SawSave(job, step);
+  activity_.Saved(job);
   // One BeginStage per shard at a time: the record is read, a predecessor
   // superseded and the slot allocated (which may wait for memory) before the
   // new record is written, and a call still running for a trainer that died
@@ -311,15 +317,25 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
   const absl::Time begun = absl::Now();
   if (!arena_->Fits(bytes)) {
     // Slots retention no longer keeps make room: collect now rather than
-    // after the next persist, which may be waiting for this very slot.
-    RequestGc(job);
+    // after the next persist, which may be waiting for this very slot. Then
+    // copies safe elsewhere give way, other jobs' idle ones first; what is
+    // still short is waited for (a persist in flight frees more, see
+    // PersistLoop).
+    absl::StatusOr<RetentionPlan> collected = CollectGarbage(
+        job, {options_.keep_disk_steps, options_.keep_memory_steps});
+    if (!collected.ok()) {
+      CKPT_LOG_WARN("gc of job {}: {}", job, collected.status().ToString());
+    }
+    RelieveMemoryPressure(job, arena_->ShortfallFor(bytes));
   }
   absl::StatusOr<SlotInfo> allocated =
       arena_->Allocate({job, step, rank}, bytes, deadline);
   if (!allocated.ok()) {
-    if (allocated.status().code() == absl::StatusCode::kResourceExhausted)
-      metrics_.Add("ckpt_steps_skipped_total", {{"job", job}});
-    return allocated.status();
+    if (allocated.status().code() != absl::StatusCode::kResourceExhausted)
+      return allocated.status();
+    metrics_.Add("ckpt_steps_skipped_total", {{"job", job}});
+    return absl::ResourceExhaustedError(absl::StrCat(
+        allocated.status().message(), "; ", DescribeMemoryHolders()));
   }
   const SlotInfo& slot = *allocated;
   // The rank's next save of this size finds its slot ready.
@@ -616,6 +632,15 @@ void CheckpointService::DeclareMetrics() {
                    "bytes of released slots kept for reuse");
   metrics_.Declare("ckpt_memory_budget_bytes", T::kGauge,
                    "the staging memory budget (--memory-budget)");
+  metrics_.Declare("ckpt_memory_evictions_total", T::kCounter,
+                   "memory-tier copies dropped while safe at a durable tier, "
+                   "by reason: idle_job, older_step, newest_step (a save "
+                   "found the budget full), idle_ttl "
+                   "(--idle-job-memory-ttl), operator (ckpt gc --memory)");
+  metrics_.Declare("ckpt_memory_evicted_bytes_total", T::kCounter,
+                   "bytes of those copies");
+  metrics_.Declare("ckpt_trainers_attached", T::kGauge,
+                   "trainer sessions open (libckpt Checkpointers) per job");
   metrics_.Declare("ckpt_restores_total", T::kCounter,
                    "restores by rank that read from a source tier (a "
                    "resharded restore may count for two)");
@@ -679,6 +704,9 @@ void CheckpointService::DeclareMetrics() {
           static_cast<double>(arena_->free_bytes()));
     m.Set("ckpt_memory_budget_bytes", {},
           static_cast<double>(arena_->budget_bytes()));
+    for (const auto& [job, a] : activity_.All()) {
+      m.Set("ckpt_trainers_attached", {{"job", job}}, a.sessions);
+    }
     std::vector<std::pair<Labels, double>> ages;
     {
       absl::MutexLock lock(&mu_);
@@ -755,6 +783,8 @@ void CheckpointService::PersistLoop() {
         CKPT_LOG_INFO("job {}: garbage collection took {:.1f} ms", gc_job,
                       absl::ToDoubleMilliseconds(gc));
       }
+      if (std::optional<StagingArena::Shortage> short_of = arena_->Waiting())
+        RelieveMemoryPressure(short_of->id.job, short_of->bytes);
       absl::MutexLock lock(&mu_);
       --gc_running_;
       ++generation_;
@@ -784,6 +814,9 @@ void CheckpointService::PersistLoop() {
                      Describe(id.job, id.step, id.rank),
                      record.status().ToString());
     }
+    // A save waiting for memory may be helped by the copy just persisted.
+    if (std::optional<StagingArena::Shortage> short_of = arena_->Waiting())
+      RelieveMemoryPressure(short_of->id.job, short_of->bytes);
     // The rank's next shard may start persisting on one thread while another
     // collects garbage (unlinking a large file takes a while).
     absl::MutexLock lock(&mu_);
@@ -1089,41 +1122,7 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
       plan.actions = std::move(actions);
     }
   }
-  // Slots go back to the arena at once, where the next save is waiting for
-  // one; files are unlinked after the loop (a large one takes a while).
-  // The catalog is rewritten in batches, one sync each (a sync per shard
-  // made a collection of thousands of shards take seconds while saves
-  // waited for memory).
-  constexpr size_t kBatch = 256;
-  std::vector<std::string> unlink;
-  absl::Status failed;
-  size_t applied = 0;
-  while (applied < plan.actions.size()) {
-    const size_t end = std::min(plan.actions.size(), applied + kBatch);
-    std::vector<proto::ShardRecord> put, forget;
-    for (size_t i = applied; i < end; ++i) {
-      const RetentionAction& a = plan.actions[i];
-      proto::ShardRecord r = a.shard;
-      if (a.drop_file) r.clear_shard_path();
-      if (a.drop_slot) r.clear_slot_path();
-      (a.forget() ? forget : put).push_back(std::move(r));
-    }
-    // The catalog forgets first: a crash in between leaves unreferenced
-    // files, which the next start deletes; never a reference to a deleted
-    // file.
-    failed = catalog_->UpdateShards(put, forget);
-    if (!failed.ok()) break;
-    CKPT_KILL_POINT("service.gc_after_catalog");
-    for (size_t i = applied; i < end; ++i) {
-      const RetentionAction& a = plan.actions[i];
-      if (a.drop_slot) {
-        (void)arena_->Release({a.shard.job(), a.shard.step(), a.shard.rank()});
-      }
-      if (a.drop_file) unlink.push_back(a.shard.shard_path());
-    }
-    applied = end;
-  }
-  for (const std::string& file : unlink) recycler_->Retire(file);
+  auto [applied, failed] = ApplyDrops(plan.actions);
   plan.actions.resize(applied);
   if (!failed.ok()) return failed;
   // A committed step older than the kept disk commits with no shard left
@@ -1148,6 +1147,46 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     }
   }
   return plan;
+}
+
+std::pair<size_t, absl::Status> CheckpointService::ApplyDrops(
+    const std::vector<RetentionAction>& actions) {
+  // Slots go back to the arena at once, where the next save is waiting for
+  // one; files are unlinked after the loop (a large one takes a while).
+  // The catalog is rewritten in batches, one sync each (a sync per shard
+  // made a collection of thousands of shards take seconds while saves
+  // waited for memory).
+  constexpr size_t kBatch = 256;
+  std::vector<std::string> unlink;
+  absl::Status failed;
+  size_t applied = 0;
+  while (applied < actions.size()) {
+    const size_t end = std::min(actions.size(), applied + kBatch);
+    std::vector<proto::ShardRecord> put, forget;
+    for (size_t i = applied; i < end; ++i) {
+      const RetentionAction& a = actions[i];
+      proto::ShardRecord r = a.shard;
+      if (a.drop_file) r.clear_shard_path();
+      if (a.drop_slot) r.clear_slot_path();
+      (a.forget() ? forget : put).push_back(std::move(r));
+    }
+    // The catalog forgets first: a crash in between leaves unreferenced
+    // files, which the next start deletes; never a reference to a deleted
+    // file.
+    failed = catalog_->UpdateShards(put, forget);
+    if (!failed.ok()) break;
+    CKPT_KILL_POINT("service.gc_after_catalog");
+    for (size_t i = applied; i < end; ++i) {
+      const RetentionAction& a = actions[i];
+      if (a.drop_slot) {
+        (void)arena_->Release({a.shard.job(), a.shard.step(), a.shard.rank()});
+      }
+      if (a.drop_file) unlink.push_back(a.shard.shard_path());
+    }
+    applied = end;
+  }
+  for (const std::string& file : unlink) recycler_->Retire(file);
+  return {applied, failed};
 }
 
 absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(

@@ -32,7 +32,9 @@
 #include "daemon/catalog.h"
 #include "daemon/embedded_coordinator.h"
 #include "daemon/file_recycler.h"
+#include "daemon/job_activity.h"
 #include "daemon/kv_store.h"
+#include "daemon/memory_pressure.h"
 #include "daemon/metrics.h"
 #include "daemon/replicator.h"
 #include "daemon/retention.h"
@@ -67,6 +69,9 @@ struct ServiceOptions {
   ReplicationOptions replication;
   // The shared tier (T3): on when `shared.dir` is set.
   SharedTierOptions shared;
+  // A job with no trainer attached for this long gives up its memory-tier
+  // copies once they are safe at a durable tier; InfiniteDuration: never.
+  absl::Duration idle_job_memory_ttl = absl::Minutes(10);
 };
 
 class CheckpointService {
@@ -145,9 +150,20 @@ class CheckpointService {
   absl::StatusOr<RetentionPlan> CollectGarbage(const std::string& job,
                                                const RetentionPolicy& policy,
                                                bool dry_run = false);
+  // ckpt gc JOB --memory: drops the job's memory-tier copies that are safe
+  // at a durable tier and no reader holds (with `dry_run` only says which);
+  // `kept` says why each other copy stays.
+  struct MemoryDrop {
+    std::vector<proto::ShardRecord> dropped;
+    std::vector<std::pair<proto::ShardRecord, std::string>> kept;
+  };
+  absl::StatusOr<MemoryDrop> DropMemoryCopies(const std::string& job,
+                                              bool dry_run);
   // Blocks until no shard is queued or being persisted and no garbage
   // collection runs.
   void WaitIdle();
+  // Trainer sessions and saves per job (the local API's Attach).
+  JobActivity* activity() { return &activity_; }
 
   const ServiceOptions& options() const { return options_; }
   // What the /metrics endpoint serves.
@@ -205,6 +221,26 @@ class CheckpointService {
       const std::vector<proto::CommitRecord>& commits) const;
   // Votes `tier` for `shard` (reached after its persist) and notes commits.
   void VoteLater(const proto::ShardRecord& shard, proto::Tier tier);
+  // Drops the copies `actions` name (catalog first, in synced batches, then
+  // slots and files); returns how many were applied, and the first error.
+  std::pair<size_t, absl::Status> ApplyDrops(
+      const std::vector<RetentionAction>& actions);
+
+  // The memory tier as a cache (checkpoint_service_memory.cc). Every
+  // memory-tier copy of `job` (every job's when empty), with why it must
+  // stay (WhyKept).
+  absl::StatusOr<std::vector<MemoryCopy>> MemoryCopies(const std::string& job);
+  // A save of `job` needs `needed` bytes more than the budget has: evicts
+  // copies that are safe elsewhere (PlanEviction). Returns the bytes freed.
+  uint64_t RelieveMemoryPressure(const std::string& job, uint64_t needed);
+  // Drops `evictions` under gc_mu_ and counts them in the metrics.
+  uint64_t Evict(const std::vector<Eviction>& evictions);
+  // Jobs idle longer than idle_job_memory_ttl give up their safe copies.
+  void DropIdleJobsMemory();
+  void Housekeeping();
+  // What holds the memory budget, for the error a save gets when it found
+  // none: jobs, steps, bytes and why each stays.
+  std::string DescribeMemoryHolders();
 
   io::FileSystem* const fs_;
   const ServiceOptions options_;
@@ -257,7 +293,9 @@ class CheckpointService {
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;
   std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage
+  JobActivity activity_;
   std::vector<std::thread> workers_;
+  std::thread housekeeper_;  // DropIdleJobsMemory, now and then
 };
 
 }  // namespace ckpt::daemon

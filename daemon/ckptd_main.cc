@@ -96,6 +96,13 @@ int main(int argc, char** argv) {
   app.add_option("--keep-memory", keep_memory, "committed steps kept in memory")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
+  double idle_ttl_s = 600;
+  app.add_option("--idle-job-memory-ttl", idle_ttl_s,
+                 "seconds after its last trainer detached (and its last "
+                 "save) that a job gives up its memory-tier copies that are "
+                 "safe on disk or at peers; 0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--recycle-files", recycle_files,
                  "shard files retired by garbage collection that are kept for "
                  "the next persists to write over (0: delete them)")
@@ -188,6 +195,8 @@ int main(int argc, char** argv) {
   options.staging.wait_timeout = absl::Seconds(wait_timeout_s);
   options.keep_disk_steps = keep_disk;
   options.keep_memory_steps = keep_memory;
+  options.idle_job_memory_ttl =
+      idle_ttl_s > 0 ? absl::Seconds(idle_ttl_s) : absl::InfiniteDuration();
   options.persist_threads = persist_threads;
   options.recycle_files = recycle_files;
   options.writer.codec.zstd_level = zstd_level;

@@ -19,6 +19,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
+#include "snapshot/names.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -128,6 +129,24 @@ class DaemonService final : public proto::CkptDaemon::Service {
   grpc::Status CollectGarbage(grpc::ServerContext*,
                               const proto::CollectGarbageRequest* req,
                               proto::CollectGarbageResponse* resp) override {
+    if (req->memory()) {
+      auto drop = service_->DropMemoryCopies(req->job(), req->dry_run());
+      if (!drop.ok()) return ToGrpc(drop.status());
+      for (const proto::ShardRecord& r : drop->dropped) {
+        proto::DroppedCopy* d = resp->add_dropped();
+        d->set_step(r.step());
+        d->set_rank(r.rank());
+        d->set_slot_path(r.slot_path());
+        d->set_forgotten(r.shard_path().empty());
+      }
+      for (const auto& [r, why] : drop->kept) {
+        proto::KeptCopy* k = resp->add_kept();
+        k->set_step(r.step());
+        k->set_rank(r.rank());
+        k->set_reason(why);
+      }
+      return grpc::Status::OK;
+    }
     RetentionPolicy policy{static_cast<int>(req->keep_disk()),
                            req->keep_memory() == 0
                                ? service_->options().keep_memory_steps
@@ -171,6 +190,25 @@ class DaemonService final : public proto::CkptDaemon::Service {
     if (!m.ok()) return ToGrpc(m.status());
     for (const std::string& n : m->nodes) resp->add_nodes(n);
     resp->set_revision(m->revision);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Attach(
+      grpc::ServerContext* ctx, const proto::AttachRequest* req,
+      grpc::ServerWriter<proto::AttachResponse>* writer) override {
+    if (absl::Status valid = snapshot::ValidateJobId(req->job()); !valid.ok())
+      return ToGrpc(valid);
+    JobActivity* activity = service_->activity();
+    activity->Attach(req->job());
+    CKPT_LOG_DEBUG("job {} rank {} (pid {}) attached", req->job(), req->rank(),
+                   req->pid());
+    // Held until the trainer's Checkpointer goes (or its process dies, which
+    // closes the connection) or the server shuts down: both cancel the call.
+    writer->Write(proto::AttachResponse());
+    while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(200));
+    activity->Detach(req->job());
+    CKPT_LOG_DEBUG("job {} rank {} (pid {}) detached", req->job(), req->rank(),
+                   req->pid());
     return grpc::Status::OK;
   }
 

@@ -169,8 +169,12 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
     if (!fits()) {
       const absl::Time until =
           std::min(absl::Now() + options_.wait_timeout, deadline);
-      bool ok = options_.policy == FullPolicy::kWait &&
-                mu_.AwaitWithDeadline(absl::Condition(&fits), until);
+      bool ok = false;
+      if (options_.policy == FullPolicy::kWait) {
+        waiting_[id] = bytes;
+        ok = mu_.AwaitWithDeadline(absl::Condition(&fits), until);
+        waiting_.erase(id);
+      }
       waited = absl::Now() - start;
       if (!ok) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -241,6 +245,9 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
 
 absl::Status StagingArena::Release(const SlotId& id) {
   constexpr size_t kMaxFreeSlots = 4;
+  // Probed before the lock (it opens the file); a reader that opens the slot
+  // after the probe finds the name gone once it is renamed, and falls back.
+  const bool read = fs_->InUse(SlotPath(id)).value_or(false);
   {
     absl::MutexLock lock(&mu_);
     auto it = slots_.find(id);
@@ -252,7 +259,7 @@ absl::Status StagingArena::Release(const SlotId& id) {
     std::shared_ptr<io::MappedFile> map = std::move(it->second.map);
     slots_.erase(it);
     used_ -= bytes;
-    if (free_.size() < kMaxFreeSlots) {
+    if (!read && free_.size() < kMaxFreeSlots) {
       // Renamed under the lock (a tmpfs rename never waits for a device): an
       // Allocate racing with this release must find the slot, or it would pay
       // for a fresh one whose pages the trainer's copy then has to clear.
@@ -331,6 +338,28 @@ absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(
     }
   }
   return adopted;
+}
+
+std::optional<StagingArena::Shortage> StagingArena::Waiting() const {
+  absl::MutexLock lock(&mu_);
+  if (waiting_.empty()) return std::nullopt;
+  const auto& [id, bytes] = *waiting_.begin();
+  const uint64_t want = used_ + preparing_ + bytes;
+  if (want <= options_.budget_bytes) return std::nullopt;  // about to wake
+  return Shortage{id, want - options_.budget_bytes};
+}
+
+uint64_t StagingArena::ShortfallFor(uint64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  const uint64_t want = used_ + preparing_ + bytes;
+  return want > options_.budget_bytes ? want - options_.budget_bytes : 0;
+}
+
+std::vector<SlotInfo> StagingArena::Slots() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SlotInfo> out;
+  for (const auto& [id, slot] : slots_) out.push_back(slot.info);
+  return out;
 }
 
 uint64_t StagingArena::used_bytes() const {

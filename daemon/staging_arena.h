@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -86,7 +87,9 @@ class StagingArena {
   // Whether `bytes` more fit in the budget now.
   bool Fits(uint64_t bytes) const;
   // Deletes the slot file and returns its bytes to the budget. Unknown slots
-  // are NotFound.
+  // are NotFound. A slot a reader still holds (a restore's shared lock, see
+  // io::LockForReading) is deleted, never kept for reuse: the reader's bytes
+  // are not written over.
   absl::Status Release(const SlotId& id);
   absl::StatusOr<SlotInfo> Find(const SlotId& id) const;
   // The daemon's mapping of a live slot, made on first use and kept with the
@@ -99,6 +102,20 @@ class StagingArena {
   // slots.
   absl::StatusOr<std::vector<SlotInfo>> Recover(
       const std::function<bool(const SlotInfo&)>& keep);
+
+  // A save waiting for the budget (Allocate with the wait policy): the slot
+  // and how many bytes more than the budget has it needs now. The first
+  // waiter, if any.
+  struct Shortage {
+    SlotId id;
+    uint64_t bytes = 0;
+  };
+  std::optional<Shortage> Waiting() const;
+  // How many bytes a new slot of `bytes` needs beyond what the budget has
+  // room for now (0: it fits).
+  uint64_t ShortfallFor(uint64_t bytes) const;
+  // Live slots (job, step, rank and bytes), for saying what holds the budget.
+  std::vector<SlotInfo> Slots() const;
 
   // Bytes of live slots (kept free slots not included).
   uint64_t used_bytes() const;
@@ -128,6 +145,8 @@ class StagingArena {
   std::map<SlotId, Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::multimap<uint64_t, FreeSlot> free_ ABSL_GUARDED_BY(mu_);  // by size
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Allocates waiting for the budget, and the bytes each needs.
+  std::map<SlotId, uint64_t> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t next_free_id_ ABSL_GUARDED_BY(mu_) = 0;
   // PrepareAhead: the bytes of the slot being made (0: none), and the count
   // made.

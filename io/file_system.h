@@ -124,6 +124,8 @@ struct MapOptions {
   // Create the file (failing if it exists) with this size; 0 maps an existing
   // file whole.
   uint64_t create_size = 0;
+  // A read-only mapping of an existing file takes a reader's shared lock
+  // (LockForReading) for as long as it lives.
   bool writable = true;
   // Mode of a created file.
   int mode = 0600;

@@ -501,6 +501,9 @@ class PosixFileSystem final : public FileSystem {
     absl::Status s;
     struct stat st;
     if (::fstat(fd, &st) != 0) s = PosixError("fstat", path);
+    // A read-only mapping is a reader's (a restore from a staging slot, ckpt
+    // verify): it pins the file against reuse, as NewReadableFile does.
+    if (s.ok() && !create && !options.writable) s = LockForReading(fd, path);
     if (!s.ok()) {
     } else if (create) {
       // posix_fallocate reserves tmpfs pages now, so running out of memory is

@@ -654,6 +654,12 @@ nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
   put("recoveries", get("ckpt_recoveries_total"));
   put("recovery_mean_s", mean("ckpt_recovery_seconds"));
   put("checksum_mismatches", get("ckpt_checksum_mismatches_total"));
+  put("trainers_attached", get("ckpt_trainers_attached"));
+  for (const char* reason :
+       {"idle_job", "older_step", "newest_step", "idle_ttl", "operator"}) {
+    put(absl::StrCat("memory_evictions_", reason),
+        get("ckpt_memory_evictions_total", {{"reason", reason}}));
+  }
   put("restore_fallbacks", get("ckpt_restore_fallbacks_total"));
   put("save_interval_s", get("ckpt_save_interval_seconds"));
   put("save_cost_s", get("ckpt_save_cost_seconds"));
@@ -819,12 +825,72 @@ int Status(const std::string& data_dir, const std::string& socket_path,
         "%s, MTBF %s)\n",
         secs("save_interval_s").c_str(), secs("young_daly_interval_s").c_str(),
         secs("save_cost_s").c_str(), secs("mtbf_s").c_str());
+    std::string evicted;
+    for (const char* reason :
+         {"idle_job", "older_step", "newest_step", "idle_ttl", "operator"}) {
+      const double n = num(absl::StrCat("memory_evictions_", reason).c_str());
+      if (n > 0)
+        absl::StrAppend(&evicted, evicted.empty() ? "" : ", ", n, " ", reason);
+    }
+    std::printf(
+        "  memory     %.0f trainer(s) attached; copies dropped "
+        "while safe elsewhere: %s\n",
+        num("trainers_attached"), evicted.empty() ? "none" : evicted.c_str());
     std::printf(
         "  restores   %.0f from memory, %.0f from disk; %.0f checksum "
         "mismatches, %.0f fallbacks\n",
         num("restores_from_memory"), num("restores_from_local_disk"),
         num("checksum_mismatches"), num("restore_fallbacks"));
   }
+  return 0;
+}
+
+// `ckpt gc JOB --memory`: the job's memory-tier copies that are safe at a
+// durable tier go now; the others are listed with why they stay.
+int GcMemory(const std::string& socket_path, const std::string& job,
+             bool dry_run, bool json) {
+  if (!Accepting(socket_path)) {
+    std::cerr << "ckpt gc: no ckptd accepts on " << socket_path
+              << "; memory-tier copies belong to the running daemon\n";
+    return kExitProblems;
+  }
+  proto::CollectGarbageRequest req;
+  req.set_job(job);
+  req.set_memory(true);
+  req.set_dry_run(dry_run);
+  auto resp = ckpt::client::CollectGarbage(socket_path, req);
+  if (!resp.ok()) return Fail("gc", resp.status());
+  if (json) {
+    nlohmann::json j;
+    j["job"] = job;
+    j["dry_run"] = dry_run;
+    j["dropped"] = nlohmann::json::array();
+    for (const proto::DroppedCopy& d : resp->dropped()) {
+      j["dropped"].push_back({{"step", d.step()},
+                              {"rank", d.rank()},
+                              {"slot_path", d.slot_path()}});
+    }
+    j["kept"] = nlohmann::json::array();
+    for (const proto::KeptCopy& k : resp->kept()) {
+      j["kept"].push_back(
+          {{"step", k.step()}, {"rank", k.rank()}, {"reason", k.reason()}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  const char* verb = dry_run ? "would drop" : "dropped";
+  for (const proto::DroppedCopy& d : resp->dropped()) {
+    std::printf("%s step %lu rank %u: memory\n", verb,
+                static_cast<unsigned long>(d.step()), d.rank());
+  }
+  for (const proto::KeptCopy& k : resp->kept()) {
+    std::printf("kept step %lu rank %u in memory: %s\n",
+                static_cast<unsigned long>(k.step()), k.rank(),
+                k.reason().c_str());
+  }
+  std::printf("job %s: %s %d memory-tier cop%s, kept %d\n", job.c_str(), verb,
+              resp->dropped_size(), resp->dropped_size() == 1 ? "y" : "ies",
+              resp->kept_size());
   return 0;
 }
 
@@ -1236,7 +1302,14 @@ int main(int argc, char** argv) {
       "committed on disk (the latest and the one before are never dropped "
       "early)");
   gc->add_option("job", gc_job, "job id")->required();
-  gc->add_option("--keep", keep, "committed steps kept on disk")->required();
+  bool gc_memory = false;
+  CLI::Option* keep_option =
+      gc->add_option("--keep", keep, "committed steps kept on disk");
+  gc->add_flag("--memory", gc_memory,
+               "drop the job's memory-tier copies that are safe on disk or at "
+               "peers instead (the only copy of a step, and copies being "
+               "saved or read, stay)")
+      ->excludes(keep_option);
   gc->add_option("--keep-memory", keep_memory,
                  "committed steps kept in memory (default: ckptd's)");
   gc->add_flag("--dry-run", dry_run, "only say what would be dropped");
@@ -1299,6 +1372,11 @@ int main(int argc, char** argv) {
   if (*restore_plan) {
     return RestorePlan(data_dir, socket_path, plan_job, plan_step, plan_world,
                        split_dim, json);
+  }
+  if (*gc && gc_memory) return GcMemory(socket_path, gc_job, dry_run, json);
+  if (*gc && keep_option->count() == 0) {
+    std::cerr << "ckpt gc: give --keep N (retention) or --memory\n";
+    return kExitUsage;
   }
   if (*gc) {
     return Gc(data_dir, socket_path, gc_job, keep, keep_memory, dry_run, json);
