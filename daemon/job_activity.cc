@@ -10,7 +10,9 @@ JobActivity::Job& JobActivity::Find(const std::string& job) {
 
 void JobActivity::Attach(const std::string& job) {
   absl::MutexLock lock(&mu_);
-  ++Find(job).sessions;
+  Job& j = Find(job);
+  ++j.sessions;
+  j.ever_attached = true;
 }
 
 void JobActivity::Detach(const std::string& job) {

@@ -25,6 +25,10 @@ class JobActivity {
 
   struct Job {
     int sessions = 0;  // trainers attached now
+    // Whether any trainer ever attached: then a job with none attached is
+    // known to be idle; else (trainers of an older libckpt, or tools that
+    // stage directly) only an old last save says so.
+    bool ever_attached = false;
     // The last save began (BeginStage), and the last session closed; the
     // daemon's start for what it has not seen.
     absl::Time last_save;

@@ -50,7 +50,8 @@ std::string WhyKept(const proto::ShardRecord& shard,
 
 bool IsIdle(const JobActivity::Job& job, absl::Time now,
             absl::Duration recent) {
-  return job.sessions == 0 && now - job.last_save > recent;
+  if (job.sessions > 0) return false;
+  return job.ever_attached || now - job.last_save > recent;
 }
 
 std::vector<Eviction> PlanEviction(const PressureInput& in, uint64_t needed) {

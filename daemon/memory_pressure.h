@@ -63,8 +63,8 @@ struct PressureInput {
   std::map<std::string, JobActivity::Job> jobs;
   std::string saving_job;  // its own copies go last
   absl::Time now;
-  // A job that saved this recently is active even with no session open
-  // (trainers of an older libckpt do not attach).
+  // A job none of whose trainers ever attached (an older libckpt) is active
+  // while it saved this recently; one whose trainers all detached is idle.
   absl::Duration recent = absl::Minutes(1);
   // Whether a reader holds the copy's slot; asked only of copies chosen.
   std::function<bool(const proto::ShardRecord&)> pinned;
