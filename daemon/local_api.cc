@@ -205,7 +205,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
     // Held until the trainer's Checkpointer goes (or its process dies, which
     // closes the connection) or the server shuts down: both cancel the call.
     writer->Write(proto::AttachResponse());
-    while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(200));
+    while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(50));
     activity->Detach(req->job());
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) detached", req->job(), req->rank(),
                    req->pid());

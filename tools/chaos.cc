@@ -114,6 +114,9 @@ struct Options {
   int faults = 30;
   double duration_s = 0;
   bool json = false;
+  // Each ckptd's --memory-budget: a small one makes every save evict
+  // copies that are safe on disk.
+  std::string memory_budget = "512M";
   std::string ckptd, trainer;
 };
 
@@ -229,7 +232,7 @@ class Chaos {
                                      "--staging-dir",
                                      node.staging,
                                      "--memory-budget",
-                                     "512M",
+                                     o_.memory_budget,
                                      "--keep-memory",
                                      std::to_string(kKeepMemory),
                                      "--keep-disk",
@@ -823,6 +826,10 @@ int main(int argc, char** argv) {
   app.add_option("--duration", o.duration_s,
                  "stop injecting after this many seconds (0: no limit)")
       ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--memory-budget", o.memory_budget,
+                 "each ckptd's staging memory budget, e.g. 512M; a small one "
+                 "forces evictions of copies safe on disk")
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print the report as one JSON object");
   app.add_option("--ckptd", o.ckptd, "the daemon binary");
   app.add_option("--trainer", o.trainer, "the rank binary (ckpt-demo-trainer)");
