@@ -639,6 +639,9 @@ void CheckpointService::DeclareMetrics() {
                    "(--idle-job-memory-ttl), operator (ckpt gc --memory)");
   metrics_.Declare("ckpt_memory_evicted_bytes_total", T::kCounter,
                    "bytes of those copies");
+  metrics_.Declare("ckpt_persist_retries_total", T::kCounter,
+                   "failed persists tried again because memory was short "
+                   "and their slot was still there");
   metrics_.Declare("ckpt_trainers_attached", T::kGauge,
                    "trainer sessions open (libckpt Checkpointers) per job");
   metrics_.Declare("ckpt_restores_total", T::kCounter,
@@ -869,6 +872,7 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
     for (const proto::ChunkInfo& c : item.chunks()) stored += c.stored_size();
   }
   r.set_state(proto::SHARD_PERSISTED);
+  r.clear_error();  // an earlier attempt's (RetryFailedPersists)
   r.set_shard_path(path);
   r.set_raw_bytes(raw);
   r.set_stored_bytes(stored);

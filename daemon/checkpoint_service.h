@@ -233,6 +233,12 @@ class CheckpointService {
   // A save of `job` needs `needed` bytes more than the budget has: evicts
   // copies that are safe elsewhere (PlanEviction). Returns the bytes freed.
   uint64_t RelieveMemoryPressure(const std::string& job, uint64_t needed);
+  // Nothing could make room: shards whose persist failed while their slot
+  // is still here are persisted again (at most every two seconds each), so
+  // that a disk fault that has passed (space freed, a device back) lets their
+  // steps reach the disk and their memory become free to go. Called under
+  // gc_mu_.
+  void RetryFailedPersists(const std::vector<MemoryCopy>& copies);
   // Drops `evictions` under gc_mu_ and counts them in the metrics.
   uint64_t Evict(const std::vector<Eviction>& evictions);
   // Jobs idle longer than idle_job_memory_ttl give up their safe copies.
@@ -294,6 +300,8 @@ class CheckpointService {
   absl::Mutex begin_mu_;
   std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage
   JobActivity activity_;
+  // RetryFailedPersists: when each shard was last persisted again.
+  std::map<SlotId, absl::Time> retried_ ABSL_GUARDED_BY(gc_mu_);
   std::vector<std::thread> workers_;
   std::thread housekeeper_;  // DropIdleJobsMemory, now and then
 };

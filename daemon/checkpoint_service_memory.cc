@@ -121,8 +121,44 @@ uint64_t CheckpointService::RelieveMemoryPressure(const std::string& job,
   in.now = absl::Now();
   in.pinned = Pinned;
   std::vector<Eviction> plan = PlanEviction(in, needed);
-  if (plan.empty()) return 0;
+  if (plan.empty()) {
+    RetryFailedPersists(in.copies);
+    return 0;
+  }
   return Evict(plan);
+}
+
+void CheckpointService::RetryFailedPersists(
+    const std::vector<MemoryCopy>& copies) {
+  constexpr absl::Duration kEvery = absl::Seconds(2);
+  const absl::Time now = absl::Now();
+  for (const MemoryCopy& c : copies) {
+    if (c.shard.state() != proto::SHARD_FAILED) continue;
+    const SlotId id{c.shard.job(), c.shard.step(), c.shard.rank()};
+    auto [last, first] = retried_.try_emplace(id, now);
+    if (!first && now - last->second < kEvery) continue;
+    last->second = now;
+    proto::ShardRecord r = c.shard;
+    r.set_state(proto::SHARD_STAGED);  // keeps the error it failed with
+    if (absl::Status s = catalog_->PutShard(r); !s.ok()) {
+      CKPT_LOG_WARN(
+          "{}: persisting again: {}",
+          absl::StrCat("job ", id.job, " step ", id.step, " rank ", id.rank),
+          s.ToString());
+      continue;
+    }
+    CKPT_LOG_INFO(
+        "job {} step {} rank {}: memory is short and this shard's persist "
+        "failed ({}); persisting it again",
+        id.job, id.step, id.rank, c.shard.error());
+    metrics_.Add("ckpt_persist_retries_total", {{"job", id.job}});
+    Enqueue(id);
+  }
+  // Forget shards that are gone or persisted.
+  for (auto it = retried_.begin(); it != retried_.end();) {
+    it = now - it->second > absl::Minutes(10) ? retried_.erase(it)
+                                              : std::next(it);
+  }
 }
 
 void CheckpointService::DropIdleJobsMemory() {
@@ -180,9 +216,6 @@ CheckpointService::DropMemoryCopies(const std::string& job, bool dry_run) {
 }
 
 std::string CheckpointService::DescribeMemoryHolders() {
-  std::map<std::tuple<std::string, uint64_t, std::string>,
-           std::pair<int, uint64_t>>
-      held;  // (job, step, why) -> slots, bytes
   absl::StatusOr<std::vector<MemoryCopy>> copies = MemoryCopies("");
   if (!copies.ok()) {
     return absl::StrCat("the catalog could not say what holds the memory: ",
@@ -193,8 +226,15 @@ std::string CheckpointService::DescribeMemoryHolders() {
   for (const MemoryCopy& c : *copies) {
     by_slot[{c.shard.job(), c.shard.step(), c.shard.rank()}] = &c;
   }
+  struct Held {
+    int slots = 0;
+    uint64_t bytes = 0;
+    std::string error;  // the first persist error among them
+  };
+  std::map<std::tuple<std::string, uint64_t, std::string>, Held> held;
   for (const SlotInfo& slot : arena_->Slots()) {
     std::string why = "being allocated";
+    std::string error;
     auto it = by_slot.find({slot.id.job, slot.id.step, slot.id.rank});
     if (it != by_slot.end()) {
       const MemoryCopy& c = *it->second;
@@ -202,22 +242,25 @@ std::string CheckpointService::DescribeMemoryHolders() {
             : Pinned(c.shard) ? std::string(kPinned)
                               : "safe on disk (all such copies would not "
                                 "have made room)";
+      error = c.shard.error();
     }
-    auto& [slots, bytes] = held[{slot.id.job, slot.id.step, why}];
-    ++slots;
-    bytes += slot.bytes;
+    Held& h = held[{slot.id.job, slot.id.step, why}];
+    ++h.slots;
+    h.bytes += slot.bytes;
+    if (h.error.empty()) h.error = error;
   }
   if (held.empty()) return "no slot holds the budget now";
   std::vector<std::string> parts;
-  for (const auto& [key, what] : held) {
+  for (const auto& [key, h] : held) {
     const auto& [job, step, why] = key;
     const JobActivity::Job a = activity_.Get(job);
     const std::string state =
         a.sessions > 0 ? absl::StrCat(a.sessions, " trainer(s) attached")
                        : "no trainer attached";
-    parts.push_back(absl::StrCat("job ", job, " (", state, ") step ", step,
-                                 ": ", what.first, " slot(s), ",
-                                 MiB(what.second), ", ", why));
+    parts.push_back(
+        absl::StrCat("job ", job, " (", state, ") step ", step, ": ", h.slots,
+                     " slot(s), ", MiB(h.bytes), ", ", why,
+                     h.error.empty() ? "" : absl::StrCat(" (", h.error, ")")));
     if (parts.size() == 12 && held.size() > 13) {
       parts.push_back(absl::StrCat("and ", held.size() - 12, " more"));
       break;

@@ -30,7 +30,9 @@ std::string WhyKept(const proto::ShardRecord& shard,
     case proto::SHARD_STAGING:
       return "being staged";
     case proto::SHARD_STAGED:
-      return "being persisted";
+      return shard.error().empty()
+                 ? "being persisted"
+                 : "its persist failed and is being tried again";
     case proto::SHARD_FAILED:
       return "its persist failed: the memory copy is the only one";
     case proto::SHARD_PERSISTED:
