@@ -217,8 +217,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   RETURN_IF_ERROR(
       ckpt->rpc_->Call(&proto::CkptDaemon::Stub::LatestCommitted, probe, &resp,
                        absl::StrCat("ckptd at ", options.socket_path)));
-  ckpt->session_ = std::make_unique<DaemonSession>(std::move(channel),
-                                                   options.job, options.rank);
+  ckpt->channel_ = std::move(channel);
   return ckpt;
 }
 
@@ -255,7 +254,15 @@ absl::Status Checkpointer::RegisterTensor(const std::string& name,
   }
   items_.push_back(std::move(r));
   inspected_ = false;
+  Attach();
   return absl::OkStatus();
+}
+
+void Checkpointer::Attach() {
+  if (session_ == nullptr) {
+    session_ =
+        std::make_unique<DaemonSession>(channel_, options_.job, options_.rank);
+  }
 }
 
 absl::Status Checkpointer::RegisterBytes(const std::string& name,
@@ -266,6 +273,7 @@ absl::Status Checkpointer::RegisterBytes(const std::string& name,
   r.item.set_kind(proto::ITEM_KIND_BYTES);
   r.bytes = value;
   items_.push_back(std::move(r));
+  Attach();
   return absl::OkStatus();
 }
 

@@ -289,7 +289,11 @@ class Checkpointer {
     uint32_t mismatches = 0, fallbacks = 0;
   };
   RestoreReport report_;  // touched only by the thread calling Restore
-  // Tells ckptd this trainer is attached (its job is not idle).
+  // Tells ckptd this trainer is attached (its job is not idle), from the
+  // first registration on: a Checkpointer that only asks questions (tools,
+  // polls) is no trainer.
+  void Attach();
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<DaemonSession> session_;
   // The failure watcher (WatchFailures).
   std::thread watcher_;

@@ -1,6 +1,7 @@
-// DaemonSession tells this node's ckptd that a trainer of a job is attached:
-// it holds an Attach call open on its own thread for as long as it lives, and
-// calls again after the daemon restarted. ckptd counts a job with no session
+// DaemonSession tells this node's ckptd that a trainer of a job is attached
+// (a Checkpointer makes one when state is first registered): it holds an
+// Attach call open on its own thread for as long as it lives, and calls again
+// after the daemon restarted. ckptd counts a job with no session
 // open as idle, so its memory-tier copies that are safe at a durable tier give
 // way first when the memory budget is short. A process that dies closes its
 // connection, which ends its session without anything to clean up.

@@ -156,10 +156,8 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   for (int i = 0; i < o.persist_threads; ++i) {
     service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
   }
-  if (o.idle_job_memory_ttl != absl::InfiniteDuration()) {
-    service->housekeeper_ =
-        std::thread([s = service.get()] { s->Housekeeping(); });
-  }
+  service->housekeeper_ =
+      std::thread([s = service.get()] { s->Housekeeping(); });
   return service;
 }
 

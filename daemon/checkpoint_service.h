@@ -243,6 +243,7 @@ class CheckpointService {
   uint64_t Evict(const std::vector<Eviction>& evictions);
   // Jobs idle longer than idle_job_memory_ttl give up their safe copies.
   void DropIdleJobsMemory();
+  // The housekeeper thread: saves waiting for memory, idle jobs.
   void Housekeeping();
   // What holds the memory budget, for the error a save gets when it found
   // none: jobs, steps, bytes and why each stays.
@@ -303,7 +304,7 @@ class CheckpointService {
   // RetryFailedPersists: when each shard was last persisted again.
   std::map<SlotId, absl::Time> retried_ ABSL_GUARDED_BY(gc_mu_);
   std::vector<std::thread> workers_;
-  std::thread housekeeper_;  // DropIdleJobsMemory, now and then
+  std::thread housekeeper_;  // Housekeeping
 };
 
 }  // namespace ckpt::daemon

@@ -182,15 +182,29 @@ void CheckpointService::DropIdleJobsMemory() {
 }
 
 void CheckpointService::Housekeeping() {
-  const absl::Duration every =
-      std::clamp(options_.idle_job_memory_ttl / 4, absl::Milliseconds(100),
-                 absl::Seconds(30));
+  // A save waiting for memory is looked after twice a second: failed
+  // persists tried again may succeed with nothing else going on.
+  constexpr absl::Duration kTick = absl::Milliseconds(500);
+  const bool ttl = options_.idle_job_memory_ttl != absl::InfiniteDuration();
+  const absl::Duration sweep_every =
+      ttl ? std::clamp(options_.idle_job_memory_ttl / 4,
+                       absl::Milliseconds(100), absl::Seconds(30))
+          : absl::InfiniteDuration();
+  absl::Time swept = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), every)) return;
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                               std::min(kTick, sweep_every))) {
+        return;
+      }
     }
-    DropIdleJobsMemory();
+    if (std::optional<StagingArena::Shortage> short_of = arena_->Waiting())
+      RelieveMemoryPressure(short_of->id.job, short_of->bytes);
+    if (ttl && absl::Now() - swept >= sweep_every) {
+      DropIdleJobsMemory();
+      swept = absl::Now();
+    }
   }
 }
 
