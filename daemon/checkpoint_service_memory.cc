@@ -42,23 +42,23 @@ absl::StatusOr<std::vector<MemoryCopy>> CheckpointService::MemoryCopies(
   } else {
     ASSIGN_OR_RETURN(shards, catalog_->ListShards(job));
   }
-  // Per job: its commit records and the steps the peer and shared tiers keep.
-  std::map<std::string,
-           std::pair<std::vector<proto::CommitRecord>, std::set<uint64_t>>>
-      commits;
+  // Per job: the steps the peer and shared tiers keep.
+  std::map<std::string, std::set<uint64_t>> elsewhere;
   std::vector<MemoryCopy> out;
   for (proto::ShardRecord& r : shards) {
     if (r.slot_path().empty()) continue;
-    auto it = commits.find(r.job());
-    if (it == commits.end()) {
-      ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> c,
-                       coordinator_->ListCommits(r.job()));
-      std::set<uint64_t> elsewhere = KeptElsewhere(c);
-      it = commits.emplace(r.job(), std::make_pair(std::move(c), elsewhere))
-               .first;
+    auto it = elsewhere.find(r.job());
+    if (it == elsewhere.end()) {
+      std::set<uint64_t> kept;
+      if (replicator_ != nullptr || shared_ != nullptr) {
+        ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> c,
+                         coordinator_->ListCommits(r.job()));
+        kept = KeptElsewhere(c);
+      }
+      it = elsewhere.emplace(r.job(), std::move(kept)).first;
     }
     MemoryCopy copy;
-    copy.kept = WhyKept(r, it->second.first, it->second.second);
+    copy.kept = WhyKept(r, it->second);
     copy.shard = std::move(r);
     out.push_back(std::move(copy));
   }

@@ -24,7 +24,6 @@ absl::string_view ReasonName(EvictionReason reason) {
 }
 
 std::string WhyKept(const proto::ShardRecord& shard,
-                    const std::vector<proto::CommitRecord>& commits,
                     const std::set<uint64_t>& kept_elsewhere) {
   switch (shard.state()) {
     case proto::SHARD_STAGING:
@@ -40,14 +39,9 @@ std::string WhyKept(const proto::ShardRecord& shard,
     default:
       return "in an unknown state";
   }
-  if (kept_elsewhere.count(shard.step()) > 0) return "";
-  const bool on_disk = !shard.shard_path().empty() &&
-                       std::any_of(commits.begin(), commits.end(),
-                                   [&](const proto::CommitRecord& c) {
-                                     return c.step() == shard.step() &&
-                                            c.tier() == proto::TIER_LOCAL_DISK;
-                                   });
-  return on_disk ? "" : "its step is committed in memory only";
+  if (!shard.shard_path().empty() || kept_elsewhere.count(shard.step()) > 0)
+    return "";
+  return "its shard file was retired: the memory copy is the last one here";
 }
 
 bool IsIdle(const JobActivity::Job& job, absl::Time now,

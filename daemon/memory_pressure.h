@@ -2,11 +2,12 @@
 // shards) give way when a save needs memory the budget does not have, as pure
 // functions of the catalog, the commit records and the jobs' activity, so the
 // rules can be tested apart from the daemon. The memory tier is a cache:
-//  - a copy goes only when it is safe at a durable tier: its shard persisted
-//    here and its step committed on local disk, or its step committed and
-//    kept at the peer or shared tier; never a copy that is being staged or
-//    persisted, the only copy of a shard whose persist failed, or one a
-//    reader holds (a restore, ckpt verify: `pinned`);
+//  - a copy goes only when its shard is safe at a durable tier: persisted to
+//    this node's disk (whether or not the other ranks' shards of its step
+//    are: a restore of the step reads this rank from the file), or its step
+//    committed and kept at the peer or shared tier; never a copy that is
+//    being staged or persisted, the only copy of a shard whose persist
+//    failed, or one a reader holds (a restore, ckpt verify: `pinned`);
 //  - copies of idle jobs (no trainer attached, no recent save) go first,
 //    least recently active job first, oldest step first; then the older
 //    steps of active jobs, oldest first; then the newest steps of active
@@ -41,11 +42,10 @@ enum class EvictionReason {
 };
 absl::string_view ReasonName(EvictionReason reason);
 
-// Why the memory-tier copy of `shard` must stay; empty when it is safe at a
-// durable tier. `commits` are its job's; `kept_elsewhere` the steps the peer
-// and shared tiers keep.
+// Why the memory-tier copy of `shard` must stay; empty when the shard is
+// safe at a durable tier: persisted to this node's disk, or its step
+// committed and kept at the peer or shared tier (`kept_elsewhere`).
 std::string WhyKept(const proto::ShardRecord& shard,
-                    const std::vector<proto::CommitRecord>& commits,
                     const std::set<uint64_t>& kept_elsewhere);
 
 struct MemoryCopy {

@@ -28,37 +28,26 @@ proto::ShardRecord Shard(const std::string& job, uint64_t step, uint32_t rank,
   return r;
 }
 
-proto::CommitRecord Commit(uint64_t step, proto::Tier tier) {
-  proto::CommitRecord c;
-  c.set_step(step);
-  c.set_tier(tier);
-  return c;
-}
-
 TEST(WhyKeptTest, OnlyCopiesSafeAtADurableTierMayGo) {
-  const std::vector<proto::CommitRecord> commits = {
-      Commit(1, proto::TIER_MEMORY), Commit(1, proto::TIER_LOCAL_DISK),
-      Commit(2, proto::TIER_MEMORY), Commit(3, proto::TIER_MEMORY),
-      Commit(3, proto::TIER_PEER)};
-  EXPECT_EQ(WhyKept(Shard("j", 1, 0), commits, {}), "");
-  // Persisted here, but another rank's shard of the step is not yet: the
-  // step is committed in memory only.
-  EXPECT_EQ(WhyKept(Shard("j", 2, 0), commits, {}),
-            "its step is committed in memory only");
-  // Its file was dropped by retention: the slot is the last local copy.
-  proto::ShardRecord no_file = Shard("j", 1, 0);
+  // Persisted here: the file holds the shard, whether or not the step's
+  // other shards are persisted yet.
+  EXPECT_EQ(WhyKept(Shard("j", 1, 0), {}), "");
+  // Its file was retired by retention: the slot is the last local copy,
+  // unless peers or the shared tier keep the step.
+  proto::ShardRecord no_file = Shard("j", 3, 0);
   no_file.clear_shard_path();
-  EXPECT_EQ(WhyKept(no_file, commits, {}),
-            "its step is committed in memory only");
-  // Peers hold the step (and keep it).
-  EXPECT_EQ(WhyKept(Shard("j", 3, 0), commits, {3}), "");
-  EXPECT_EQ(WhyKept(Shard("j", 3, 0), commits, {}),
-            "its step is committed in memory only");
-  EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_STAGING), commits, {}),
+  EXPECT_EQ(WhyKept(no_file, {}),
+            "its shard file was retired: the memory copy is the last one here");
+  EXPECT_EQ(WhyKept(no_file, {3}), "");
+  EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_STAGING), {}),
             "being staged");
-  EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_STAGED), commits, {}),
+  EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_STAGED), {}),
             "being persisted");
-  EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_FAILED), commits, {1}),
+  proto::ShardRecord retried = Shard("j", 1, 0, proto::SHARD_STAGED);
+  retried.set_error("ENOSPC");
+  EXPECT_EQ(WhyKept(retried, {}),
+            "its persist failed and is being tried again");
+  EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_FAILED), {1}),
             "its persist failed: the memory copy is the only one");
 }
 
