@@ -61,6 +61,19 @@ class MemoryTierTest : public ::testing::Test {
     }
     for (uint32_t r = 0; r < world; ++r) service->activity()->Detach(job);
   }
+  // Job "stuck", whose trainers left, stages step 1 on two ranks while every
+  // write fails: both shards fail to persist, and their slots are the only
+  // copies of a step committed in memory.
+  void StageUnpersistable(CheckpointService* service) {
+    service->activity()->Attach("stuck");
+    service->activity()->Detach("stuck");
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(RankState(1, rank).Stage(service, "stuck", 1, rank, 2).ok());
+    }
+    EXPECT_FALSE(
+        service->WaitCommitted("stuck", 1, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+  }
   testing::TempDir dir_;
 };
 
@@ -102,15 +115,7 @@ TEST_F(MemoryTierTest, TheOnlyCopyOfAStepStaysAndTheErrorSaysWhatHoldsIt) {
   io::FaultInjectionFs full(io::DefaultFileSystem());
   full.SetPersistentFaults(ENOSPC, 0);
   auto service = Start(&full, Options(2));
-  service->activity()->Attach("stuck");
-  service->activity()->Detach("stuck");
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(
-        RankState(1, rank).Stage(service.get(), "stuck", 1, rank, 2).ok());
-  }
-  EXPECT_FALSE(
-      service->WaitCommitted("stuck", 1, kDisk, absl::Seconds(30)).ok());
-  service->WaitIdle();
+  ASSERT_NO_FATAL_FAILURE(StageUnpersistable(service.get()));
   auto refused = service->BeginStage("next", 1, 0, 1, kSlot);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
       << refused.status();
@@ -144,15 +149,7 @@ TEST_F(MemoryTierTest, AFailedPersistIsTriedAgainWhenMemoryIsShort) {
   o.staging.policy = FullPolicy::kWait;
   o.staging.wait_timeout = absl::Seconds(30);
   auto service = Start(&disk, o);
-  service->activity()->Attach("stuck");
-  service->activity()->Detach("stuck");
-  for (uint32_t rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(
-        RankState(1, rank).Stage(service.get(), "stuck", 1, rank, 2).ok());
-  }
-  EXPECT_FALSE(
-      service->WaitCommitted("stuck", 1, kDisk, absl::Seconds(30)).ok());
-  service->WaitIdle();
+  ASSERT_NO_FATAL_FAILURE(StageUnpersistable(service.get()));
   disk.SetPersistentFaults(0, 0);  // space was freed
   auto slot = service->BeginStage("next", 1, 0, 1, kSlot,
                                   absl::Now() + absl::Seconds(30));
