@@ -1107,9 +1107,11 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
       (r->state() == proto::SHARD_STAGED ||
        r->state() == proto::SHARD_PERSISTED ||
        (r->state() == proto::SHARD_FAILED && !r->slot_path().empty()));
-  if (whole || (r.has_value() && r->state() == proto::SHARD_STAGING)) {
-    return *r;
-  }
+  // A shard being staged here is a new save of the step (one not yet
+  // committed when it began): a committed copy of the step, if peers or the
+  // shared tier hold one, is what a restore wants; else the caller learns
+  // that it is being staged.
+  if (whole) return *r;
   absl::Status elsewhere = absl::NotFoundError(
       absl::StrCat("no shard for ", Describe(job, step, rank)));
   if (replicator_ != nullptr) {
