@@ -330,3 +330,34 @@ TEST_F(CheckpointServiceTest, RestartAdoptsStagedSlotsAndDropsIncompleteOnes) {
 
 }  // namespace
 }  // namespace ckpt::daemon
+
+namespace ckpt::daemon {
+namespace {
+
+// A committed step whose shard this node is staging again (a re-save that
+// began before the step committed elsewhere, see Supersede) restores from
+// the committed copy the shared tier holds, not from the slot being filled.
+TEST_F(CheckpointServiceTest, AShardBeingStagedAgainRestoresFromTheSharedTier) {
+  ServiceOptions o = Options();
+  o.shared.dir = dir_.File("shared");
+  auto service = Start(io::DefaultFileSystem(), o);
+  ASSERT_TRUE(RankState(1, 0).Stage(service.get(), "job", 1, 0, 1).ok());
+  ASSERT_TRUE(
+      service->WaitCommitted("job", 1, proto::TIER_SHARED, absl::Seconds(30))
+          .ok());
+  service->WaitIdle();
+  auto here = service->GetShard("job", 1, 0);
+  ASSERT_TRUE(here.ok()) << here.status();
+  proto::ShardRecord again = *here;
+  again.set_state(proto::SHARD_STAGING);
+  again.clear_shard_path();
+  ASSERT_TRUE(service->catalog()->PutShard(again).ok());
+  auto found = service->GetShard("job", 1, 0);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->state(), proto::SHARD_PERSISTED);
+  EXPECT_THAT(found->shard_path(), HasSubstr(dir_.File("shared")));
+  EXPECT_TRUE(RankState(1, 0).Check(found->shard_path()).ok());
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
