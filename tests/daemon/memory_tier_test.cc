@@ -74,6 +74,16 @@ class MemoryTierTest : public ::testing::Test {
         service->WaitCommitted("stuck", 1, kDisk, absl::Seconds(30)).ok());
     service->WaitIdle();
   }
+  // Maps the slot of `job` step 1 rank 0 read-only, as a restore does.
+  void ReadSlot(CheckpointService* service, const std::string& job,
+                std::string* path, std::unique_ptr<io::MappedFile>* reader) {
+    auto shard = service->GetShard(job, 1, 0);
+    ASSERT_TRUE(shard.ok() && !shard->slot_path().empty());
+    *path = shard->slot_path();
+    auto mapped = io::DefaultFileSystem()->MapFile(*path, {.writable = false});
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    *reader = *std::move(mapped);
+  }
   testing::TempDir dir_;
 };
 
@@ -169,11 +179,9 @@ TEST_F(MemoryTierTest, AFailedPersistIsTriedAgainWhenMemoryIsShort) {
 TEST_F(MemoryTierTest, ASlotARestoreReadsIsKept) {
   auto service = Start(io::DefaultFileSystem(), Options(2));
   ASSERT_NO_FATAL_FAILURE(RunJob(service.get(), "a", 1, 1));
-  auto shard = service->GetShard("a", 1, 0);
-  ASSERT_TRUE(shard.ok() && !shard->slot_path().empty());
-  auto reader =
-      io::DefaultFileSystem()->MapFile(shard->slot_path(), {.writable = false});
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string slot_path;
+  std::unique_ptr<io::MappedFile> reader;
+  ASSERT_NO_FATAL_FAILURE(ReadSlot(service.get(), "a", &slot_path, &reader));
   service->activity()->Attach("b");
   ASSERT_TRUE(RankState(1, 0).Stage(service.get(), "b", 1, 0, 2).ok());
   auto refused = service->BeginStage("b", 1, 1, 2, kSlot);
@@ -182,9 +190,8 @@ TEST_F(MemoryTierTest, ASlotARestoreReadsIsKept) {
               HasSubstr("job a (no trainer attached) step 1: 1 slot(s)"));
   EXPECT_THAT(refused.status().message(), HasSubstr("a reader holds it"));
   const RankState a(1, 0);
-  EXPECT_EQ(std::memcmp((*reader)->data(), a.weights.data(), a.weights.size()),
-            0);
-  reader->reset();  // the restore is done
+  EXPECT_EQ(std::memcmp(reader->data(), a.weights.data(), a.weights.size()), 0);
+  reader.reset();  // the restore is done
   ASSERT_TRUE(RankState(1, 1).Stage(service.get(), "b", 1, 1, 2).ok());
   auto evicted = service->GetShard("a", 1, 0);
   ASSERT_TRUE(evicted.ok());
@@ -197,20 +204,17 @@ TEST_F(MemoryTierTest, ASlotARestoreReadsIsKept) {
 TEST_F(MemoryTierTest, AReleasedSlotAReaderHoldsIsNeverReused) {
   auto service = Start(io::DefaultFileSystem(), Options(4));
   ASSERT_NO_FATAL_FAILURE(RunJob(service.get(), "a", 1, 1));
-  auto shard = service->GetShard("a", 1, 0);
-  ASSERT_TRUE(shard.ok() && !shard->slot_path().empty());
-  auto reader =
-      io::DefaultFileSystem()->MapFile(shard->slot_path(), {.writable = false});
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string slot_path;
+  std::unique_ptr<io::MappedFile> reader;
+  ASSERT_NO_FATAL_FAILURE(ReadSlot(service.get(), "a", &slot_path, &reader));
   const uint64_t free_before = service->arena()->free_bytes();
   ASSERT_TRUE(service->arena()->Release({"a", 1, 0}).ok());
   EXPECT_EQ(service->arena()->free_bytes(), free_before);
-  EXPECT_FALSE(std::filesystem::exists(shard->slot_path()));
+  EXPECT_FALSE(std::filesystem::exists(slot_path));
   // Saves of the same size fill fresh slots; the reader still sees step 1.
   ASSERT_TRUE(RankState(2, 0).Stage(service.get(), "a", 2, 0, 1).ok());
   const RankState a(1, 0);
-  EXPECT_EQ(std::memcmp((*reader)->data(), a.weights.data(), a.weights.size()),
-            0);
+  EXPECT_EQ(std::memcmp(reader->data(), a.weights.data(), a.weights.size()), 0);
 }
 
 // A job whose trainers all detached gives up its memory copies once they are
