@@ -42,3 +42,9 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
+
+# PyTorch from PyPI in a virtual environment, for the Python tests and benchmarks (besides Debian's
+# python3-torch). CKPT_TORCH_VENV=0 skips it; those tests then fail, naming the missing interpreter.
+if [ "${CKPT_TORCH_VENV:-1}" != 0 ]; then
+  tools/torch-venv.sh "$BUILD_DIR/torch-venv"
+fi
