@@ -159,6 +159,76 @@ class TorchCheckpointerTest(DaemonTestCase):
             c.restore(1)
         self.assertIn("holds keys ['a']", str(e.exception))
 
+    def test_nested_state_dicts_generators_samplers_and_scalers(self):
+        model, optim = model_and_optimizer()
+        train(model, optim)
+        nested = {"model": {k: v for k, v in model.state_dict().items()},
+                  "groups": [{"lr": 0.5, "name": "a"}], "pair": (torch.ones(2), 3)}
+        gen = torch.Generator().manual_seed(11)
+        dataset = list(range(10))
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1, seed=5)
+        sampler.set_epoch(4)
+        scaler = (torch.amp.GradScaler("cpu", init_scale=512.0)
+                  if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler") else None)
+        state = {"nested": nested, "gen": gen, "sampler": sampler}
+        if scaler is not None:
+            scaler.scale(torch.ones(1))  # the scale exists from the first use
+            state["scaler"] = scaler
+        c = self.checkpointer(state, "torch-kinds", rng=False)
+        c.save(3).wait_committed("memory", 60)
+        want = {k: v.clone() for k, v in nested["model"].items()}
+        want_draw = torch.rand(4, generator=gen)  # what the generator gives next
+        gen.manual_seed(99)
+        sampler.set_epoch(9)
+        for v in nested["model"].values():
+            v.zero_()
+        nested["groups"][0]["lr"] = 0.1
+        nested["pair"] = (nested["pair"][0], 7)
+        if scaler is not None:
+            scaler.update(4.0)
+        self.assertEqual(c.restore(3), 3)
+        self.assertEqual(differences(nested["model"], want), [])
+        self.assertEqual(nested["groups"][0]["lr"], 0.5)
+        self.assertEqual(nested["pair"][1], 3)
+        self.assertTrue(torch.equal(torch.rand(4, generator=gen), want_draw))
+        self.assertEqual(sampler.epoch, 4)
+        if scaler is not None:
+            self.assertEqual(scaler.get_scale(), 512.0)
+
+    def test_non_persistent_buffers_are_not_saved(self):
+        model = torch.nn.Linear(2, 2)
+        model.register_buffer("scratch", torch.ones(3), persistent=False)
+        model.register_buffer("count", torch.zeros(1))
+        c = self.checkpointer({"m": model}, "torch-buffers", rng=False)
+        c.save(1).wait_committed("memory", 60)
+        model.scratch.fill_(5)
+        model.count.fill_(2)
+        c.restore(1)
+        self.assertEqual(model.count.item(), 0)
+        self.assertEqual(model.scratch.tolist(), [5, 5, 5])  # as load_state_dict leaves it
+
+    def test_mismatched_tensors_name_the_parameter_and_both_shapes(self):
+        c = self.checkpointer({"m": torch.nn.Linear(4, 3)}, "torch-shapes", rng=False)
+        c.save(1).wait_committed("memory", 60)
+        c.close()
+        c = self.checkpointer({"m": torch.nn.Linear(5, 3)}, "torch-shapes", rng=False)
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            c.restore(1)
+        self.assertIn("tensor 'm/weight': step 1 holds float32 [3, 4], the state has float32 [3, 5]",
+                      str(e.exception))
+        c.close()
+        bigger = torch.nn.Linear(4, 3)
+        bigger.register_buffer("extra", torch.zeros(2))
+        c = self.checkpointer({"m": bigger}, "torch-shapes", rng=False)
+        with self.assertRaises(ckpt.NotFoundError) as e:
+            c.restore(1)
+        self.assertIn("the state has tensors that step 1 of job torch-shapes lacks: m/extra",
+                      str(e.exception))
+        self.assertIn("m/bias, m/weight", str(e.exception))
+        before = bigger.weight.clone()
+        self.assertEqual(c.restore(1, strict=False), 1)  # what both have, as load_state_dict
+        self.assertFalse(torch.equal(bigger.weight, before))
+
     def test_a_closed_daemon_raises_with_its_message(self):
         with Daemon() as gone:
             c = ckpt.torch.Checkpointer({"a": torch.ones(2)}, job="torch-gone",
