@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/daemon_admin.h"
+#include "client/parallel_copy.h"
 #include "daemon/bulk_transfer.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
@@ -375,6 +376,22 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   }
   auto copy_tensors = [this,
                        base](const std::vector<proto::StagedItem>& layout) {
+    if (device_->host_resident() && !device_->queues_copies()) {
+      // Host tensors: plain memory copies, spread over several threads.
+      std::vector<CopyRegion> copies;
+      size_t total = 0;
+      for (size_t i = 0; i < items_.size(); ++i) {
+        if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
+        copies.push_back({items_[i].tensor, base + layout[i].slot_offset(),
+                          items_[i].item.raw_size()});
+        total += items_[i].item.raw_size();
+      }
+      ParallelHostCopy(copies, CopyThreadsFor(total));
+      for (size_t i = 0; i < copies.size(); ++i) {
+        CKPT_KILL_POINT("client.item_copied");
+      }
+      return absl::OkStatus();
+    }
     for (size_t i = 0; i < items_.size(); ++i) {
       if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
       RETURN_IF_ERROR(device_->CopyToHost(items_[i].tensor,

@@ -11,11 +11,22 @@ A save may also cost the trainer after wait_staged: with fork snapshots
 faults. So each save is followed by one timed training step (forward,
 backward, Adam step: every parameter and Adam tensor is rewritten), compared
 with training steps without a save; `save_cost_s` is the stall plus that
-slowdown."""
+slowdown.
+
+With PyTorch 2.4 or newer (ckpt-bench runs build/torch-venv's when it is
+there), the same state is also saved with torch.distributed.checkpoint's
+async_save, once with DCP's own file-system writer (its default stager copies
+the state into fresh CPU memory; the writer writes files in a background
+thread) and once with ckpt's CkptStorageWriter (which stages straight into
+ckptd's slot), and loaded back with dcp.load and with ckpt's restore:
+`stall_vs_dcp_async`, `save_cost_vs_dcp_async`,
+`dcp_writer_stall_vs_dcp_async` and `restore_vs_dcp_load` are time ratios
+against DCP measured in the same run (below 1: ckpt is faster)."""
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import time
 
@@ -72,6 +83,53 @@ def torch_save(state, path, fsync):
     return seconds
 
 
+def dcp_available():
+    try:
+        import torch.distributed.checkpoint as dcp
+        return hasattr(dcp, "async_save") and hasattr(dcp, "load")
+    except ImportError:
+        return False
+
+
+def bench_dcp(args, model, optim, train_step, ckp):
+    """DCP's async_save (file-system writer, and ckpt's writer) and dcp.load
+    against ckpt.torch on the same state; returns the result's DCP fields."""
+    import torch.distributed.checkpoint as dcp
+    from ckpt.torch.dcp import CkptStorageWriter
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": optim.state_dict()}
+
+    def async_runs(make_writer):
+        stalls, costs, totals = [], [], []
+        for run in range(args.runs + 1):
+            start = time.perf_counter()
+            future = dcp.async_save(state_dict(), storage_writer=make_writer(run))
+            stall = time.perf_counter() - start
+            after = timed(train_step)
+            future.result()
+            if run > 0:  # the first run allocates and registers
+                stalls.append(stall)
+                costs.append(after)
+                totals.append(time.perf_counter() - start)
+        return (statistics.median(stalls), statistics.median(costs),
+                statistics.median(totals))
+
+    root = os.path.join(args.dir, "bench-dcp")
+    fs = async_runs(lambda run: dcp.FileSystemWriter(f"{root}/{run}"))
+    writer = async_runs(lambda run: CkptStorageWriter(
+        "bench-dcp", step=run, socket=args.socket, rank=0, world_size=1))
+    loads = []
+    for _ in range(args.runs):
+        target = state_dict()
+        loads.append(timed(lambda: dcp.load(
+            target, storage_reader=dcp.FileSystemReader(f"{root}/{args.runs}"))))
+    shutil.rmtree(root, ignore_errors=True)
+    restores = [timed(lambda: ckp.restore(ckp.latest_committed("disk")))
+                for _ in range(args.runs)]
+    return fs, writer, statistics.median(loads), statistics.median(restores)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--socket", required=True)
@@ -106,6 +164,8 @@ def main():
         handle.wait_committed("disk", 600)
         persists.append(time.perf_counter() - start)
     stats = ckp.stats()
+    dcp_figures = (bench_dcp(args, model, optim, train_step, ckp)
+                   if dcp_available() else None)
     ckp.close()
 
     reference = {"model": model.state_dict(), "optim": optim.state_dict()}
@@ -139,6 +199,25 @@ def main():
         "stalls_s": [round(s, 4) for s in stalls],
         "torch_saves_s": [round(s, 4) for s in plain],
     }
+    result["torch_version"] = torch.__version__
+    if dcp_figures is not None:
+        (fs_stall, fs_step, fs_total), (w_stall, w_step, w_total), load_s, \
+            restore_s = dcp_figures
+        plain_step = statistics.median(plain_steps)
+        fs_cost = fs_stall + max(0.0, fs_step - plain_step)
+        result.update({
+            "dcp_async_stall_s": round(fs_stall, 4),
+            "dcp_async_save_cost_s": round(fs_cost, 4),
+            "dcp_async_total_s": round(fs_total, 4),
+            "dcp_ckpt_writer_stall_s": round(w_stall, 4),
+            "dcp_ckpt_writer_total_s": round(w_total, 4),
+            "dcp_load_s": round(load_s, 4),
+            "ckpt_restore_s": round(restore_s, 4),
+            "stall_vs_dcp_async": round(stall / fs_stall, 4),
+            "save_cost_vs_dcp_async": round(cost / fs_cost, 4),
+            "dcp_writer_stall_vs_dcp_async": round(w_stall / fs_stall, 4),
+            "restore_vs_dcp_load": round(restore_s / load_s, 4),
+        })
     if args.json:
         print(json.dumps(result))
     else:

@@ -558,7 +558,8 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
 // `ckpt-bench torch`: bench_torch.py (next to the ckpt Python package in the
 // build tree) against the benchmark's own ckptd.
 int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json,
-             const std::string& host_snapshot, bool huge_pages) {
+             const std::string& host_snapshot, bool huge_pages,
+             std::string python) {
   std::error_code ec;
   std::filesystem::remove_all(dir + "/data", ec);
   std::filesystem::create_directories(dir + "/run");
@@ -570,6 +571,13 @@ int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json,
   const std::string python_dir =
       (self.parent_path() / "../python").lexically_normal().string();
   const std::string script = python_dir + "/bench_torch.py";
+  // PyPI's PyTorch (tools/torch-venv.sh) when the build has it: DCP's
+  // async_save is the reference there. Else Debian's python3-torch.
+  if (python.empty()) {
+    const std::string venv =
+        (self.parent_path() / "../torch-venv/bin/python").lexically_normal();
+    python = ::access(venv.c_str(), X_OK) == 0 ? venv : CKPT_PYTHON;
+  }
   const std::string socket = dir + "/run/ckptd.sock";
   const std::string mib = std::to_string(state_mib);
   const std::string runs_arg = std::to_string(runs);
@@ -580,15 +588,15 @@ int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json,
     // allocations (torch's tensors), what fork snapshots want.
     if (huge_pages) ::setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1", 1);
     std::vector<const char*> argv = {
-        CKPT_PYTHON,      script.c_str(),    "--socket",
+        python.c_str(),   script.c_str(),    "--socket",
         socket.c_str(),   "--dir",           dir.c_str(),
         "--state-mib",    mib.c_str(),       "--runs",
         runs_arg.c_str(), "--host-snapshot", host_snapshot.c_str()};
     if (huge_pages) argv.push_back("--huge-pages");
     if (json) argv.push_back("--json");
     argv.push_back(nullptr);
-    ::execv(CKPT_PYTHON, const_cast<char* const*>(argv.data()));
-    std::cerr << "ckpt-bench: cannot run " << CKPT_PYTHON << ": "
+    ::execv(python.c_str(), const_cast<char* const*>(argv.data()));
+    std::cerr << "ckpt-bench: cannot run " << python << ": "
               << std::strerror(errno) << "\n";
     ::_exit(127);
   }
@@ -1028,8 +1036,9 @@ int main(int argc, char** argv) {
   uint64_t state_mib = 768;
   CLI::App* torch_cmd = app.add_subcommand(
       "torch",
-      "stall of ckpt.torch save_async+wait_staged vs torch.save (needs "
-      "python3-torch)");
+      "stall of ckpt.torch save_async+wait_staged vs torch.save, and vs "
+      "DCP's async_save with PyTorch 2.x (needs python3-torch or "
+      "build/torch-venv)");
   torch_cmd->add_option("--dir", dir,
                         "data directory of the benchmark's ckptd and of "
                         "torch.save's file (on the disk)");
@@ -1049,6 +1058,10 @@ int main(int argc, char** argv) {
   torch_cmd->add_flag("--huge-pages,!--no-huge-pages", huge_pages,
                       "run the trainer with "
                       "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (default on)");
+  std::string torch_python;
+  torch_cmd->add_option("--python", torch_python,
+                        "the interpreter (default: build/torch-venv's when "
+                        "there, else Debian's python3)");
   int cp_ranks = 1024, cp_nodes = 128;
   std::string etcd;
   CLI::App* cp_cmd = app.add_subcommand(
@@ -1081,7 +1094,8 @@ int main(int argc, char** argv) {
     return RunSave(dir, sizes_mib, runs, warmup, json, save_snapshot == "fork");
   }
   if (*torch_cmd) {
-    return RunTorch(dir, state_mib, runs, json, host_snapshot, huge_pages);
+    return RunTorch(dir, state_mib, runs, json, host_snapshot, huge_pages,
+                    torch_python);
   }
   if (*rec_cmd)
     return RunRecovery(dir + "/ckpt-bench-recovery", recovery_mib, json);

@@ -1,0 +1,51 @@
+#include "client/parallel_copy.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace ckpt::client {
+namespace {
+
+constexpr size_t kPiece = size_t{32} << 20;
+constexpr int kMaxThreads = 8;
+
+}  // namespace
+
+int CopyThreadsFor(size_t total_bytes) {
+  if (const char* env = std::getenv("CKPT_COPY_THREADS");
+      env != nullptr && *env != '\0') {
+    return std::clamp(std::atoi(env), 1, 64);
+  }
+  const int cores =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int pieces = static_cast<int>(
+      std::min<size_t>(kMaxThreads, std::max<size_t>(1, total_bytes / kPiece)));
+  return std::min({cores, kMaxThreads, pieces});
+}
+
+void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads) {
+  std::vector<CopyRegion> pieces;
+  for (const CopyRegion& r : regions) {
+    for (size_t off = 0; off < r.bytes; off += kPiece) {
+      pieces.push_back({static_cast<const char*>(r.src) + off,
+                        static_cast<char*>(r.dst) + off,
+                        std::min(kPiece, r.bytes - off)});
+    }
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&pieces, &next] {
+    for (size_t i = next++; i < pieces.size(); i = next++) {
+      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+    }
+  };
+  threads = std::clamp<int>(threads, 1, std::max<size_t>(1, pieces.size()));
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+}
+
+}  // namespace ckpt::client

@@ -1,0 +1,30 @@
+// ParallelHostCopy copies a save's host tensors into its staging slot with
+// several threads: one core's memcpy is well below what the memory bus gives,
+// and while it runs the trainer waits in WaitStaged. Large tensors are split
+// into pieces that the threads take in turn.
+#ifndef CKPT_CLIENT_PARALLEL_COPY_H_
+#define CKPT_CLIENT_PARALLEL_COPY_H_
+
+#include <cstddef>
+#include <vector>
+
+namespace ckpt::client {
+
+struct CopyRegion {
+  const void* src;
+  void* dst;
+  size_t bytes;
+};
+
+// The threads a copy of `total_bytes` uses: CKPT_COPY_THREADS when set (1 =
+// copy on the calling thread only), else up to the cores there are, at most 8,
+// one per 32 MiB.
+int CopyThreadsFor(size_t total_bytes);
+
+// Copies every region (host memory to host memory) with `threads` threads,
+// the calling thread among them.
+void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads);
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_PARALLEL_COPY_H_
