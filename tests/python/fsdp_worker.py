@@ -88,6 +88,10 @@ def full_tensors(model, optim):
     return out
 
 
+def progress(what):
+    print(f"rank {dist.get_rank()}: {what}", file=sys.stderr, flush=True)
+
+
 def main():
     mode, socket, job, n, path = sys.argv[1:6]
     n = int(n)
@@ -139,13 +143,16 @@ def main():
             dcp.load(state,
                      storage_reader=CkptStorageReader(job, step=n,
                                                       socket=socket))
+        progress(f"restored step {n}")
         set_state_dict(model, optim, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
     tensors = full_tensors(model, optim)
+    progress("gathered")
     if dist.get_rank() == 0:
         torch.save(tensors, path)
     dist.barrier()
     dist.destroy_process_group()
+    progress("done")
 
 
 if __name__ == "__main__":
