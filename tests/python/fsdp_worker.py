@@ -89,7 +89,7 @@ def full_tensors(model, optim):
 
 
 def progress(what):
-    print(f"rank {dist.get_rank()}: {what}", file=sys.stderr, flush=True)
+    print(f"rank {os.environ.get('RANK')}: {what}", file=sys.stderr, flush=True)
 
 
 def main():
