@@ -609,7 +609,9 @@ absl::Status Checkpointer::Restore(uint64_t step) {
   report_ = RestoreReport();
   absl::Status restored = RestoreFrom(step);
   if (restored.ok()) {
-    // Best effort: the figures are for the metrics, the restore is done.
+    // The figures are for the metrics; for a trainer (not read_only) the
+    // report also withdraws its shards of newer uncommitted steps, which must
+    // succeed before it saves again.
     proto::ReportRestoreRequest req;
     req.mutable_shard()->set_job(options_.job);
     req.mutable_shard()->set_step(step);
@@ -619,9 +621,12 @@ absl::Status Checkpointer::Restore(uint64_t step) {
     req.set_peer_bytes(report_.peer_bytes);
     req.set_checksum_mismatches(report_.mismatches);
     req.set_fallbacks(report_.fallbacks);
+    req.set_resume(!options_.read_only);
     proto::ReportRestoreResponse ignored;
-    (void)rpc_->Call(&proto::CkptDaemon::Stub::ReportRestore, req, &ignored,
-                     "reporting a restore");
+    absl::Status reported =
+        rpc_->Call(&proto::CkptDaemon::Stub::ReportRestore, req, &ignored,
+                   absl::StrCat("resuming from step ", step));
+    if (req.resume()) return reported;
   }
   return restored;
 }

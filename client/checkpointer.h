@@ -83,6 +83,11 @@ struct CheckpointerOptions {
   // reuses slot files, so a steady job maps and pins each slot once.
   int mapped_slots = 4;
   HostSnapshot host_snapshot = HostSnapshot::kCopy;
+  // A checkpointer that only reads (a probe of a tool or a library reading a
+  // step's items): its restores leave the rank's newer shards alone. A
+  // trainer's restore (the default) is where it resumes, and withdraws the
+  // rank's shards of newer, uncommitted steps (see Restore).
+  bool read_only = false;
 };
 
 // What the Checkpointer did, for tests and benchmarks.
@@ -194,6 +199,12 @@ class Checkpointer {
   // boxes, each tensor's box is assembled from the saved boxes it overlaps
   // (only their overlapping byte ranges are read from files); byte items come
   // from the saved rank with this rank's number, else from saved rank 0.
+  // Unless the options say read_only, the rank then resumes from `step`: the
+  // daemon withdraws this rank's shards of newer steps that are not committed
+  // (a killed run's saves), so that they never commit together with the
+  // shards the resumed run saves for the same steps. A trainer's ranks must
+  // all restore before any of them saves again (collective training steps
+  // see to that).
   absl::Status Restore(uint64_t step);
   // Restores the newest step committed at `tier` and returns it (nullopt:
   // nothing is committed there yet, nothing restored). Retention may drop a

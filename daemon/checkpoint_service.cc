@@ -552,6 +552,37 @@ absl::Status CheckpointService::ReportRestore(
                report.checksum_mismatches());
   metrics_.Add("ckpt_restore_fallbacks_total", {{"job", job}},
                report.fallbacks());
+  if (!report.resume()) return absl::OkStatus();
+  return WithdrawNewer(job, report.shard().rank(), report.shard().step());
+}
+
+absl::Status CheckpointService::WithdrawNewer(const std::string& job,
+                                              uint32_t rank, uint64_t step) {
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   catalog_->ListShards(job));
+  for (const proto::ShardRecord& shard : shards) {
+    if (shard.rank() != rank || shard.step() <= step) continue;
+    const std::string what = Describe(job, shard.step(), rank);
+    absl::Status withdrawn = shard.state() == proto::SHARD_STAGING
+                                 ? AbortStage(job, shard.step(), rank)
+                                 : Supersede(shard);
+    if (withdrawn.ok()) {
+      CKPT_LOG_INFO("{}: withdrawn, rank {} resumed from step {}", what, rank,
+                    step);
+      metrics_.Add("ckpt_shards_withdrawn_total", {{"job", job}});
+    } else if (withdrawn.code() == absl::StatusCode::kFailedPrecondition ||
+               withdrawn.code() == absl::StatusCode::kAlreadyExists) {
+      // Committed (or gone) meanwhile: a committed step is never taken back;
+      // the trainer restored an older step on purpose.
+      CKPT_LOG_INFO("{}: kept although rank {} resumed from step {}: {}", what,
+                    rank, step, std::string(withdrawn.message()));
+    } else {
+      return absl::Status(withdrawn.code(),
+                          absl::StrCat("withdrawing ", what, " (rank ", rank,
+                                       " resumed from step ", step,
+                                       "): ", withdrawn.message()));
+    }
+  }
   return absl::OkStatus();
 }
 

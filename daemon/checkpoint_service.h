@@ -144,6 +144,8 @@ class CheckpointService {
                                                  uint64_t step,
                                                  const std::string& into,
                                                  bool discard_newer);
+  // Counts a restore in the metrics; when the rank resumes from the step
+  // (report.resume), withdraws its newer uncommitted shards (WithdrawNewer).
   absl::Status ReportRestore(const proto::ReportRestoreRequest& report);
   // Applies retention to a job now with `policy` (what ckpt gc asks for);
   // with `dry_run` only says what it would drop. Returns the copies dropped.
@@ -207,6 +209,12 @@ class CheckpointService {
   // withdraws its vote and deletes it. AlreadyExists once the step is
   // committed at any tier.
   absl::Status Supersede(const proto::ShardRecord& old);
+  // Withdraws `rank`'s shards of steps after `step` that are not committed
+  // (staging aborted, votes withdrawn, records and files deleted): the rank
+  // resumed from `step`, and what it saved after it belongs to an abandoned
+  // run. Committed steps stay.
+  absl::Status WithdrawNewer(const std::string& job, uint32_t rank,
+                             uint64_t step);
   // K peers verified a replica of `shard`: recorded, then voted at TIER_PEER.
   void Replicated(const proto::ShardRecord& shard,
                   const std::vector<std::string>& nodes);

@@ -71,6 +71,9 @@ void CheckpointService::DeclareMetrics() {
                    "persisted checksums at restore");
   metrics_.Declare("ckpt_restore_fallbacks_total", T::kCounter,
                    "restores that gave up a source for the next one");
+  metrics_.Declare("ckpt_shards_withdrawn_total", T::kCounter,
+                   "uncommitted shards withdrawn because their rank resumed "
+                   "from an older step (a killed run's saves)");
   metrics_.Declare("ckpt_failures_detected_total", T::kCounter,
                    "failures seen: job_restart (rank 0 saved a step again), "
                    "daemon_restart (ckptd started with the job's shards)");

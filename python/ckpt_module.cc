@@ -128,8 +128,10 @@ class PyCheckpointer {
   PyCheckpointer(const std::string& job, uint32_t rank, uint32_t world_size,
                  const std::string& socket, double rpc_timeout_s,
                  const std::string& device, int cuda_device,
-                 uintptr_t compute_stream, const std::string& host_snapshot) {
+                 uintptr_t compute_stream, const std::string& host_snapshot,
+                 bool read_only) {
     client::CheckpointerOptions options;
+    options.read_only = read_only;
     options.job = job;
     options.rank = rank;
     options.world_size = world_size;
@@ -388,11 +390,12 @@ PYBIND11_MODULE(_ckpt, m) {
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,
                     double, const std::string&, int, uintptr_t,
-                    const std::string&>(),
+                    const std::string&, bool>(),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1,
            py::arg("socket") = "", py::arg("rpc_timeout") = 30.0,
            py::arg("device") = "cpu", py::arg("cuda_device") = 0,
-           py::arg("compute_stream") = 0, py::arg("host_snapshot") = "copy")
+           py::arg("compute_stream") = 0, py::arg("host_snapshot") = "copy",
+           py::arg("read_only") = false)
       .def("register_tensor", &PyCheckpointer::RegisterTensor, py::arg("name"),
            py::arg("dtype"), py::arg("data_ptr"), py::arg("global_shape"),
            py::arg("box_offset") = py::none(),

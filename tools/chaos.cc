@@ -353,12 +353,15 @@ class Chaos {
     return true;
   }
 
+  // The harness's own checkpointers only read (the trainers are processes):
+  // their restores never withdraw a trainer's shards.
   std::unique_ptr<Checkpointer> ConnectTo(const Node& node, uint32_t rank) {
     auto c = Checkpointer::Connect({.job = kJob,
                                     .rank = rank,
                                     .world_size = o_.ranks,
                                     .socket_path = node.socket(),
-                                    .rpc_timeout = absl::Seconds(5)});
+                                    .rpc_timeout = absl::Seconds(5),
+                                    .read_only = true});
     return c.ok() ? *std::move(c) : nullptr;
   }
   std::unique_ptr<Checkpointer> Connect(uint32_t rank) {

@@ -198,5 +198,80 @@ TEST(JobSequenceTest, AnIdleJobGivesUpItsMemoryAfterTheTtl) {
   EXPECT_EQ(rank.w, Rank::Expected("a", 3, 1));
 }
 
+// A run killed while saving step 2 leaves rank 0's shard of it staged and
+// voted, rank 1's missing. The restarted run resumes from step 1: rank 0's
+// restore withdraws its stale shard, so rank 1's new save of step 2 does not
+// commit it together with the killed run's; the step commits with the new
+// run's shards. A read-only checkpointer's restore withdraws nothing.
+TEST(JobSequenceTest, AResumedRunNeverCommitsWithTheKilledRunsShards) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  const std::string job = "resume";
+  {
+    Rank r0(daemon.socket(), job, 0, 2), r1(daemon.socket(), job, 1, 2);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    std::vector<std::shared_ptr<SaveHandle>> saves;
+    for (Rank* r : {&r0, &r1}) {
+      r->Fill(job, 1, r == &r0 ? 0 : 1);
+      auto save = r->ckpt->SaveAsync(1);
+      ASSERT_TRUE(save.ok()) << save.status();
+      saves.push_back(*save);
+    }
+    for (auto& save : saves)
+      ASSERT_TRUE(save->WaitCommitted(proto::TIER_MEMORY).ok());
+    r0.Fill("killed", 2, 0);  // the killed run's step 2: other bytes
+    auto stale = r0.ckpt->SaveAsync(2);
+    ASSERT_TRUE(stale.ok()) << stale.status();
+    ASSERT_TRUE((*stale)->WaitStaged().ok());
+    r0.ckpt.reset();  // hands the staged shard over, then "dies"
+  }
+  // A reader restoring step 1 (a tool, a probe) leaves the shard alone.
+  {
+    Rank reader(daemon.socket(), job, 0, 2);
+    ASSERT_TRUE(reader.ckpt);
+    auto ro = Checkpointer::Connect({.job = job,
+                                     .rank = 0,
+                                     .world_size = 2,
+                                     .socket_path = daemon.socket(),
+                                     .read_only = true});
+    ASSERT_TRUE(ro.ok()) << ro.status();
+    std::vector<float> w(kFloats);
+    std::string rng;
+    ASSERT_TRUE((*ro)
+                    ->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
+                                     {kFloats * 2}, {0}, {kFloats})
+                    .ok());
+    ASSERT_TRUE((*ro)->RegisterBytes("rng", &rng).ok());
+    ASSERT_TRUE((*ro)->Restore(1).ok());
+    auto shard = (*ro)->DescribeShard(2);
+    ASSERT_TRUE(shard.ok())
+        << "a read-only restore withdrew step 2: " << shard.status();
+  }
+  // The restarted run: every rank restores step 1, then saves step 2.
+  Rank r0(daemon.socket(), job, 0, 2), r1(daemon.socket(), job, 1, 2);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt);
+  ASSERT_TRUE(r0.ckpt->Restore(1).ok());
+  ASSERT_TRUE(r1.ckpt->Restore(1).ok());
+  EXPECT_EQ(
+      Metric(daemon.socket(), "ckpt_shards_withdrawn_total{job=\"resume\"}"),
+      1);
+  r1.Fill(job, 2, 1);
+  auto save1 = r1.ckpt->SaveAsync(2);
+  ASSERT_TRUE(save1.ok()) << save1.status();
+  ASSERT_TRUE((*save1)->WaitStaged().ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  auto latest = r1.ckpt->LatestCommitted(proto::TIER_MEMORY);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->value_or(0), 1u)
+      << "step 2 committed with the killed run's shard of rank 0";
+  r0.Fill(job, 2, 0);
+  auto save0 = r0.ckpt->SaveAsync(2);
+  ASSERT_TRUE(save0.ok()) << save0.status() << daemon.log();
+  ASSERT_TRUE((*save0)->WaitCommitted(proto::TIER_MEMORY).ok());
+  std::fill(r0.w.begin(), r0.w.end(), -1.0f);
+  ASSERT_TRUE(r0.ckpt->Restore(2).ok());
+  EXPECT_EQ(r0.w, Rank::Expected(job, 2, 0));
+}
+
 }  // namespace
 }  // namespace ckpt::client

@@ -14,10 +14,11 @@ from ckpt.torch._state import DTYPES
 class NativeBinding:
 
     def __init__(self, job, rank, world_size, socket, rpc_timeout,
-                 host_snapshot, device=None):
+                 host_snapshot, device=None, read_only=False):
         self.job, self.rank, self.world_size = job, rank, world_size
         self.socket, self.rpc_timeout = socket, rpc_timeout
         self.host_snapshot, self.device = host_snapshot, device
+        self.read_only = read_only  # restores never withdraw newer shards
         self.native = None
         self.failure_callback = None
         self._registered = None  # the signature the native object holds
@@ -37,7 +38,8 @@ class NativeBinding:
                                   device=device,
                                   cuda_device=cuda_device,
                                   compute_stream=stream,
-                                  host_snapshot=self.host_snapshot)
+                                  host_snapshot=self.host_snapshot,
+                                  read_only=self.read_only)
 
     def close(self):
         if self.native is not None:
@@ -99,8 +101,8 @@ class NativeBinding:
 
     def read_bytes(self, step, names, rank=None):
         """The byte items `names` of `step` as saved by `rank` (default: this
-        rank; a rank the step lacks reads saved rank 0's), through a probe
-        that registers nothing else."""
+        rank; a rank the step lacks reads saved rank 0's), through a read-only
+        probe that registers nothing else."""
         rank = self.rank if rank is None else rank
         probe = _ckpt.Checkpointer(
             self.job,
@@ -111,7 +113,8 @@ class NativeBinding:
             device="cpu",
             cuda_device=0,
             compute_stream=0,
-            host_snapshot=self.host_snapshot)
+            host_snapshot=self.host_snapshot,
+            read_only=True)
         try:
             for name in names:
                 probe.register_bytes(name)

@@ -126,8 +126,10 @@ class _Options:
             return _bindings[key]
 
     def probe(self):
+        """A binding that reads: its restores leave newer shards alone."""
         return NativeBinding(self.job, self.rank, self.world_size, self.socket,
-                             self.rpc_timeout, self.host_snapshot)
+                             self.rpc_timeout, self.host_snapshot,
+                             read_only=True)
 
 
 class _Capture:
