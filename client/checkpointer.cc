@@ -760,7 +760,19 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
           "staging slot ", shard.slot_path(), " has ", (*slot)->size(),
           " bytes, expected ", shard.slot_bytes()));
     }
-    if (usable.ok()) {
+    const bool host = device_->host_resident() && !device_->queues_copies();
+    if (usable.ok() && host) {
+      // Host memory: each chunk is copied and then checked where it landed,
+      // while it is still in the cache, on several threads. What the trainer
+      // got is what is verified (the slot is the daemon's, and a retention
+      // may hand it to another save meanwhile).
+      usable = CopyAndVerify((*slot)->data(), sources, reader.get());
+      if (usable.ok()) {
+        for (const proto::StagedItem* s : sources)
+          report_.memory_bytes += s->item().raw_size();
+        return absl::OkStatus();
+      }
+    } else if (usable.ok()) {
       uint64_t copied = 0;
       for (size_t i = 0; i < items_.size() && usable.ok(); ++i) {
         const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
@@ -1200,25 +1212,115 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
   return absl::OkStatus();
 }
 
+absl::Status Checkpointer::CopyAndVerify(
+    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader* reader) {
+  struct Unit {
+    const uint8_t* src;
+    uint8_t* dst;
+    uint64_t bytes;
+    const proto::Item* item;  // null: not persisted yet, nothing to check
+    int chunk;
+  };
+  std::vector<Unit> units;
+  uint64_t total = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const uint8_t* src = slot + sources[i]->slot_offset();
+    const uint64_t n = sources[i]->item().raw_size();
+    const proto::Item* item = nullptr;
+    if (reader != nullptr) {
+      ASSIGN_OR_RETURN(item, reader->FindItem(sources[i]->item().name()));
+      if (item->raw_size() != n) {
+        return absl::DataLossError(absl::StrCat(
+            "item \"", item->name(), "\" has ", n, " bytes in the slot but ",
+            item->raw_size(), " in ", reader->path()));
+      }
+    }
+    if (!items_[i].is_tensor()) {
+      items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
+      if (item != nullptr) {
+        std::vector<absl::Status> bad = snapshot::VerifyRawItem(
+            absl::MakeConstSpan(
+                reinterpret_cast<const uint8_t*>(items_[i].bytes->data()), n),
+            *item, /*max_errors=*/1);
+        if (!bad.empty()) return bad.front();
+      }
+      continue;
+    }
+    auto* dst = static_cast<uint8_t*>(items_[i].tensor);
+    total += n;
+    if (item == nullptr) {
+      for (uint64_t off = 0; off < n; off += uint64_t{4} << 20) {
+        units.push_back({src + off, dst + off,
+                         std::min<uint64_t>(uint64_t{4} << 20, n - off),
+                         nullptr, 0});
+      }
+      continue;
+    }
+    for (int c = 0; c < item->chunks_size(); ++c) {
+      const proto::ChunkInfo& chunk = item->chunks(c);
+      if (chunk.raw_offset() > n || chunk.raw_size() > n - chunk.raw_offset()) {
+        return absl::DataLossError(absl::StrCat(
+            "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
+      }
+      units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
+                       chunk.raw_size(), item, c});
+    }
+  }
+  std::vector<absl::Status> results(units.size());
+  ParallelFor(units.size(), CopyThreadsFor(total), [&](size_t u) {
+    const Unit& unit = units[u];
+    std::memcpy(unit.dst, unit.src, unit.bytes);
+    if (unit.item == nullptr) return;
+    if (snapshot::Checksum(absl::MakeConstSpan(unit.dst, unit.bytes)) !=
+        unit.item->chunks(unit.chunk).raw_xxh3()) {
+      results[u] = absl::DataLossError(absl::StrCat(
+          "item \"", unit.item->name(), "\" chunk ", unit.chunk,
+          ": the copy from the staging slot does not match the checksum in ",
+          reader->path()));
+    }
+  });
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Checkpointer::VerifySlot(
     const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
     const snapshot::ShardReader& reader) const {
-  for (const proto::StagedItem* staged : sources) {
-    ASSIGN_OR_RETURN(const proto::Item* item,
-                     reader.FindItem(staged->item().name()));
-    if (item->raw_size() != staged->item().raw_size()) {
-      return absl::DataLossError(absl::StrCat(
-          "item \"", item->name(), "\" has ", staged->item().raw_size(),
-          " bytes in the slot but ", item->raw_size(), " in ", reader.path()));
+  // Items are checked on several threads: hashing a large slot on one core
+  // would be most of a restore from memory.
+  std::vector<absl::Status> results(sources.size());
+  uint64_t total = 0;
+  for (const proto::StagedItem* staged : sources)
+    total += staged->item().raw_size();
+  ParallelFor(sources.size(), CopyThreadsFor(total), [&](size_t i) {
+    const proto::StagedItem* staged = sources[i];
+    absl::StatusOr<const proto::Item*> item =
+        reader.FindItem(staged->item().name());
+    if (!item.ok()) {
+      results[i] = item.status();
+      return;
+    }
+    if ((*item)->raw_size() != staged->item().raw_size()) {
+      results[i] = absl::DataLossError(absl::StrCat(
+          "item \"", (*item)->name(), "\" has ", staged->item().raw_size(),
+          " bytes in the slot but ", (*item)->raw_size(), " in ",
+          reader.path()));
+      return;
     }
     std::vector<absl::Status> bad = snapshot::VerifyRawItem(
-        absl::MakeConstSpan(slot + staged->slot_offset(), item->raw_size()),
-        *item, /*max_errors=*/1);
+        absl::MakeConstSpan(slot + staged->slot_offset(), (*item)->raw_size()),
+        **item, /*max_errors=*/1);
     if (!bad.empty()) {
-      return absl::DataLossError(absl::StrCat("the staging slot differs from ",
-                                              reader.path(), ": ",
-                                              bad.front().message()));
+      results[i] = absl::DataLossError(
+          absl::StrCat("the staging slot differs from ", reader.path(), ": ",
+                       bad.front().message()));
     }
+  });
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -242,6 +242,13 @@ class Checkpointer {
   void HandOver(const std::shared_ptr<SaveHandle>& handle, uint64_t step,
                 const std::vector<proto::StagedItem>& layout,
                 absl::Status status);
+  // Restore from a slot into host memory: copies every registered item
+  // (`sources`: their places in the slot) chunk by chunk on several threads,
+  // checking each chunk where it landed against the raw checksum of the
+  // persisted manifest (`reader`; null when the shard is not persisted yet).
+  absl::Status CopyAndVerify(const uint8_t* slot,
+                             const std::vector<const proto::StagedItem*>& sources,
+                             const snapshot::ShardReader* reader);
   // Checks the slot's items against the raw chunk checksums of the persisted
   // manifest.
   absl::Status VerifySlot(const uint8_t* slot,

@@ -35,13 +35,18 @@ void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads) {
                         std::min(kPiece, r.bytes - off)});
     }
   }
+  ParallelFor(pieces.size(), threads, [&pieces](size_t i) {
+    std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+  });
+}
+
+void ParallelFor(size_t n, int threads,
+                 const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
-  auto work = [&pieces, &next] {
-    for (size_t i = next++; i < pieces.size(); i = next++) {
-      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
-    }
+  auto work = [&fn, &next, n] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
   };
-  threads = std::clamp<int>(threads, 1, std::max<size_t>(1, pieces.size()));
+  threads = std::clamp<int>(threads, 1, std::max<size_t>(1, n));
   std::vector<std::thread> helpers;
   for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
   work();

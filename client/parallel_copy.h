@@ -6,6 +6,7 @@
 #define CKPT_CLIENT_PARALLEL_COPY_H_
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 namespace ckpt::client {
@@ -24,6 +25,10 @@ int CopyThreadsFor(size_t total_bytes);
 // Copies every region (host memory to host memory) with `threads` threads,
 // the calling thread among them.
 void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads);
+
+// Runs fn(0) ... fn(n - 1) on `threads` threads, the calling thread among
+// them, each taking the next index in turn.
+void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn);
 
 }  // namespace ckpt::client
 

@@ -284,6 +284,45 @@ def optimizer_skeleton(key, state_dict, layout):
     }
 
 
+def load_in_place(optimizer, skel):
+    """When the optimizer's state already has the saved tensors' dtypes and
+    shapes, takes the saved param groups and non-tensor state into it and
+    returns True: the restore then fills its tensors in place, with no new
+    allocation. Else returns False and changes nothing."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = skel["param_groups"]
+    if len(groups) != len(optimizer.param_groups) or any(
+            len(g["params"]) != len(h["params"])
+            for g, h in zip(groups, optimizer.param_groups)):
+        return False
+    if set(skel["state"]) != {
+            i for i, p in enumerate(params) if p in optimizer.state
+    }:
+        return False
+    updates = []
+    for index, per_param in skel["state"].items():
+        here = optimizer.state[params[index]]
+        if set(here) != set(per_param):
+            return False
+        for field, value in per_param.items():
+            if isinstance(value, TensorRef):
+                tensor = here[field]
+                if (not isinstance(tensor, torch.Tensor) or
+                        DTYPES.get(tensor.dtype) != value.dtype or
+                        tuple(tensor.shape) != value.shape or
+                        is_dtensor(tensor) != value.dtensor):
+                    return False
+            else:
+                updates.append((here, field, value))
+    for here, field, value in updates:
+        here[field] = value
+    for group, saved in zip(optimizer.param_groups, groups):
+        for k, v in saved.items():
+            if k != "params":
+                group[k] = v
+    return True
+
+
 def materialize(key, skel, optimizer):
     """An optimizer state_dict from a skeleton, with uninitialized tensors of
     the saved dtypes and shapes (the restore fills them). A DTensor's is made

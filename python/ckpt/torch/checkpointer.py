@@ -100,7 +100,8 @@ class Checkpointer:
         meta = self._read_meta(step)
         self._check_keys(meta, step, strict)
         for key, skel in meta["optimizers"].items():
-            if key in self.state:
+            if key in self.state and not _state.load_in_place(
+                    self.state[key], skel):
                 self.state[key].load_state_dict(
                     _state.materialize(key, skel, self.state[key]))
         layout = self._flatten()
