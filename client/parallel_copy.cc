@@ -40,8 +40,7 @@ void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads) {
   });
 }
 
-void ParallelFor(size_t n, int threads,
-                 const std::function<void(size_t)>& fn) {
+void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
   auto work = [&fn, &next, n] {
     for (size_t i = next++; i < n; i = next++) fn(i);

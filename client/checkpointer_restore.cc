@@ -1,0 +1,531 @@
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "client/checkpointer_internal.h"
+#include "client/parallel_copy.h"
+#include "daemon/bulk_transfer.h"
+#include "io/file_system.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/daemon.grpc.pb.h"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/dtype.h"
+#include "snapshot/shard_reader.h"
+#include "snapshot/shard_stream.h"
+
+namespace ckpt::client {
+
+absl::Status Checkpointer::Restore(uint64_t step) {
+  report_ = RestoreReport();
+  absl::Status restored = RestoreFrom(step);
+  if (restored.ok()) {
+    // The figures are for the metrics; for a trainer (not read_only) the
+    // report also withdraws its shards of newer uncommitted steps, which must
+    // succeed before it saves again.
+    proto::ReportRestoreRequest req;
+    req.mutable_shard()->set_job(options_.job);
+    req.mutable_shard()->set_step(step);
+    req.mutable_shard()->set_rank(options_.rank);
+    req.set_memory_bytes(report_.memory_bytes);
+    req.set_local_disk_bytes(report_.disk_bytes);
+    req.set_peer_bytes(report_.peer_bytes);
+    req.set_checksum_mismatches(report_.mismatches);
+    req.set_fallbacks(report_.fallbacks);
+    req.set_resume(!options_.read_only);
+    proto::ReportRestoreResponse ignored;
+    absl::Status reported =
+        rpc_->Call(&proto::CkptDaemon::Stub::ReportRestore, req, &ignored,
+                   absl::StrCat("resuming from step ", step));
+    if (req.resume()) return reported;
+  }
+  return restored;
+}
+
+absl::StatusOr<absl::optional<uint64_t>> Checkpointer::RestoreLatest(
+    proto::Tier tier) {
+  constexpr int kAttempts = 5;
+  absl::Status failed;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> latest, LatestCommitted(tier));
+    if (!latest.has_value()) return latest;
+    failed = Restore(*latest);
+    if (failed.ok()) return latest;
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> now, LatestCommitted(tier));
+    if (!now.has_value() || *now == *latest) return failed;
+  }
+  return failed;
+}
+
+absl::Status Checkpointer::RestoreFrom(uint64_t step) {
+  DrainHandovers();
+  const std::string what = absl::StrCat(
+      "restoring job ", options_.job, " step ", step, " rank ", options_.rank);
+  // Only a committed step is restored: a step some rank never saved would mix
+  // states of different steps.
+  proto::ListCommitsRequest list;
+  list.set_job(options_.job);
+  proto::ListCommitsResponse commits;
+  RETURN_IF_ERROR(
+      rpc_->Call(&proto::CkptDaemon::Stub::ListCommits, list, &commits, what));
+  auto commit = std::find_if(
+      commits.commits().begin(), commits.commits().end(),
+      [step](const proto::CommitRecord& c) { return c.step() == step; });
+  if (commit == commits.commits().end()) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": step ", step, " is not committed at any tier"));
+  }
+  if (commit->world_size() != options_.world_size) {
+    return RestoreResharded(step, commit->world_size(), what);
+  }
+  if (device_->host_resident()) {
+    // A shard on no local tier streams straight from a peer into place.
+    absl::Status streamed = RestoreFromPeerStream(step, what);
+    if (streamed.ok()) return streamed;
+    if (!absl::IsFailedPrecondition(streamed) && !absl::IsNotFound(streamed)) {
+      CKPT_LOG_WARN("{}: streaming from a peer failed ({}); ckptd fetches it",
+                    what, streamed.ToString());
+      if (absl::IsDataLoss(streamed)) ++report_.mismatches;
+      ++report_.fallbacks;
+    }
+  }
+  ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
+  if (!Restorable(shard)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the shard is not staged (state ",
+                     proto::ShardState_Name(shard.state()), ")"));
+  }
+  // Every registered item must be in the shard with the same description.
+  std::vector<const proto::StagedItem*> sources;
+  for (const Registered& r : items_) {
+    const proto::StagedItem* found = nullptr;
+    for (const proto::StagedItem& s : shard.items()) {
+      if (s.item().name() == r.item.name()) found = &s;
+    }
+    if (found == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat(what, ": \"", r.item.name(), "\" was not saved"));
+    }
+    if (r.is_tensor() && found->item().dtype() == r.item.dtype() &&
+        std::equal(found->item().global_shape().begin(),
+                   found->item().global_shape().end(),
+                   r.item.global_shape().begin(),
+                   r.item.global_shape().end()) &&
+        (!std::equal(found->item().box_offset().begin(),
+                     found->item().box_offset().end(),
+                     r.item.box_offset().begin(), r.item.box_offset().end()) ||
+         !std::equal(found->item().box_length().begin(),
+                     found->item().box_length().end(),
+                     r.item.box_length().begin(), r.item.box_length().end()))) {
+      // Same world, other boxes: the tensors are resharded.
+      return RestoreResharded(step, commit->world_size(), what);
+    }
+    if (r.is_tensor() &&
+        (found->item().dtype() != r.item.dtype() ||
+         !std::equal(found->item().global_shape().begin(),
+                     found->item().global_shape().end(),
+                     r.item.global_shape().begin(),
+                     r.item.global_shape().end()) ||
+         !std::equal(found->item().box_offset().begin(),
+                     found->item().box_offset().end(),
+                     r.item.box_offset().begin(), r.item.box_offset().end()) ||
+         !std::equal(found->item().box_length().begin(),
+                     found->item().box_length().end(),
+                     r.item.box_length().begin(), r.item.box_length().end()))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": tensor \"", r.item.name(), "\" was saved as ",
+                       snapshot::DTypeName(found->item().dtype()),
+                       " with another shape or box"));
+    }
+    sources.push_back(found);
+  }
+  // The persisted manifest, when there is one, carries the checksum of every
+  // raw chunk: the memory-tier copy is checked against it before it is used.
+  std::unique_ptr<snapshot::ShardReader> reader;
+  absl::Status reader_status = absl::NotFoundError("no shard file");
+  if (!shard.shard_path().empty()) {
+    absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> opened =
+        snapshot::ShardReader::Open(io::DefaultFileSystem(),
+                                    shard.shard_path());
+    reader_status = opened.status();
+    if (opened.ok()) reader = *std::move(opened);
+  }
+  if (!shard.slot_path().empty()) {
+    absl::StatusOr<std::unique_ptr<io::MappedFile>> slot =
+        io::DefaultFileSystem()->MapFile(shard.slot_path(),
+                                         {.writable = false});
+    absl::Status usable = slot.status();
+    if (usable.ok() && (*slot)->size() < shard.slot_bytes()) {
+      usable = absl::DataLossError(absl::StrCat(
+          "staging slot ", shard.slot_path(), " has ", (*slot)->size(),
+          " bytes, expected ", shard.slot_bytes()));
+    }
+    const bool host = device_->host_resident() && !device_->queues_copies();
+    if (usable.ok() && host) {
+      // Host memory: each chunk is copied and then checked where it landed,
+      // while it is still in the cache, on several threads. What the trainer
+      // got is what is verified (the slot is the daemon's, and a retention
+      // may hand it to another save meanwhile).
+      usable = CopyAndVerify((*slot)->data(), sources, reader.get());
+      if (usable.ok()) {
+        for (const proto::StagedItem* s : sources)
+          report_.memory_bytes += s->item().raw_size();
+        return absl::OkStatus();
+      }
+    } else if (usable.ok()) {
+      uint64_t copied = 0;
+      for (size_t i = 0; i < items_.size() && usable.ok(); ++i) {
+        const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
+        uint64_t n = sources[i]->item().raw_size();
+        copied += n;
+        if (items_[i].is_tensor()) {
+          usable = device_->CopyFromHost(src, items_[i].tensor, n);
+        } else {
+          items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
+        }
+      }
+      if (usable.ok()) usable = device_->Synchronize();
+      // Checked after the copy, not before: the slot is the daemon's, and one
+      // retention released meanwhile may already hold another save's bytes.
+      // What was copied is good only if the slot still verifies now.
+      if (usable.ok() && reader != nullptr) {
+        usable = VerifySlot((*slot)->data(), sources, *reader);
+      }
+      if (usable.ok()) {
+        report_.memory_bytes += copied;
+        return absl::OkStatus();
+      }
+    }
+    if (reader == nullptr) {
+      return absl::Status(
+          usable.code(),
+          absl::StrCat(what, ": memory tier: ", usable.message()));
+    }
+    CKPT_LOG_WARN("{}: memory tier unusable ({}); reading the shard file", what,
+                  usable.ToString());
+    if (usable.code() == absl::StatusCode::kDataLoss) ++report_.mismatches;
+    ++report_.fallbacks;
+  }
+  auto read_file = [&]() -> absl::Status {
+    if (reader == nullptr) {
+      if (shard.shard_path().empty()) {
+        return absl::NotFoundError(
+            absl::StrCat(what, ": neither a slot nor a shard file is left"));
+      }
+      return reader_status;
+    }
+    // Tensors in device memory are read into host memory first.
+    std::vector<uint8_t> host;
+    for (Registered& r : items_) {
+      ASSIGN_OR_RETURN(const proto::Item* item,
+                       reader->FindItem(r.item.name()));
+      report_.disk_bytes += item->raw_size();
+      if (r.is_tensor() && device_->host_resident()) {
+        RETURN_IF_ERROR(reader->ReadItem(
+            r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                               r.item.raw_size())));
+      } else if (r.is_tensor()) {
+        host.resize(r.item.raw_size());
+        RETURN_IF_ERROR(reader->ReadItem(r.item.name(), absl::MakeSpan(host)));
+        RETURN_IF_ERROR(
+            device_->CopyFromHost(host.data(), r.tensor, host.size()));
+        RETURN_IF_ERROR(device_->Synchronize());
+      } else {
+        std::string value(item->raw_size(), '\0');
+        RETURN_IF_ERROR(reader->ReadItem(
+            r.item.name(),
+            absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                                value.size())));
+        *r.bytes = std::move(value);
+      }
+    }
+    return absl::OkStatus();
+  };
+  absl::Status from_file = read_file();
+  if (from_file.ok() || options_.world_size == 1 ||
+      (from_file.code() != absl::StatusCode::kDataLoss &&
+       from_file.code() != absl::StatusCode::kNotFound)) {
+    return from_file;
+  }
+  // This rank's copy is lost; other ranks may have saved the same boxes
+  // (replicated, data-parallel state).
+  absl::Status from_replicas =
+      RestoreResharded(step, commit->world_size(), what);
+  if (from_replicas.ok()) {
+    CKPT_LOG_WARN("{} (restored from other ranks' replicas)",
+                  from_file.ToString());
+    ++report_.fallbacks;
+    return from_replicas;
+  }
+  return absl::Status(
+      from_file.code(),
+      absl::StrCat(from_file.message(), "; no other rank saved a replica: ",
+                   from_replicas.message()));
+}
+
+namespace {
+// Whether a saved item has the registered one's kind, dtype, shape and box.
+bool SameLayout(const proto::Item& saved, const proto::Item& registered) {
+  auto same = [](const auto& a, const auto& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  };
+  return saved.kind() == registered.kind() &&
+         saved.dtype() == registered.dtype() &&
+         same(saved.global_shape(), registered.global_shape()) &&
+         same(saved.box_offset(), registered.box_offset()) &&
+         same(saved.box_length(), registered.box_length());
+}
+}  // namespace
+
+absl::Status Checkpointer::RestoreFromPeerStream(uint64_t step,
+                                                 const std::string& what) {
+  proto::GetShardRequest req;
+  req.mutable_shard()->set_job(options_.job);
+  req.mutable_shard()->set_step(step);
+  req.mutable_shard()->set_rank(options_.rank);
+  proto::PeerShardOffer offer;
+  RETURN_IF_ERROR(
+      rpc_->Call(&proto::CkptDaemon::Stub::OfferPeerShard, req, &offer, what));
+  const std::string from =
+      absl::StrCat(what, ": from node ", offer.node(), "'s ",
+                   offer.tier() == proto::TIER_PEER ? "memory" : "disk");
+  absl::StatusOr<proto::ShardManifest> manifest =
+      snapshot::ParseStreamManifest(offer.manifest(), offer.file_bytes());
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat(from, ": ", manifest.status().message()));
+  }
+  // The registered items land in place; the others are read (and checked)
+  // into scratch memory.
+  std::vector<absl::Span<uint8_t>> dst(manifest->items_size());
+  std::vector<std::string> values(items_.size());
+  uint64_t bytes = 0;
+  for (size_t k = 0; k < items_.size(); ++k) {
+    Registered& r = items_[k];
+    int m = 0;
+    while (m < manifest->items_size() &&
+           manifest->items(m).name() != r.item.name()) {
+      ++m;
+    }
+    if (m == manifest->items_size() ||
+        (r.is_tensor() && !SameLayout(manifest->items(m), r.item))) {
+      // Not saved, or saved with other boxes: GetShard's path says so, or
+      // reshards.
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": \"", r.item.name(), "\" was not saved alike"));
+    }
+    const uint64_t n = manifest->items(m).raw_size();
+    if (r.is_tensor()) {
+      dst[m] = absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor), n);
+    } else {
+      values[k].resize(n);
+      dst[m] =
+          absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(values[k].data()), n);
+    }
+    bytes += n;
+  }
+  std::vector<std::vector<uint8_t>> scratch;
+  for (int m = 0; m < manifest->items_size(); ++m) {
+    if (dst[m].data() != nullptr || manifest->items(m).raw_size() == 0)
+      continue;
+    scratch.emplace_back(manifest->items(m).raw_size());
+    dst[m] = absl::MakeSpan(scratch.back());
+  }
+  absl::StatusOr<std::unique_ptr<daemon::BulkStream>> stream =
+      daemon::BulkStream::Open(offer.host(), static_cast<int>(offer.port()),
+                               offer.ticket(), absl::Seconds(30));
+  absl::Status s = stream.status();
+  if (s.ok() && (*stream)->size() != offer.file_bytes()) {
+    s = absl::DataLossError(absl::StrCat("the file has ", (*stream)->size(),
+                                         " bytes, the offer said ",
+                                         offer.file_bytes()));
+  }
+  if (s.ok()) {
+    // Compressed chunks decode on every core while the next ones arrive.
+    io::ThreadPool decoders(
+        static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+    s = snapshot::ReadShardStream(
+        [&](absl::Span<uint8_t> out) { return (*stream)->Read(out); },
+        offer.file_bytes(), *manifest, offer.manifest(), dst, &decoders);
+  }
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(from, ": ", s.message()));
+  }
+  for (size_t k = 0; k < items_.size(); ++k) {
+    if (!items_[k].is_tensor()) *items_[k].bytes = std::move(values[k]);
+  }
+  report_.peer_bytes += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::OpenSavedRank(SavedRank& saved,
+                                         const std::string& what) {
+  if (!saved.opened) {
+    saved.opened = true;
+    saved.open_status = OpenSavedRankOnce(saved, what);
+  }
+  return saved.open_status;
+}
+
+absl::Status Checkpointer::OpenSavedRankOnce(SavedRank& saved,
+                                             const std::string& what) {
+  const proto::ShardRecord& shard = saved.shard;
+  absl::Status reader_status = absl::NotFoundError("no shard file");
+  if (!shard.shard_path().empty()) {
+    auto opened = snapshot::ShardReader::Open(io::DefaultFileSystem(),
+                                              shard.shard_path());
+    reader_status = opened.status();
+    if (opened.ok()) saved.reader = *std::move(opened);
+  }
+  if (!shard.slot_path().empty()) {
+    auto slot = io::DefaultFileSystem()->MapFile(shard.slot_path(),
+                                                 {.writable = false});
+    absl::Status usable = slot.status();
+    if (usable.ok() && (*slot)->size() < shard.slot_bytes()) {
+      usable = absl::DataLossError(
+          absl::StrCat("staging slot ", shard.slot_path(), " is short"));
+    }
+    if (usable.ok() && saved.reader != nullptr) {
+      std::vector<const proto::StagedItem*> all;
+      for (const proto::StagedItem& s : shard.items()) all.push_back(&s);
+      usable = VerifySlot((*slot)->data(), all, *saved.reader);
+    }
+    if (usable.ok()) {
+      saved.slot = *std::move(slot);
+      return absl::OkStatus();
+    }
+    if (saved.reader == nullptr) {
+      return absl::Status(usable.code(),
+                          absl::StrCat(what, ": saved rank ", shard.rank(),
+                                       ": memory tier: ", usable.message()));
+    }
+    CKPT_LOG_WARN("{}: saved rank {}: memory tier unusable ({}); reading {}",
+                  what, shard.rank(), usable.ToString(), shard.shard_path());
+    if (usable.code() == absl::StatusCode::kDataLoss) ++report_.mismatches;
+    ++report_.fallbacks;
+  }
+  if (saved.reader == nullptr) {
+    return absl::Status(
+        reader_status.code(),
+        absl::StrCat(what, ": saved rank ", shard.rank(), ": ",
+                     shard.shard_path().empty()
+                         ? "neither a slot nor a shard file is left"
+                         : reader_status.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::CopyAndVerify(
+    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader* reader) {
+  struct Unit {
+    const uint8_t* src;
+    uint8_t* dst;
+    uint64_t bytes;
+    const proto::Item* item;  // null: not persisted yet, nothing to check
+    int chunk;
+  };
+  std::vector<Unit> units;
+  uint64_t total = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const uint8_t* src = slot + sources[i]->slot_offset();
+    const uint64_t n = sources[i]->item().raw_size();
+    const proto::Item* item = nullptr;
+    if (reader != nullptr) {
+      ASSIGN_OR_RETURN(item, reader->FindItem(sources[i]->item().name()));
+      if (item->raw_size() != n) {
+        return absl::DataLossError(absl::StrCat(
+            "item \"", item->name(), "\" has ", n, " bytes in the slot but ",
+            item->raw_size(), " in ", reader->path()));
+      }
+    }
+    if (!items_[i].is_tensor()) {
+      items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
+      if (item != nullptr) {
+        std::vector<absl::Status> bad = snapshot::VerifyRawItem(
+            absl::MakeConstSpan(
+                reinterpret_cast<const uint8_t*>(items_[i].bytes->data()), n),
+            *item, /*max_errors=*/1);
+        if (!bad.empty()) return bad.front();
+      }
+      continue;
+    }
+    auto* dst = static_cast<uint8_t*>(items_[i].tensor);
+    total += n;
+    if (item == nullptr) {
+      for (uint64_t off = 0; off < n; off += uint64_t{4} << 20) {
+        units.push_back({src + off, dst + off,
+                         std::min<uint64_t>(uint64_t{4} << 20, n - off),
+                         nullptr, 0});
+      }
+      continue;
+    }
+    for (int c = 0; c < item->chunks_size(); ++c) {
+      const proto::ChunkInfo& chunk = item->chunks(c);
+      if (chunk.raw_offset() > n || chunk.raw_size() > n - chunk.raw_offset()) {
+        return absl::DataLossError(absl::StrCat(
+            "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
+      }
+      units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
+                       chunk.raw_size(), item, c});
+    }
+  }
+  std::vector<absl::Status> results(units.size());
+  ParallelFor(units.size(), CopyThreadsFor(total), [&](size_t u) {
+    const Unit& unit = units[u];
+    std::memcpy(unit.dst, unit.src, unit.bytes);
+    if (unit.item == nullptr) return;
+    if (snapshot::Checksum(absl::MakeConstSpan(unit.dst, unit.bytes)) !=
+        unit.item->chunks(unit.chunk).raw_xxh3()) {
+      results[u] = absl::DataLossError(absl::StrCat(
+          "item \"", unit.item->name(), "\" chunk ", unit.chunk,
+          ": the copy from the staging slot does not match the checksum in ",
+          reader->path()));
+    }
+  });
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::VerifySlot(
+    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader& reader) const {
+  // Items are checked on several threads: hashing a large slot on one core
+  // would be most of a restore from memory.
+  std::vector<absl::Status> results(sources.size());
+  uint64_t total = 0;
+  for (const proto::StagedItem* staged : sources)
+    total += staged->item().raw_size();
+  ParallelFor(sources.size(), CopyThreadsFor(total), [&](size_t i) {
+    const proto::StagedItem* staged = sources[i];
+    absl::StatusOr<const proto::Item*> item =
+        reader.FindItem(staged->item().name());
+    if (!item.ok()) {
+      results[i] = item.status();
+      return;
+    }
+    if ((*item)->raw_size() != staged->item().raw_size()) {
+      results[i] = absl::DataLossError(
+          absl::StrCat("item \"", (*item)->name(), "\" has ",
+                       staged->item().raw_size(), " bytes in the slot but ",
+                       (*item)->raw_size(), " in ", reader.path()));
+      return;
+    }
+    std::vector<absl::Status> bad = snapshot::VerifyRawItem(
+        absl::MakeConstSpan(slot + staged->slot_offset(), (*item)->raw_size()),
+        **item, /*max_errors=*/1);
+    if (!bad.empty()) {
+      results[i] = absl::DataLossError(
+          absl::StrCat("the staging slot differs from ", reader.path(), ": ",
+                       bad.front().message()));
+    }
+  });
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+}  // namespace ckpt::client
