@@ -10,6 +10,11 @@
 // STAGED (vote memory) -> persisted -> PERSISTED (vote local_disk) | FAILED
 // (the error is reported to WaitCommitted and kept in the catalog).
 //
+// Implementation: checkpoint_service.cc (start, recovery, staging, commits,
+// queries), _persist.cc (the persist pipeline), _retention.cc (retention and
+// ApplyDrops), _memory.cc (the memory tier as a cache), _peers.cc (the peer
+// tier), _steps.cc (copy and rollback of committed steps), _metrics.cc.
+//
 // Thread-safety: thread-safe.
 #ifndef CKPT_DAEMON_CHECKPOINT_SERVICE_H_
 #define CKPT_DAEMON_CHECKPOINT_SERVICE_H_
