@@ -5,7 +5,7 @@
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
 #include "client/parallel_copy.h"
-#include "daemon/bulk_transfer.h"
+#include "io/bulk_transfer.h"
 #include "io/file_system.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -332,9 +332,9 @@ absl::Status Checkpointer::RestoreFromPeerStream(uint64_t step,
     scratch.emplace_back(manifest->items(m).raw_size());
     dst[m] = absl::MakeSpan(scratch.back());
   }
-  absl::StatusOr<std::unique_ptr<daemon::BulkStream>> stream =
-      daemon::BulkStream::Open(offer.host(), static_cast<int>(offer.port()),
-                               offer.ticket(), absl::Seconds(30));
+  absl::StatusOr<std::unique_ptr<io::BulkStream>> stream =
+      io::BulkStream::Open(offer.host(), static_cast<int>(offer.port()),
+                           offer.ticket(), absl::Seconds(30));
   absl::Status s = stream.status();
   if (s.ok() && (*stream)->size() != offer.file_bytes()) {
     s = absl::DataLossError(absl::StrCat("the file has ", (*stream)->size(),

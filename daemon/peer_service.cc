@@ -27,7 +27,7 @@ std::string Describe(const ReplicaStore::Key& k) {
 class PeerService final : public proto::CkptPeer::Service {
  public:
   PeerService(CheckpointService* service, Replicator* replicator,
-              BulkServer* bulk)
+              io::BulkServer* bulk)
       : service_(service), replicator_(replicator), bulk_(bulk) {}
 
   grpc::Status PullReplica(grpc::ServerContext*,
@@ -39,9 +39,9 @@ class PeerService final : public proto::CkptPeer::Service {
     if (!room.ok()) return ToGrpc(room.status());
     std::unique_ptr<ReplicaStore::Receiver> receiver = *std::move(room);
     absl::Status got =
-        BulkFetch(req->host(), static_cast<int>(req->port()), req->ticket(),
-                  receiver->Unfilled(), absl::Seconds(30),
-                  [](uint64_t) { CKPT_KILL_POINT("peer.piece_received"); });
+        io::BulkFetch(req->host(), static_cast<int>(req->port()), req->ticket(),
+                      receiver->Unfilled(), absl::Seconds(30),
+                      [](uint64_t) { CKPT_KILL_POINT("peer.piece_received"); });
     if (got.ok()) got = receiver->Filled(req->file_bytes());
     if (!got.ok()) {
       return ToGrpc(absl::Status(
@@ -139,7 +139,7 @@ class PeerService final : public proto::CkptPeer::Service {
     const ReplicaStore::Key key = KeyOf(req->shard());
     absl::StatusOr<Copy> copy = Best(key);
     if (!copy.ok()) return ToGrpc(copy.status());
-    absl::StatusOr<BulkServer::Ticket> ticket = bulk_->Offer(copy->path);
+    absl::StatusOr<io::BulkServer::Ticket> ticket = bulk_->Offer(copy->path);
     if (!ticket.ok()) return ToGrpc(ticket.status());
     if (req->with_manifest()) {
       absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
@@ -213,7 +213,7 @@ class PeerService final : public proto::CkptPeer::Service {
 
   CheckpointService* const service_;
   Replicator* const replicator_;
-  BulkServer* const bulk_;  // null: bulk transfers off
+  io::BulkServer* const bulk_;  // null: bulk transfers off
 };
 
 }  // namespace
@@ -253,7 +253,7 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
   if (tls_files == 0) {
     // Plain TCP like the peer service itself; with TLS, bytes stay in it.
     ASSIGN_OR_RETURN(server->bulk_,
-                     BulkServer::Start(options.address.substr(0, colon)));
+                     io::BulkServer::Start(options.address.substr(0, colon)));
     replicator->SetBulkServer(server->bulk_);
   }
   server->service_ =

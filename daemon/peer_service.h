@@ -15,9 +15,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/bulk_transfer.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/replicator.h"
+#include "io/bulk_transfer.h"
 
 namespace grpc {
 class Server;
@@ -52,7 +52,7 @@ class PeerServer {
   PeerServer() = default;
 
   Replicator* replicator_ = nullptr;
-  std::shared_ptr<BulkServer> bulk_;  // shared with the replicator
+  std::shared_ptr<io::BulkServer> bulk_;  // shared with the replicator
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/bulk_transfer.h"
 #include "daemon/grpc_status.h"
+#include "io/bulk_transfer.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -109,7 +109,7 @@ Replicator::~Replicator() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Replicator::SetBulkServer(std::shared_ptr<BulkServer> bulk) {
+void Replicator::SetBulkServer(std::shared_ptr<io::BulkServer> bulk) {
   absl::MutexLock lock(&mu_);
   bulk_ = std::move(bulk);
 }
@@ -337,7 +337,7 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
   const std::string what = absl::StrCat(
       "pushing ", Describe(shard.job(), shard.step(), shard.rank()),
       " to node ", peer.node_id(), " at ", peer.address());
-  std::shared_ptr<BulkServer> bulk;  // kept alive while in use
+  std::shared_ptr<io::BulkServer> bulk;  // kept alive while in use
   std::string address;
   {
     absl::MutexLock lock(&mu_);
@@ -346,7 +346,7 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
   }
   if (bulk != nullptr && !address.empty()) {
     // The fast path: the peer fetches the file as a bulk transfer.
-    ASSIGN_OR_RETURN(BulkServer::Ticket ticket,
+    ASSIGN_OR_RETURN(io::BulkServer::Ticket ticket,
                      bulk->Offer(shard.shard_path()));
     auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
     grpc::ClientContext ctx;
@@ -644,8 +644,8 @@ absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
       const std::string host =
           peer.address().substr(0, peer.address().rfind(':'));
       absl::Status got =
-          BulkFetch(host, static_cast<int>(offer.port()), offer.ticket(),
-                    receiver->Unfilled(), absl::Seconds(30));
+          io::BulkFetch(host, static_cast<int>(offer.port()), offer.ticket(),
+                        receiver->Unfilled(), absl::Seconds(30));
       if (!got.ok()) {
         return absl::Status(got.code(),
                             absl::StrCat(what, ": ", got.message()));

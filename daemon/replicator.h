@@ -43,9 +43,11 @@ class Channel;
 class ChannelCredentials;
 }  // namespace grpc
 
-namespace ckpt::daemon {
-
+namespace ckpt::io {
 class BulkServer;
+}  // namespace ckpt::io
+
+namespace ckpt::daemon {
 
 struct ReplicationOptions {
   std::string node_id;
@@ -88,7 +90,7 @@ class Replicator {
   void SetAddress(const std::string& address);
   // This node's bulk server (null: none, with mutual TLS): pushes then offer
   // the file and the peer pulls it (PullReplica) instead of a gRPC stream.
-  void SetBulkServer(std::shared_ptr<BulkServer> bulk);
+  void SetBulkServer(std::shared_ptr<io::BulkServer> bulk);
   // A persisted shard (state PERSISTED, `shard_path` set) to push; nodes that
   // already hold it count.
   void Enqueue(const proto::ShardRecord& shard,
@@ -190,7 +192,7 @@ class Replicator {
 
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<BulkServer> bulk_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<io::BulkServer> bulk_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -17,8 +17,8 @@
 //
 // Thread-safety: thread-safe; each connection is served on a thread of its
 // own.
-#ifndef CKPT_DAEMON_BULK_TRANSFER_H_
-#define CKPT_DAEMON_BULK_TRANSFER_H_
+#ifndef CKPT_IO_BULK_TRANSFER_H_
+#define CKPT_IO_BULK_TRANSFER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -37,7 +37,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
-namespace ckpt::daemon {
+namespace ckpt::io {
 
 class BulkServer {
  public:
@@ -122,6 +122,6 @@ absl::Status BulkFetch(
     absl::Span<uint8_t> dst, absl::Duration timeout,
     const std::function<void(uint64_t received)>& progress = nullptr);
 
-}  // namespace ckpt::daemon
+}  // namespace ckpt::io
 
-#endif  // CKPT_DAEMON_BULK_TRANSFER_H_
+#endif  // CKPT_IO_BULK_TRANSFER_H_

@@ -1,5 +1,5 @@
 // Bulk transfers: a real server on loopback, real files, real sockets.
-#include "daemon/bulk_transfer.h"
+#include "io/bulk_transfer.h"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
-namespace ckpt::daemon {
+namespace ckpt::io {
 namespace {
 
 using ::testing::HasSubstr;
@@ -117,4 +117,4 @@ TEST_F(BulkTransferTest, ConcurrentTransfersEachGetTheirFile) {
 }
 
 }  // namespace
-}  // namespace ckpt::daemon
+}  // namespace ckpt::io

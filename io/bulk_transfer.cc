@@ -1,4 +1,4 @@
-#include "daemon/bulk_transfer.h"
+#include "io/bulk_transfer.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -24,7 +24,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 
-namespace ckpt::daemon {
+namespace ckpt::io {
 namespace {
 
 constexpr uint64_t kNoSuchTicket = ~uint64_t{0};
@@ -320,4 +320,4 @@ absl::Status BulkFetch(const std::string& host, int port,
   return absl::OkStatus();
 }
 
-}  // namespace ckpt::daemon
+}  // namespace ckpt::io
