@@ -68,7 +68,11 @@ def build(world):
 
 def train_step(model, optim, step):
     g = torch.Generator().manual_seed(100 + step * 7 + dist.get_rank())
-    tokens = torch.randint(0, 37, (4, 9), generator=g)
+    train_on(model, optim, torch.randint(0, 37, (4, 9), generator=g))
+
+
+def train_on(model, optim, tokens):
+    """One step of next-token prediction on `tokens` (a batch of sequences)."""
     logits = model(tokens[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 37),
                                              tokens[:, 1:].reshape(-1))
