@@ -246,9 +246,9 @@ class Checkpointer {
   // (`sources`: their places in the slot) chunk by chunk on several threads,
   // checking each chunk where it landed against the raw checksum of the
   // persisted manifest (`reader`; null when the shard is not persisted yet).
-  absl::Status CopyAndVerify(const uint8_t* slot,
-                             const std::vector<const proto::StagedItem*>& sources,
-                             const snapshot::ShardReader* reader);
+  absl::Status CopyAndVerify(
+      const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+      const snapshot::ShardReader* reader);
   // Checks the slot's items against the raw chunk checksums of the persisted
   // manifest.
   absl::Status VerifySlot(const uint8_t* slot,
