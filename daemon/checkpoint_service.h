@@ -238,6 +238,10 @@ class CheckpointService {
   // slots and files); returns how many were applied, and the first error.
   std::pair<size_t, absl::Status> ApplyDrops(
       const std::vector<RetentionAction>& actions);
+  // One line per collection that dropped something: which steps lost which
+  // copies, and what each tier keeps.
+  void LogDecisions(const std::string& job, const RetentionPlan& plan,
+                    const std::set<uint64_t>& elsewhere);
 
   // The memory tier as a cache (checkpoint_service_memory.cc). Every
   // memory-tier copy of `job` (every job's when empty), with why it must

@@ -42,7 +42,9 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
                    coordinator_->ListCommits(job));
   ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
                    catalog_->ListShards(job));
-  RetentionPlan plan = PlanRetention(commits, shards, policy);
+  RetentionPolicy rules = policy;
+  rules.peer_tier = replicator_ != nullptr;
+  RetentionPlan plan = PlanRetention(commits, shards, rules);
   if (dry_run) return plan;
   // Steps the peer and shared tiers still keep: their shards are there, so
   // their commit records stay when this node drops its own copies.
@@ -81,6 +83,7 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
   }
   auto [applied, failed] = ApplyDrops(plan.actions);
   plan.actions.resize(applied);
+  LogDecisions(job, plan, elsewhere);
   if (!failed.ok()) return failed;
   // A committed step older than the kept disk commits with no shard left
   // loses its commit records. Decided afresh each time from the catalog, so a
@@ -104,6 +107,24 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
     }
   }
   return plan;
+}
+
+void CheckpointService::LogDecisions(const std::string& job,
+                                     const RetentionPlan& plan,
+                                     const std::set<uint64_t>& elsewhere) {
+  if (plan.actions.empty()) return;
+  std::set<uint64_t> slots, files, forgotten;
+  for (const RetentionAction& a : plan.actions) {
+    if (a.drop_slot) slots.insert(a.shard.step());
+    if (a.drop_file) files.insert(a.shard.step());
+    if (a.forget()) forgotten.insert(a.shard.step());
+  }
+  CKPT_LOG_INFO(
+      "gc of job {}: memory copies of steps {} dropped, disk copies of steps "
+      "{} dropped, shards of steps {} forgotten; disk keeps steps from {}, "
+      "peers or the shared tier keep steps {}",
+      job, StepList(slots), StepList(files), StepList(forgotten),
+      plan.oldest_kept_disk_step, StepList(elsewhere));
 }
 
 std::pair<size_t, absl::Status> CheckpointService::ApplyDrops(

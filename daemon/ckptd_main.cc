@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
   ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
   if (fault_injection) {
     faults = std::make_unique<ckpt::io::FaultInjectionFs>(fs);
-    faults->DisableDurabilityModel();
+    faults->ModelDurabilityByJournal();
     fs = faults.get();
     CKPT_LOG_WARN("ckptd: fault injection is on (--fault-injection)");
   }

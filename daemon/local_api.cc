@@ -225,6 +225,14 @@ class DaemonService final : public proto::CkptDaemon::Service {
       return ToGrpc(absl::FailedPreconditionError(
           "fault injection is off: start ckptd with --fault-injection"));
     }
+    if (!req->power_loss_plan().empty()) {
+      absl::StatusOr<std::string> plan = faults_->CutPower();
+      if (!plan.ok()) return ToGrpc(plan.status());
+      CKPT_LOG_WARN("ckptd: the power is out (injected); plan in {}",
+                    req->power_loss_plan());
+      return ToGrpc(io::WriteStringToFile(io::DefaultFileSystem(),
+                                          req->power_loss_plan(), *plan));
+    }
     if (req->write_errno() < 0 || req->fsync_errno() < 0) {
       return ToGrpc(absl::InvalidArgumentError("errno values are positive"));
     }

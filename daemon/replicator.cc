@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/random/random.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/grpc_status.h"
+#include "daemon/retention.h"
 #include "io/bulk_transfer.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -717,11 +719,15 @@ void Replicator::CollectGarbage(const std::string& job) {
   };
   const uint64_t newest = newest_first(steps);
   const uint64_t newest_on_peers = newest_first(on_peers);
+  std::set<uint64_t> held, cached;
   for (const ReplicaStore::Entry& e : held_->List(job)) {
     const bool kept = e.key.step > newest_on_peers ||
                       std::find(on_peers.begin(), on_peers.end(), e.key.step) !=
                           on_peers.end();
-    if (!kept) (void)held_->Drop(e.key);
+    if (!kept) {
+      (void)held_->Drop(e.key);
+      held.insert(e.key.step);
+    }
   }
   for (const ReplicaStore::Entry& e : fetched_->List(job)) {
     const bool kept =
@@ -730,9 +736,17 @@ void Replicator::CollectGarbage(const std::string& job) {
         InUse(e.key, absl::Minutes(1));
     if (!kept) {
       (void)fetched_->Drop(e.key);
+      cached.insert(e.key.step);
       absl::MutexLock lock(&mu_);
       fetched_used_.erase(e.key);
     }
+  }
+  if (!held.empty() || !cached.empty()) {
+    CKPT_LOG_INFO(
+        "replicas of job {}: held replicas of steps {} and fetched copies of "
+        "steps {} dropped; peers keep steps {} and those above {}",
+        job, StepList(held), StepList(cached),
+        StepList({on_peers.begin(), on_peers.end()}), newest_on_peers);
   }
 }
 

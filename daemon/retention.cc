@@ -2,7 +2,21 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace ckpt::daemon {
+
+std::string StepList(const std::set<uint64_t>& steps) {
+  std::string out;
+  for (auto it = steps.begin(); it != steps.end();) {
+    const uint64_t first = *it;
+    uint64_t last = first;
+    for (++it; it != steps.end() && *it == last + 1; ++it) last = *it;
+    absl::StrAppend(&out, out.empty() ? "" : ",", first);
+    if (last != first) absl::StrAppend(&out, "-", last);
+  }
+  return out.empty() ? "none" : out;
+}
 
 proto::DroppedCopy ToProto(const RetentionAction& a) {
   proto::DroppedCopy d;
@@ -41,14 +55,20 @@ RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
   // The newest step held by K peers is what a node loss falls back to: its
   // files stay here too, so that losing a peer does not lose the step.
   const std::vector<uint64_t> peer = kept(proto::TIER_PEER, 1);
+  // And a newer step may still be committed there: its files stay until it
+  // is, or a newer one is (a step older than the newest peer commit is never
+  // the one a node loss falls back to).
+  auto peer_holds = [&](uint64_t step) {
+    if (!peer.empty() && step == peer.front()) return true;
+    return policy.peer_tier && (peer.empty() || step > peer.front());
+  };
   for (const proto::ShardRecord& r : shards) {
     if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED)
       continue;
     const uint64_t step = r.step();
     RetentionAction a;
     a.drop_file = !r.shard_path().empty() &&
-                  step < plan.oldest_kept_disk_step &&
-                  (peer.empty() || step != peer.front());
+                  step < plan.oldest_kept_disk_step && !peer_holds(step);
     a.drop_slot = !r.slot_path().empty() && step <= newest &&
                   std::find(memory.begin(), memory.end(), step) == memory.end();
     if (!a.drop_file && !a.drop_slot) continue;

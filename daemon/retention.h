@@ -9,12 +9,18 @@
 //  - a staging slot stays for the newest `keep_memory` memory commits and for
 //    steps newer than every commit (they may still be committed); it leaves
 //    as soon as a newer step is committed in memory;
+//  - with a peer tier, the files of the newest peer-committed step stay, and
+//    those of every newer step: the peer tier may still commit it, and then a
+//    node's loss must find this node's own copy (its replica may be on the
+//    lost node);
 //  - a shard with neither copy left is forgotten, and a step with no shard
 //    left older than the kept disk commits loses its commit records.
 #ifndef CKPT_DAEMON_RETENTION_H_
 #define CKPT_DAEMON_RETENTION_H_
 
 #include <cstdint>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "proto/catalog.pb.h"
@@ -25,6 +31,9 @@ namespace ckpt::daemon {
 struct RetentionPolicy {
   int keep_disk_steps = 2;
   int keep_memory_steps = 1;
+  // Peer replication is on: files of steps the peer tier may still commit
+  // stay (see above).
+  bool peer_tier = false;
 };
 
 struct RetentionAction {
@@ -44,6 +53,9 @@ struct RetentionPlan {
   // theirs is left; 0 when nothing is committed on disk.
   uint64_t oldest_kept_disk_step = 0;
 };
+
+// Steps as the logs name them: sorted, runs collapsed ("3-7,9").
+std::string StepList(const std::set<uint64_t>& steps);
 
 // What `ckpt gc` prints for one action.
 proto::DroppedCopy ToProto(const RetentionAction& action);

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/replica_store.h"
+#include "daemon/retention.h"
 #include "io/aligned_buffer.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -184,13 +186,20 @@ void SharedTier::CollectGarbage(
   const std::string job_dir = io::JoinPath(options_.dir, job);
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
   if (!names.ok()) return;
+  std::set<uint64_t> dropped;
   for (const std::string& name : *names) {
     uint64_t step = 0;
     // Partial files of a copy cut short are left to the next copy of that
     // shard (it truncates them): another node may be writing one now.
     if (StepOf(name, &step) && step < oldest_kept) {
       (void)fs_->Unlink(io::JoinPath(job_dir, name));
+      dropped.insert(step);
     }
+  }
+  if (!dropped.empty()) {
+    CKPT_LOG_INFO("shared tier, job {}: copies of steps {} dropped; it keeps "
+                  "steps from {}",
+                  job, StepList(dropped), oldest_kept);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "io/fault_injection_fs.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -51,11 +52,15 @@ class FaultInjectionFs::File final : public WritableFile {
   absl::Status Allocate(uint64_t size) override {
     RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("fallocate ", path())));
     RETURN_IF_ERROR(fs_->PersistentWriteFault(path()));
-    return base_->Allocate(size);
+    RETURN_IF_ERROR(base_->Allocate(size));
+    fs_->OnResize(inode_, size, /*shrink=*/false);
+    return absl::OkStatus();
   }
   absl::Status Truncate(uint64_t size) override {
     RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("ftruncate ", path())));
-    return base_->Truncate(size);
+    RETURN_IF_ERROR(base_->Truncate(size));
+    fs_->OnResize(inode_, size, /*shrink=*/true);
+    return absl::OkStatus();
   }
   absl::Status Sync() override { return SyncImpl(false); }
   absl::Status DataSync() override { return SyncImpl(true); }
@@ -112,6 +117,25 @@ void FaultInjectionFs::DisableDurabilityModel() {
   absl::MutexLock l(&mu_);
   model_durability_ = false;
 }
+void FaultInjectionFs::ModelDurabilityByJournal() {
+  absl::MutexLock l(&mu_);
+  model_durability_ = false;
+  journal_model_ = true;
+}
+absl::StatusOr<std::string> FaultInjectionFs::CutPower() {
+  absl::MutexLock l(&mu_);
+  if (!journal_model_) {
+    return absl::FailedPreconditionError(
+        "the power can be cut only under the journal durability model "
+        "(ModelDurabilityByJournal)");
+  }
+  power_out_ = true;
+  return journal_.Plan();
+}
+void FaultInjectionFs::OnResize(int inode, uint64_t size, bool shrink) {
+  absl::MutexLock l(&mu_);
+  if (journal_model_) journal_.Resized(inode, size, shrink);
+}
 absl::Status FaultInjectionFs::PersistentWriteFault(const std::string& path) {
   absl::MutexLock l(&mu_);
   if (persistent_write_err_ == 0) return absl::OkStatus();
@@ -142,6 +166,9 @@ int FaultInjectionFs::mutations() const {
 
 absl::Status FaultInjectionFs::BeginMutation(absl::string_view what) {
   ++mutations_;
+  if (power_out_) {
+    return ErrnoToStatus(EIO, absl::StrCat(what, " (the power is out)"));
+  }
   if (power_loss_after_ >= 0 && mutations_ > power_loss_after_) {
     return ErrnoToStatus(EIO, absl::StrCat(what, " (simulated power loss)"));
   }
@@ -177,6 +204,17 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFs::NewWritableFile(
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(BeginMutation(absl::StrCat("create ", path)));
+    if (journal_model_) {
+      // Opened under the lock: CutPower sees every creation or none.
+      absl::StatusOr<uint64_t> size = base_->FileSize(path);
+      ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> base,
+                       base_->NewWritableFile(path, options));
+      const int id = journal_.Opened(
+          path, size.ok() ? static_cast<int64_t>(*size) : -1,
+          options.truncate);
+      return std::unique_ptr<WritableFile>(
+          new File(this, std::move(base), id));
+    }
     TrackDir(DirName(path));
     auto it = current_.find(path);
     if (it != current_.end()) {
@@ -212,6 +250,14 @@ absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path,
         fail_write_.at == writes_ ? fail_write_.err : persistent_write_err_,
         absl::StrCat("write ", path, " at offset ", offset, " (injected)"));
   }
+  if (journal_model_) {
+    journal_.Wrote(inode, offset, bytes.size());
+    if (short_write_.at == writes_) {
+      *short_write = true;
+      *err = short_write_.err;
+    }
+    return absl::OkStatus();
+  }
   if (!model_durability_) return absl::OkStatus();
   Inode& node = inodes_[inode];
   if (short_write_.at == writes_) {
@@ -246,6 +292,20 @@ absl::Status FaultInjectionFs::BeforeSync(const std::string& path,
 absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path,
                                       int injected_err) {
   absl::MutexLock l(&mu_);
+  if (power_out_) {
+    // The power went out during the fsync: it did not reach the disk.
+    return ErrnoToStatus(EIO,
+                         absl::StrCat("fsync ", path, " (the power is out)"));
+  }
+  if (journal_model_) {
+    if (injected_err == 0) {
+      journal_.Synced(inode);
+      return absl::OkStatus();
+    }
+    journal_.SyncFailed(inode);
+    return ErrnoToStatus(injected_err,
+                         absl::StrCat("fsync ", path, " (injected)"));
+  }
   Inode& node = inodes_[inode];
   if (injected_err != 0) {
     // Linux marks the failed pages clean: the data never reaches the disk, and
@@ -267,9 +327,12 @@ absl::Status FaultInjectionFs::OnSync(int inode, const std::string& path,
 
 absl::Status FaultInjectionFs::HardLink(const std::string& existing,
                                         const std::string& link) {
-  RETURN_IF_ERROR(OnMetadata(absl::StrCat("link ", existing, " to ", link)));
   RETURN_IF_ERROR(PersistentWriteFault(link));
-  return base_->HardLink(existing, link);
+  absl::MutexLock l(&mu_);
+  RETURN_IF_ERROR(BeginMutation(absl::StrCat("link ", existing, " to ", link)));
+  RETURN_IF_ERROR(base_->HardLink(existing, link));
+  if (journal_model_) journal_.Linked(link);
+  return absl::OkStatus();
 }
 
 absl::Status FaultInjectionFs::Rename(const std::string& from,
@@ -277,6 +340,23 @@ absl::Status FaultInjectionFs::Rename(const std::string& from,
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(BeginMutation(absl::StrCat("rename ", from, " to ", to)));
+    if (journal_model_) {
+      // The name the rename replaces is kept until `to`'s directory is
+      // synced: a power loss before brings it back.
+      std::string kept;
+      absl::StatusOr<bool> exists = base_->Exists(to);
+      if (exists.ok() && *exists) {
+        kept = UnsyncedJournal::KeptLinkName(to, ++kept_links_);
+        RETURN_IF_ERROR(base_->HardLink(to, kept));
+      }
+      absl::Status s = base_->Rename(from, to);
+      if (!s.ok()) {
+        if (!kept.empty()) (void)base_->Unlink(kept);
+        return s;
+      }
+      journal_.Renamed(from, to, kept);
+      return absl::OkStatus();
+    }
     TrackDir(DirName(from));
     TrackDir(DirName(to));
   }
@@ -292,18 +372,20 @@ absl::Status FaultInjectionFs::Rename(const std::string& from,
 }
 
 absl::Status FaultInjectionFs::SyncDir(const std::string& dir) {
-  {
-    absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync directory ", dir)));
-    ++dir_syncs_;
-    if (fail_sync_dir_.at == dir_syncs_) {
-      return ErrnoToStatus(
-          fail_sync_dir_.err,
-          absl::StrCat("fsync directory ", dir, " (injected)"));
-    }
+  absl::MutexLock l(&mu_);
+  RETURN_IF_ERROR(BeginMutation(absl::StrCat("fsync directory ", dir)));
+  ++dir_syncs_;
+  if (fail_sync_dir_.at == dir_syncs_) {
+    return ErrnoToStatus(fail_sync_dir_.err,
+                         absl::StrCat("fsync directory ", dir, " (injected)"));
   }
   RETURN_IF_ERROR(base_->SyncDir(dir));
-  absl::MutexLock l(&mu_);
+  if (journal_model_) {
+    for (const std::string& kept : journal_.DirSynced(dir)) {
+      (void)base_->Unlink(kept);
+    }
+    return absl::OkStatus();
+  }
   TrackDir(dir);
   std::map<std::string, int> entries;
   for (const auto& [path, inode] : current_) {
@@ -317,6 +399,11 @@ absl::Status FaultInjectionFs::Unlink(const std::string& path) {
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(BeginMutation(absl::StrCat("unlink ", path)));
+    if (journal_model_) {
+      RETURN_IF_ERROR(base_->Unlink(path));
+      journal_.Unlinked(path);
+      return absl::OkStatus();
+    }
     TrackDir(DirName(path));
   }
   RETURN_IF_ERROR(base_->Unlink(path));
@@ -330,7 +417,14 @@ absl::Status FaultInjectionFs::CreateDirs(const std::string& path) {
 }
 absl::StatusOr<std::vector<std::string>> FaultInjectionFs::ListDir(
     const std::string& dir) {
-  return base_->ListDir(dir);
+  ASSIGN_OR_RETURN(std::vector<std::string> names, base_->ListDir(dir));
+  absl::MutexLock l(&mu_);
+  if (journal_model_) {
+    names.erase(std::remove_if(names.begin(), names.end(),
+                               UnsyncedJournal::IsKeptLink),
+                names.end());
+  }
+  return names;
 }
 absl::StatusOr<uint64_t> FaultInjectionFs::FileSize(const std::string& path) {
   return base_->FileSize(path);

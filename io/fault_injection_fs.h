@@ -10,7 +10,10 @@
 //
 // The durable state is modelled with whole-file copies, so this is for small
 // test files only, like rocksdb's FaultInjectionTestFS. Open files must be
-// closed before SimulatePowerLoss().
+// closed before SimulatePowerLoss(). A running daemon's files are modelled
+// instead by an UnsyncedJournal (ModelDurabilityByJournal): no copies, and the
+// power loss is cut in the process (CutPower) and carried out on its files
+// once it is dead (ApplyPowerLossPlan).
 //
 // Thread-safety: thread-safe.
 #ifndef CKPT_IO_FAULT_INJECTION_FS_H_
@@ -27,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "io/file_system.h"
+#include "io/unsynced_journal.h"
 
 namespace ckpt::io {
 
@@ -59,6 +63,15 @@ class FaultInjectionFs final : public FileSystem {
   // Keeps no copies of file contents, for files too large to copy (a running
   // daemon's shards): SimulatePowerLoss() is then refused.
   void DisableDurabilityModel();
+  // Models durability with an UnsyncedJournal (no copies of file contents;
+  // for a running daemon's shards): SimulatePowerLoss() is then refused, and
+  // CutPower() is the power loss.
+  void ModelDurabilityByJournal();
+  // The power goes out: every later mutating call fails with EIO, and fsyncs
+  // in flight do not count. Returns the journal's plan of what the loss takes,
+  // for ApplyPowerLossPlan() once the process is dead. Needs the journal
+  // model.
+  absl::StatusOr<std::string> CutPower();
 
   // Reverts every touched directory to its durable state and clears the fault
   // schedule.
@@ -128,6 +141,7 @@ class FaultInjectionFs final : public FileSystem {
   absl::Status BeforeSync(const std::string& path, int* inject_err);
   absl::Status PersistentWriteFault(const std::string& path);
   absl::Status OnMetadata(absl::string_view what);
+  void OnResize(int inode, uint64_t size, bool shrink);
 
   FileSystem* const base_;
   mutable absl::Mutex mu_;
@@ -148,7 +162,11 @@ class FaultInjectionFs final : public FileSystem {
   int power_loss_after_ ABSL_GUARDED_BY(mu_) = -1;
   int persistent_write_err_ ABSL_GUARDED_BY(mu_) = 0;
   int persistent_sync_err_ ABSL_GUARDED_BY(mu_) = 0;
-  bool model_durability_ ABSL_GUARDED_BY(mu_) = true;
+  bool model_durability_ ABSL_GUARDED_BY(mu_) = true;  // by copies
+  bool journal_model_ ABSL_GUARDED_BY(mu_) = false;
+  UnsyncedJournal journal_ ABSL_GUARDED_BY(mu_);
+  uint64_t kept_links_ ABSL_GUARDED_BY(mu_) = 0;
+  bool power_out_ ABSL_GUARDED_BY(mu_) = false;
   bool torn_ ABSL_GUARDED_BY(mu_) = false;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };

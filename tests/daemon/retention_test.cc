@@ -103,5 +103,34 @@ TEST(RetentionTest, TheNewestStepHeldByPeersKeepsItsFiles) {
   EXPECT_EQ(Describe(plan), "1:Fx 3:Fx ");
 }
 
+TEST(RetentionTest, StepsThePeerTierMayStillCommitKeepTheirFiles) {
+  // chaos three_node (two node losses close together): step 700 left the
+  // disk window on node 1 while its replicas were still on the way; then it
+  // became the newest peer commit, and the node holding rank 1's replica was
+  // lost. No copy of rank 1's shard was left anywhere.
+  std::vector<proto::CommitRecord> commits;
+  std::vector<proto::ShardRecord> shards;
+  for (uint64_t step = 1; step <= 6; ++step) {
+    commits.push_back(Commit(step, kDisk));
+    shards.push_back(Shard(step, kPersisted, true, false));
+  }
+  commits.push_back(Commit(2, proto::TIER_PEER));
+  RetentionPolicy policy{1, 1};
+  policy.peer_tier = true;
+  RetentionPlan plan = PlanRetention(commits, shards, policy);
+  EXPECT_EQ(plan.oldest_kept_disk_step, 6u);
+  // 1 is older than the newest peer commit: nothing will fall back to it.
+  EXPECT_EQ(Describe(plan), "1:Fx ");
+  // Once 5 is committed at the peer tier, 2 to 4 may go.
+  commits.push_back(Commit(5, proto::TIER_PEER));
+  plan = PlanRetention(commits, shards, policy);
+  EXPECT_EQ(Describe(plan), "1:Fx 2:Fx 3:Fx 4:Fx ");
+}
+
+TEST(RetentionTest, StepListCollapsesRuns) {
+  EXPECT_EQ(StepList({}), "none");
+  EXPECT_EQ(StepList({3, 4, 5, 6, 7, 9, 11, 12}), "3-7,9,11-12");
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

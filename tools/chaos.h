@@ -1,0 +1,242 @@
+// ckpt-chaos (internal header of the harness): starts a local cluster (one ckptd with the fault-injecting file
+// system and N rank processes of the deterministic demo model; or, with
+// --nodes M > 1, an etcd and M nodes, each a ckptd with peer replication and a
+// shared tier, the ranks spread over them), injects faults on a seeded random
+// schedule, and after every recovery checks that nothing committed was lost:
+//   - every committed step restores byte-exact against the state the harness
+//     computes itself (the model is deterministic: the expected state of each
+//     step is known outside the system);
+//   - a step that is not committed is not restorable (or, if it got committed
+//     meanwhile, restores exactly);
+//   - the latest committed step, per tier, never goes backward;
+//   - the newest committed step at each tier is always restorable;
+//   - the job ends with the state of an uninterrupted run.
+// Faults: SIGKILL of a rank (the job restarts), of a daemon, of a whole node
+// (daemon and ranks); SIGSTOP of a daemon, then SIGCONT; disk faults switched
+// on and off (ENOSPC and EIO on writes, EIO on fsync); a daemon killed in the
+// middle of garbage collection; a power loss of a node (its processes and
+// memory gone, its disks keeping only what was fsynced). With several nodes
+// also: a node lost with its directories and replaced under its id (the job
+// resumes from the peer tier), a daemon stopped past its etcd lease (fenced,
+// then it rejoins), etcd killed and restarted, a daemon killed while it sends
+// or receives a replica. Exit 1 on any violation.
+//
+// The harness is one class, Chaos, whose parts live in: chaos.cc (the run),
+// chaos_cluster.cc (daemons, ranks, etcd and what they are asked),
+// chaos_faults.cc (the faults), chaos_invariants.cc (the checks),
+// chaos_report.cc (the report) and chaos_main.cc (the command line). One
+// thread runs it all.
+#ifndef CKPT_TOOLS_CHAOS_H_
+#define CKPT_TOOLS_CHAOS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/checkpointer.h"
+#include "proto/daemon.pb.h"
+#include "tools/demo_model.h"
+#include "tools/process.h"
+
+namespace ckpt::chaos {
+
+using ckpt::client::Checkpointer;
+using Clock = std::chrono::steady_clock;
+using ckpt::tools::Spawn;
+
+inline constexpr char kJob[] = "chaos";
+// ckptd's retention in the harness's cluster.
+inline constexpr size_t kKeepMemory = 2;
+inline constexpr size_t kKeepDisk = 2;
+inline constexpr size_t kKeepShared = 2;
+
+double SecondsSince(Clock::time_point t);
+void SleepMs(int64_t ms);
+// True once `pid` has exited (reaped); `status` gets its wait status.
+bool Exited(pid_t pid, int* status);
+void KillAndReap(pid_t pid);
+
+// The state the harness expects of each rank after each step: the demo model
+// run from scratch, outside the system.
+class Oracle {
+ public:
+  explicit Oracle(int64_t elements) : elements_(elements) {}
+  std::string Expected(uint32_t rank, uint64_t step);
+
+ private:
+  const int64_t elements_;
+  std::map<uint32_t, std::pair<uint64_t, ckpt::demo::RankModel>> cache_;
+};
+
+struct Options {
+  std::string dir;
+  uint32_t nodes = 1;
+  uint32_t ranks = 2;
+  int64_t elements = 16384;
+  int step_ms = -1;  // default: 10 ms on one node, 50 ms on several
+  uint64_t seed = 0;
+  int faults = 30;
+  double duration_s = 0;
+  bool json = false;
+  // Each ckptd's --memory-budget: a small one makes every save evict
+  // copies that are safe on disk.
+  std::string memory_budget = "512M";
+  // The fault kinds to draw from; empty: every kind the cluster can take.
+  std::vector<std::string> kinds;
+  std::string ckptd, trainer;
+};
+
+struct Report {
+  std::map<std::string, int> faults;
+  int recoveries = 0;
+  int kill_points_reached = 0;  // of the daemons restarted to die at one
+  std::vector<double> recover_s;
+  std::vector<uint64_t> steps_lost;
+  uint64_t bytes_staged = 0;
+  uint64_t final_step = 0;
+  std::vector<std::string> violations;
+};
+
+// One node of the cluster: a ckptd with its directories (and, with several
+// nodes, its peer service), and the ranks placed on it.
+struct Node {
+  std::string id;
+  std::string dir;      // data directory, socket, log
+  std::string staging;  // tmpfs: the memory tier
+  pid_t pid = -1;
+  std::string socket() const { return dir + "/run/ckptd.sock"; }
+  std::string data() const { return dir + "/data"; }
+  std::string log() const { return dir + "/ckptd.log"; }
+  std::string replicas() const { return staging + ".peer"; }
+};
+
+class Chaos {
+ public:
+  explicit Chaos(const Options& o);
+  ~Chaos();
+
+  int Run();
+
+  // The fault kinds a cluster of one or several nodes can take (--kinds
+  // picks among them).
+  static std::vector<std::string> Kinds(bool several_nodes);
+
+ private:
+  // The lease of each ckptd on etcd: a daemon stopped longer is fenced.
+  static constexpr int kLeaseTtlS = 2;
+  // Every this many steps also go to the shared tier (several nodes).
+  static constexpr int kSharedEvery = 4;
+
+  bool multi() const { return o_.nodes > 1; }
+  Node& NodeOf(uint32_t rank) { return nodes_[rank % o_.nodes]; }
+  // The tiers whose commits the harness checks, and how many of the newest
+  // commits at each retention keeps restorable. At the peer tier that is the
+  // newest one only: a node's loss takes the replicas it held, and a replica's
+  // owner keeps its own copy for the newest peer-committed step.
+  std::vector<std::pair<proto::Tier, size_t>> Promises() const;
+
+  // --- the cluster --------------------------------------------------------
+
+  bool StartDaemon(Node& node, const std::string& env);
+
+  // Starts the job's ranks, resuming from the latest step committed at
+  // `resume` (the orchestrator's choice: peer after a node was lost).
+  void StartRanks(proto::Tier resume);
+
+  std::string ProgressFile(uint32_t rank) const;
+  // The furthest step any rank has computed.
+  uint64_t Progress() const;
+
+  // Kills every rank, then waits until the daemon has handled what they sent
+  // before they died (a commit may still land just after): a restarted job's
+  // ranks must all see the same latest step, as an orchestrator's restart
+  // delay ensures.
+  void KillRanks();
+
+  // Lets the job train for `ms`; false (with a violation) if a rank died.
+  bool Train(int ms);
+
+  // The harness's own checkpointers only read (the trainers are processes):
+  // their restores never withdraw a trainer's shards.
+  std::unique_ptr<Checkpointer> ConnectTo(const Node& node, uint32_t rank);
+  std::unique_ptr<Checkpointer> Connect(uint32_t rank);
+
+  // The latest step committed at `tier`, asked of the first node that
+  // answers (commits are the cluster's, whichever node is asked).
+  std::optional<uint64_t> Latest(proto::Tier tier);
+
+  // Whether the newest `n` steps committed at `tier` are all newer than
+  // `after`.
+  bool NewestAbove(proto::Tier tier, size_t n, uint64_t after);
+
+  absl::Status InjectDisk(const Node& node, int write_errno, int fsync_errno);
+  // Cuts the node's power in its ckptd (every later write fails) and writes
+  // the plan of what the loss takes to PowerLossPlan(node).
+  absl::Status CutPower(const Node& node);
+  std::string PowerLossPlan(const Node& node) const {
+    return node.dir + "/power-loss-plan";
+  }
+
+  // Kills a node's daemon and the job (its ranks die with the node; the
+  // others are restarted with them, as under torchrun). Returns the furthest
+  // step the job had computed.
+  uint64_t KillNode(Node& node);
+
+  // --- faults -------------------------------------------------------------
+
+  void InjectOne();
+  // A node's power loss: its ckptd and the job's ranks die at once, its
+  // memory (staging and replica tmpfs) is gone, and its disks keep only what
+  // was fsynced. It restarts; everything committed on disk must still
+  // restore. Returns the furthest step the job had computed.
+  uint64_t PowerLoss(Node& node);
+  // A ckptd restarted to die at `kill_point` (name:nth), then restarted.
+  bool KillAt(Node& node, const std::string& kill_point);
+
+  // --- invariants ---------------------------------------------------------
+
+  void CheckInvariants(const std::string& after) {
+    CheckInvariants(after, Promises());
+  }
+  // The checks above at the given tiers only.
+  void CheckInvariants(const std::string& after,
+                       const std::vector<std::pair<proto::Tier, size_t>>& at);
+
+  // True when `step` is among the newest `keep` steps committed at `tier`.
+  bool AmongNewest(Checkpointer* c, proto::Tier tier, size_t keep,
+                   uint64_t step);
+
+  // --- the end ------------------------------------------------------------
+
+  void Finish();
+
+  int Print();
+
+  void Violation(const std::string& what);
+  void Log(const std::string& line);
+
+  const Options o_;
+  std::mt19937_64 rng_;        // the fault schedule
+  std::mt19937_64 check_rng_;  // which older steps are checked
+  Oracle oracle_;
+  const std::string log_, steps_file_;
+  std::vector<Node> nodes_;
+  std::unique_ptr<ckpt::tools::LocalEtcd> etcd_;  // several nodes
+  std::vector<pid_t> ranks_;
+  std::map<proto::Tier, uint64_t> newest_seen_;
+  uint64_t checked_steps_ = 0;
+  Report report_;
+};
+
+}  // namespace ckpt::chaos
+
+#endif  // CKPT_TOOLS_CHAOS_H_
