@@ -37,6 +37,7 @@ int Chaos::Print() {
   j["faults_injected"] = injected;
   j["recoveries"] = report_.recoveries;
   j["kill_points_reached"] = report_.kill_points_reached;
+  j["recover_s"] = report_.recover_s;
   j["recover_s_p50"] = percentile(report_.recover_s, 0.5);
   j["recover_s_p99"] = percentile(report_.recover_s, 0.99);
   j["steps_lost_max"] = lost_max;

@@ -1,0 +1,259 @@
+// ckpt status: the running ckptd's health, jobs and figures.
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "client/daemon_admin.h"
+#include "daemon/coordinator.h"
+#include "io/file_system.h"
+#include "nlohmann/json.hpp"
+#include "tools/data_dir_view.h"
+#include "tools/metrics_text.h"
+#include "tools/ckpt_cli.h"
+
+namespace ckpt::cli {
+
+// The figures of ckptd's metrics for one job (what /metrics exports), as
+// JSON: saves and their stall, persist throughput, compression, commit
+// latency, work at risk, failures and recoveries, the checkpoint interval in
+// use and the one Young/Daly suggests, restores.
+nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
+                          const std::string& job) {
+  using ckpt::tools::SumOf;
+  const std::map<std::string, std::string> j = {{"job", job}};
+  auto get = [&](const std::string& name,
+                 std::map<std::string, std::string> labels = {}) {
+    labels.insert(j.begin(), j.end());
+    return SumOf(m, name, labels);
+  };
+  auto mean = [&](const std::string& histogram,
+                  std::map<std::string, std::string> labels = {})
+      -> std::optional<double> {
+    auto sum = get(histogram + "_sum", labels);
+    auto count = get(histogram + "_count", labels);
+    if (!sum || !count || *count == 0) return std::nullopt;
+    return *sum / *count;
+  };
+  nlohmann::json f;
+  auto put = [&f](const std::string& key, std::optional<double> v) {
+    if (v.has_value()) f[key] = *v;
+  };
+  put("saves", get("ckpt_staging_seconds_count"));
+  put("stall_mean_s", mean("ckpt_staging_seconds"));
+  put("saves_skipped", get("ckpt_steps_skipped_total"));
+  put("persist_failures", get("ckpt_persist_failures_total"));
+  auto persisted = get("ckpt_persisted_bytes_total");
+  auto persist_s = get("ckpt_persist_seconds_sum");
+  if (persisted && persist_s && *persist_s > 0) {
+    f["persist_bytes_per_s"] = *persisted / *persist_s;
+  }
+  put("compression_ratio", get("ckpt_compression_ratio"));
+  put("replicated_bytes", get("ckpt_replicated_bytes_total"));
+  put("replication_failures", get("ckpt_replication_failures_total"));
+  put("fetched_from_peers_bytes", get("ckpt_peer_fetched_bytes_total"));
+  put("shared_bytes", get("ckpt_shared_bytes_total"));
+  for (const char* tier : {"memory", "peer", "local_disk", "shared"}) {
+    put(absl::StrCat("commit_latency_mean_s_", tier),
+        mean("ckpt_commit_latency_seconds", {{"tier", tier}}));
+    put(absl::StrCat("last_commit_age_s_", tier),
+        get("ckpt_last_commit_age_seconds", {{"tier", tier}}));
+    put(absl::StrCat("last_committed_step_", tier),
+        get("ckpt_last_committed_step", {{"tier", tier}}));
+    put(absl::StrCat("restores_from_", tier),
+        get("ckpt_restores_total", {{"source", tier}}));
+  }
+  for (const char* kind : {"job_restart", "daemon_restart"}) {
+    put(absl::StrCat("failures_", kind),
+        get("ckpt_failures_detected_total", {{"kind", kind}}));
+  }
+  put("recoveries", get("ckpt_recoveries_total"));
+  put("recovery_mean_s", mean("ckpt_recovery_seconds"));
+  put("checksum_mismatches", get("ckpt_checksum_mismatches_total"));
+  put("trainers_attached", get("ckpt_trainers_attached"));
+  for (const char* reason :
+       {"idle_job", "older_step", "newest_step", "idle_ttl", "operator"}) {
+    put(absl::StrCat("memory_evictions_", reason),
+        get("ckpt_memory_evictions_total", {{"reason", reason}}));
+  }
+  put("restore_fallbacks", get("ckpt_restore_fallbacks_total"));
+  put("save_interval_s", get("ckpt_save_interval_seconds"));
+  put("save_cost_s", get("ckpt_save_cost_seconds"));
+  put("mtbf_s", get("ckpt_mtbf_seconds"));
+  put("young_daly_interval_s", get("ckpt_young_daly_interval_seconds"));
+  return f;
+}
+
+int Status(const std::string& data_dir, const std::string& socket_path,
+           bool json) {
+  nlohmann::json j;
+  j["data_dir"] = data_dir;
+  j["socket"] = socket_path;
+  j["daemon_accepting"] = Accepting(socket_path);
+  auto view = ckpt::tools::DataDirView::Open(data_dir);
+  if (!view.ok()) return Fail("status", view.status());
+  auto jobs = (*view)->Jobs();
+  if (!jobs.ok()) return Fail("status", jobs.status());
+  ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
+  uint64_t memory = 0, disk = 0;
+  int staging = 0, staged = 0, failed = 0;
+  j["jobs"] = nlohmann::json::array();
+  for (const proto::JobRecord& job : *jobs) {
+    auto shards = (*view)->Shards(job.job());
+    auto commits = (*view)->Commits(job.job());
+    if (!shards.ok()) return Fail("status", shards.status());
+    if (!commits.ok()) return Fail("status", commits.status());
+    for (const proto::ShardRecord& r : *shards) {
+      if (!r.slot_path().empty()) memory += r.slot_bytes();
+      if (!r.shard_path().empty()) {
+        auto size = fs->FileSize(r.shard_path());
+        if (size.ok()) disk += *size;
+      }
+      staging += r.state() == proto::SHARD_STAGING;
+      staged += r.state() == proto::SHARD_STAGED;
+      failed += r.state() == proto::SHARD_FAILED;
+    }
+    nlohmann::json jj;
+    jj["job"] = job.job();
+    jj["world_size"] = job.world_size();
+    for (const proto::CommitRecord& c : *commits) {  // by step: last wins
+      nlohmann::json cj;
+      cj["step"] = c.step();
+      cj["committed_unix_micros"] = c.committed_unix_micros();
+      jj["latest"][ckpt::daemon::TierName(c.tier())] = cj;
+    }
+    j["jobs"].push_back(std::move(jj));
+  }
+  j["memory_tier_bytes"] = memory;
+  j["disk_tier_bytes"] = disk;
+  auto free_space = fs->FreeSpace(data_dir);
+  if (free_space.ok()) j["disk_free_bytes"] = *free_space;
+  // The running daemon's figures, from its metrics.
+  std::vector<ckpt::tools::Sample> metrics;
+  if (j["daemon_accepting"].get<bool>()) {
+    auto text = ckpt::client::GetMetricsText(socket_path);
+    if (text.ok()) metrics = ckpt::tools::ParseMetricsText(*text);
+  }
+  if (!metrics.empty()) {
+    for (nlohmann::json& jj : j["jobs"]) {
+      jj["figures"] = JobFigures(metrics, jj["job"].get<std::string>());
+    }
+    auto put = [&](const char* key, const char* name) {
+      auto v = ckpt::tools::SumOf(metrics, name, {});
+      if (v.has_value()) j[key] = *v;
+    };
+    put("memory_budget_bytes", "ckpt_memory_budget_bytes");
+    put("disk_budget_bytes", "ckpt_disk_budget_bytes");
+  }
+  j["shards_being_staged"] = staging;
+  j["shards_waiting_to_persist"] = staged;
+  j["shards_failed"] = failed;
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("ckptd      %s (%s)\n",
+              j["daemon_accepting"].get<bool>() ? "up" : "NOT RUNNING",
+              socket_path.c_str());
+  std::printf("data       %s\n", data_dir.c_str());
+  std::printf(
+      "memory     %s in staging slots%s\n", HumanBytes(memory).c_str(),
+      j.contains("memory_budget_bytes")
+          ? absl::StrCat(" of a ",
+                         HumanBytes(j["memory_budget_bytes"].get<double>()),
+                         " budget")
+                .c_str()
+          : "");
+  std::printf("disk       %s in shard files, %s free\n",
+              HumanBytes(disk).c_str(),
+              free_space.ok() ? HumanBytes(*free_space).c_str() : "?");
+  std::printf("in flight  %d being staged, %d waiting to persist, %d failed\n",
+              staging, staged, failed);
+  for (const nlohmann::json& jj : j["jobs"]) {
+    std::string latest;
+    if (jj.contains("latest")) {
+      for (auto& [tier, c] : jj["latest"].items()) {
+        absl::StrAppend(&latest, latest.empty() ? "" : ", ", tier, " step ",
+                        c["step"].get<uint64_t>(), " (",
+                        Age(c["committed_unix_micros"].get<int64_t>()), ")");
+      }
+    }
+    std::printf("job %-20s world %-5u last commit: %s\n",
+                jj["job"].get<std::string>().c_str(),
+                jj["world_size"].get<uint32_t>(),
+                latest.empty() ? "none" : latest.c_str());
+    if (!jj.contains("figures")) continue;
+    const nlohmann::json& f = jj["figures"];
+    auto num = [&f](const char* key) {
+      return f.contains(key) ? f[key].get<double>() : 0.0;
+    };
+    auto secs = [&](const char* key) {
+      return f.contains(key) ? HumanSeconds(f[key].get<double>())
+                             : std::string("-");
+    };
+    std::printf(
+        "  saves      %.0f (stall mean %s), %.0f skipped for memory, "
+        "%.0f persist failures\n",
+        num("saves"), secs("stall_mean_s").c_str(), num("saves_skipped"),
+        num("persist_failures"));
+    std::printf(
+        "  persist    %s/s, compression %.2f stored/raw, commit "
+        "latency memory %s, disk %s\n",
+        HumanBytes(static_cast<uint64_t>(num("persist_bytes_per_s"))).c_str(),
+        num("compression_ratio"), secs("commit_latency_mean_s_memory").c_str(),
+        secs("commit_latency_mean_s_local_disk").c_str());
+    if (f.contains("replicated_bytes") || f.contains("shared_bytes") ||
+        f.contains("fetched_from_peers_bytes")) {
+      std::printf(
+          "  beyond     %s pushed to peers (%.0f failed pushes), %s fetched "
+          "from peers, %s to the shared tier; commit latency peer %s, "
+          "shared %s\n",
+          HumanBytes(static_cast<uint64_t>(num("replicated_bytes"))).c_str(),
+          num("replication_failures"),
+          HumanBytes(static_cast<uint64_t>(num("fetched_from_peers_bytes")))
+              .c_str(),
+          HumanBytes(static_cast<uint64_t>(num("shared_bytes"))).c_str(),
+          secs("commit_latency_mean_s_peer").c_str(),
+          secs("commit_latency_mean_s_shared").c_str());
+    }
+    std::printf(
+        "  at risk    %s since the last disk commit, %.0f step(s) "
+        "newer in memory only\n",
+        secs("last_commit_age_s_local_disk").c_str(),
+        std::max(0.0, num("last_committed_step_memory") -
+                          num("last_committed_step_local_disk")));
+    std::printf(
+        "  failures   %.0f job restart(s), %.0f daemon restart(s); "
+        "%.0f recoveries, time to recover mean %s\n",
+        num("failures_job_restart"), num("failures_daemon_restart"),
+        num("recoveries"), secs("recovery_mean_s").c_str());
+    std::printf(
+        "  interval   %s in use; Young/Daly suggests %s (save cost "
+        "%s, MTBF %s)\n",
+        secs("save_interval_s").c_str(), secs("young_daly_interval_s").c_str(),
+        secs("save_cost_s").c_str(), secs("mtbf_s").c_str());
+    std::string evicted;
+    for (const char* reason :
+         {"idle_job", "older_step", "newest_step", "idle_ttl", "operator"}) {
+      const double n = num(absl::StrCat("memory_evictions_", reason).c_str());
+      if (n > 0)
+        absl::StrAppend(&evicted, evicted.empty() ? "" : ", ", n, " ", reason);
+    }
+    std::printf(
+        "  memory     %.0f trainer(s) attached; copies dropped "
+        "while safe elsewhere: %s\n",
+        num("trainers_attached"), evicted.empty() ? "none" : evicted.c_str());
+    std::printf(
+        "  restores   %.0f from memory, %.0f from disk; %.0f checksum "
+        "mismatches, %.0f fallbacks\n",
+        num("restores_from_memory"), num("restores_from_local_disk"),
+        num("checksum_mismatches"), num("restore_fallbacks"));
+  }
+  return 0;
+}
+
+}  // namespace ckpt::cli
