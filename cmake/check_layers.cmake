@@ -1,0 +1,46 @@
+# The layers run one way: tools -> python -> client -> (snapshot, kernels) ->
+# io, and daemon -> (snapshot, kernels) -> io, with proto below client and
+# daemon. Nothing under client/ (libckpt, linked into trainers) includes
+# daemon code. Run as a test:
+#   cmake -DSOURCE_DIR=<repo> -P cmake/check_layers.cmake
+# It fails naming every file and line whose include crosses a layer upward.
+cmake_minimum_required(VERSION 3.20)
+if(NOT SOURCE_DIR)
+  message(FATAL_ERROR "check_layers.cmake: pass -DSOURCE_DIR=<repository root>")
+endif()
+
+# What each layer's files may include of the project's own directories.
+set(allowed_io       io)
+set(allowed_snapshot snapshot io proto)
+set(allowed_kernels  kernels snapshot io proto)
+set(allowed_daemon   daemon kernels snapshot io proto)
+set(allowed_client   client kernels snapshot io proto)
+set(allowed_python   python client kernels snapshot io proto)
+set(project_dirs io snapshot kernels proto daemon client python tools tests)
+
+set(violations "")
+foreach(layer io snapshot kernels daemon client python)
+  file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}"
+       "${SOURCE_DIR}/${layer}/*.h" "${SOURCE_DIR}/${layer}/*.cc"
+       "${SOURCE_DIR}/${layer}/*.cu" "${SOURCE_DIR}/${layer}/*.cuh")
+  foreach(f IN LISTS files)
+    file(STRINGS "${SOURCE_DIR}/${f}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+    foreach(line IN LISTS lines)
+      string(REGEX MATCH "\"([a-z_]+)/" _ "${line}")
+      set(dir "${CMAKE_MATCH_1}")
+      if(dir STREQUAL "" OR NOT dir IN_LIST project_dirs)
+        continue()
+      endif()
+      if(NOT dir IN_LIST allowed_${layer})
+        string(STRIP "${line}" line)
+        string(APPEND violations
+               "\n  ${f}: ${line} (${layer}/ may include only: ${allowed_${layer}})")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+
+if(violations)
+  message(FATAL_ERROR "includes that cross a layer upward:${violations}")
+endif()
+message(STATUS "layers: every include runs one way")
