@@ -1,4 +1,4 @@
-#include "tools/ckpt_bench_recovery.h"
+#include "tools/ckpt_bench.h"
 
 // ckpt-bench: throughput of ckpt's data paths against a reference measured in
 // the same run.
@@ -95,6 +95,8 @@ double TcpCopyMibS(uint64_t bytes) {
 // (both ranks of the new epoch restore the step, the replacement from the
 // replicas). The restore from peers is set against a plain TCP copy of the
 // same bytes over loopback, measured in the same run.
+namespace ckpt::bench {
+
 int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -345,3 +347,5 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
   }
   return 0;
 }
+
+}  // namespace ckpt::bench

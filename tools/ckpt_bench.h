@@ -1,0 +1,72 @@
+// ckpt-bench: what its subcommands share. Each subcommand lives in its own
+// file (ckpt_bench_io.cc, ckpt_bench_save.cc, ckpt_bench_torch.cc,
+// ckpt_bench_control_plane.cc, ckpt_bench_recovery.cc), the shared helpers in
+// ckpt_bench_common.cc, the command line in ckpt_bench.cc. Each Run* runs one
+// benchmark on the calling thread, prints its report (one JSON object with
+// --json) and returns the process's exit code.
+#ifndef CKPT_TOOLS_CKPT_BENCH_H_
+#define CKPT_TOOLS_CKPT_BENCH_H_
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ckpt::bench {
+
+std::string RunCapture(const std::string& cmd);
+
+// fio's bandwidth in MiB/s for one sequential pass.
+double Fio(const std::string& file, bool write, uint64_t size_mib,
+           unsigned iodepth);
+
+// Starts a ckptd for the benchmark; returns its pid.
+pid_t StartDaemon(const std::string& dir, const std::string& staging,
+                  uint64_t budget_mib);
+
+// The bench's ckptd: stopped, and its staging directory removed, however the
+// bench ends.
+struct BenchDaemon {
+  pid_t pid = -1;
+  std::string staging;
+  ~BenchDaemon() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(staging, ec);
+  }
+};
+
+int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads,
+          bool json);
+
+int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
+            int warmup, bool json, bool fork);
+
+// `ckpt-bench torch`: bench_torch.py (next to the ckpt Python package in the
+// build tree) against the benchmark's own ckptd.
+int RunTorch(const std::string& dir, uint64_t state_mib, int runs, bool json,
+             const std::string& host_snapshot, bool huge_pages,
+             std::string python);
+
+// `ckpt-bench control-plane`: `ranks` ranks of one job, spread over `nodes`
+// etcd coordinators (one per simulated ckptd, voting for their ranks in
+// parallel), vote for one step; the time from the first vote to the commit.
+// Against its own etcd on loopback unless `etcd` names one.
+int RunControlPlane(const std::string& dir, std::string etcd, int ranks,
+                    int nodes, int runs, bool json);
+
+// `ckpt-bench recovery`: the time a job takes to come back from a lost node
+// (detection, rendezvous, restore from peer replicas), against a plain TCP
+// copy of the same bytes.
+int RunRecovery(const std::string& dir, uint64_t state_mib, bool json);
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_TOOLS_CKPT_BENCH_H_
