@@ -1,18 +1,18 @@
+// Replicator: start-up, the push loop and the pushes (tier T1), peer TLS.
+// Restores' fetches and garbage collection are in replicator_fetch.cc.
 #include "daemon/replicator.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "daemon/describe.h"
 #include "daemon/grpc_status.h"
-#include "daemon/retention.h"
 #include "io/bulk_transfer.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -25,10 +25,6 @@ namespace {
 
 constexpr size_t kPieceBytes = 4 << 20;
 
-std::string Describe(const std::string& job, uint64_t step, uint32_t rank) {
-  return absl::StrCat("job ", job, " step ", step, " rank ", rank);
-}
-
 // FNV-1a: a placement that is the same in every process and every run.
 uint64_t StableHash(absl::string_view s) {
   uint64_t h = 1469598103934665603ull;
@@ -39,13 +35,12 @@ uint64_t StableHash(absl::string_view s) {
   return h;
 }
 
-// A deadline for moving `bytes`: generous (20 MiB/s) plus a fixed margin.
-absl::Time TransferDeadline(uint64_t bytes) {
+}  // namespace
+
+absl::Time Replicator::TransferDeadline(uint64_t bytes) {
   return absl::Now() + absl::Seconds(30) +
          absl::Seconds(static_cast<double>(bytes) / (20 << 20));
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
     io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
@@ -418,348 +413,6 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
   metrics_->Add("ckpt_replicated_bytes_total", {{"job", shard.job()}},
                 static_cast<double>(size));
   return absl::OkStatus();
-}
-
-absl::StatusOr<proto::LocateShardResponse> Replicator::LocateOn(
-    const proto::PeerInfo& peer, const ReplicaStore::Key& key,
-    bool with_items) {
-  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  proto::LocateShardRequest req;
-  req.mutable_shard()->set_job(key.job);
-  req.mutable_shard()->set_step(key.step);
-  req.mutable_shard()->set_rank(key.rank);
-  req.set_with_items(with_items);
-  proto::LocateShardResponse resp;
-  RETURN_IF_ERROR(
-      FromGrpc(stub->LocateShard(&ctx, req, &resp),
-               absl::StrCat("locating ", Describe(key.job, key.step, key.rank),
-                            " on node ", peer.node_id())));
-  return resp;
-}
-
-absl::optional<proto::ShardRecord> Replicator::LocalCopy(const std::string& job,
-                                                         uint64_t step,
-                                                         uint32_t rank) {
-  for (ReplicaStore* store : {held_.get(), fetched_.get()}) {
-    if (absl::optional<ReplicaStore::Entry> e =
-            store->Find({job, step, rank})) {
-      absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
-      if (r.ok()) return *std::move(r);
-    }
-  }
-  return absl::nullopt;
-}
-
-std::vector<Replicator::PeerCopy> Replicator::Locate(const std::string& job,
-                                                     uint64_t step,
-                                                     uint32_t rank) {
-  std::vector<PeerCopy> copies;
-  absl::StatusOr<std::vector<proto::PeerInfo>> peers = Peers();
-  if (!peers.ok()) return copies;
-  for (const proto::PeerInfo& peer : *peers) {
-    absl::StatusOr<proto::LocateShardResponse> resp =
-        LocateOn(peer, {job, step, rank}, /*with_items=*/copies.empty());
-    if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
-      copies.push_back({peer.node_id(),
-                        resp->tier(),
-                        {resp->items().begin(), resp->items().end()}});
-    }
-  }
-  // A peer's memory before a peer's disk, as Fetch tries them.
-  std::stable_sort(
-      copies.begin(), copies.end(),
-      [](const PeerCopy& a, const PeerCopy& b) { return a.tier < b.tier; });
-  return copies;
-}
-
-namespace {
-// Why no peer gave a shard: `failed` (with each peer's error) when some had
-// a copy, else NotFound naming the peers asked.
-absl::Status NoCopy(absl::StatusCode failed, const std::string& what,
-                    const std::vector<std::string>& failures,
-                    const std::vector<std::string>& asked) {
-  if (!failures.empty()) {
-    return absl::Status(
-        failed, absl::StrCat("no good copy of ", what, " on any live node (",
-                             absl::StrJoin(failures, "; "), ")"));
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "no shard for ", what, " on this node or on any live peer (asked: ",
-      asked.empty() ? "none is known" : absl::StrJoin(asked, ", "), ")"));
-}
-}  // namespace
-
-absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
-                                                     uint64_t step,
-                                                     uint32_t rank) {
-  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  const ReplicaStore::Key key{job, step, rank};
-  const std::string what = Describe(job, step, rank);
-  absl::MutexLock fetching(&fetch_mu_);
-  // Marked before anything is fetched: garbage collection running meanwhile
-  // leaves the copy alone from the moment it appears.
-  Used(key);
-  // A copy here already: fetched before, or a replica a peer pushed here.
-  for (ReplicaStore* store : {fetched_.get(), held_.get()}) {
-    if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
-      absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
-      if (r.ok()) return r;
-      CKPT_LOG_WARN("{}: the copy in {} is unusable ({}); dropping it", what,
-                    e->path, r.status().ToString());
-      (void)store->Drop(key);
-    }
-  }
-  ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
-  std::vector<std::string> asked;
-  const std::vector<Candidate> candidates = PeersWith(key, peers, &asked);
-  std::vector<std::string> failures;
-  for (const Candidate& c : candidates) {
-    const absl::Time start = absl::Now();
-    std::string via;
-    absl::StatusOr<ReplicaStore::Entry> got = FetchFrom(key, *c.peer, &via);
-    if (got.ok()) {
-      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      const Labels labels = {
-          {"job", job},
-          {"source", c.tier == proto::TIER_PEER ? "peer_memory" : "peer_disk"}};
-      metrics_->Add("ckpt_peer_fetched_bytes_total", labels,
-                    static_cast<double>(got->bytes));
-      metrics_->Add("ckpt_peer_fetch_seconds_total", labels, seconds);
-      CKPT_LOG_INFO(
-          "{}: fetched {} bytes from node {} ({}) over {} in {:.1f} ms, "
-          "{:.0f} MiB/s",
-          what, got->bytes, c.peer->node_id(), proto::Tier_Name(c.tier), via,
-          seconds * 1e3, seconds > 0 ? got->bytes / seconds / (1 << 20) : 0.0);
-      return ReplicaStore::RecordOf(fs_, *got);
-    }
-    CKPT_LOG_WARN("{}: fetching from node {}: {}", what, c.peer->node_id(),
-                  got.status().ToString());
-    failures.push_back(
-        absl::StrCat(c.peer->node_id(), ": ", got.status().message()));
-  }
-  return NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
-}
-
-std::vector<Replicator::Candidate> Replicator::PeersWith(
-    const ReplicaStore::Key& key, const std::vector<proto::PeerInfo>& peers,
-    std::vector<std::string>* asked) {
-  std::vector<Candidate> candidates;
-  for (const proto::PeerInfo& peer : peers) {
-    asked->push_back(peer.node_id());
-    absl::StatusOr<proto::LocateShardResponse> resp =
-        LocateOn(peer, key, /*with_items=*/false);
-    if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
-      candidates.push_back({&peer, resp->tier()});
-    }
-  }
-  // A peer's memory before a peer's disk (DESIGN.md §2).
-  std::stable_sort(
-      candidates.begin(), candidates.end(),
-      [](const Candidate& a, const Candidate& b) { return a.tier < b.tier; });
-  return candidates;
-}
-
-absl::StatusOr<proto::PeerShardOffer> Replicator::OfferFromPeers(
-    const std::string& job, uint64_t step, uint32_t rank) {
-  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  const std::string what = Describe(job, step, rank);
-  if (LocalCopy(job, step, rank).has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " has a copy on this node"));
-  }
-  const ReplicaStore::Key key{job, step, rank};
-  ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
-  std::vector<std::string> asked, failures;
-  for (const Candidate& c : PeersWith(key, peers, &asked)) {
-    const std::string& address = c.peer->address();
-    auto stub = proto::CkptPeer::NewStub(ChannelTo(address));
-    proto::FetchShardRequest req;
-    req.mutable_shard()->set_job(job);
-    req.mutable_shard()->set_step(step);
-    req.mutable_shard()->set_rank(rank);
-    req.set_with_manifest(true);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    proto::ShardOffer offer;
-    grpc::Status offered = stub->OfferShard(&ctx, req, &offer);
-    if (offered.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        offered.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("node ", c.peer->node_id(),
-                       " offers no bulk transfers: ", offered.error_message()));
-    }
-    if (!offered.ok()) {
-      failures.push_back(
-          absl::StrCat(c.peer->node_id(), ": ", offered.error_message()));
-      continue;
-    }
-    proto::PeerShardOffer out;
-    out.set_node(c.peer->node_id());
-    out.set_tier(offer.tier());
-    out.set_host(address.substr(0, address.rfind(':')));
-    out.set_port(offer.port());
-    out.set_ticket(offer.ticket());
-    out.set_file_bytes(offer.file_bytes());
-    out.set_manifest(offer.manifest());
-    return out;
-  }
-  return NoCopy(absl::StatusCode::kUnavailable, what, failures, asked);
-}
-
-absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>>
-Replicator::ReceiveFetched(const ReplicaStore::Key& key, uint64_t bytes) {
-  absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
-      fetched_->Receive(key, bytes);
-  if (absl::IsResourceExhausted(r.status())) {
-    // A cache: copies no restore is about to read make room.
-    for (const ReplicaStore::Entry& e : fetched_->List()) {
-      if (!InUse(e.key, absl::Seconds(10))) (void)fetched_->Drop(e.key);
-    }
-    r = fetched_->Receive(key, bytes);
-  }
-  return r;
-}
-
-absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
-    const ReplicaStore::Key& key, const proto::PeerInfo& peer,
-    std::string* via) {
-  const std::string what =
-      absl::StrCat("fetching ", Describe(key.job, key.step, key.rank),
-                   " from node ", peer.node_id(), " at ", peer.address());
-  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
-  proto::FetchShardRequest req;
-  req.mutable_shard()->set_job(key.job);
-  req.mutable_shard()->set_step(key.step);
-  req.mutable_shard()->set_rank(key.rank);
-  // The fast path: a bulk transfer over plain TCP, straight into the cache.
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    proto::ShardOffer offer;
-    grpc::Status offered = stub->OfferShard(&ctx, req, &offer);
-    if (offered.ok()) {
-      *via = "a bulk transfer";
-      ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> receiver,
-                       ReceiveFetched(key, offer.file_bytes()));
-      const std::string host =
-          peer.address().substr(0, peer.address().rfind(':'));
-      absl::Status got =
-          io::BulkFetch(host, static_cast<int>(offer.port()), offer.ticket(),
-                        receiver->Unfilled(), absl::Seconds(30));
-      if (!got.ok()) {
-        return absl::Status(got.code(),
-                            absl::StrCat(what, ": ", got.message()));
-      }
-      RETURN_IF_ERROR(receiver->Filled(offer.file_bytes()));
-      // The restore that asked for it verifies every chunk it reads.
-      return receiver->Finish(/*every_chunk=*/false);
-    }
-    if (offered.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
-        offered.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
-      return FromGrpc(offered, what);
-    }
-    // Bulk transfers are off there (mutual TLS): stream over gRPC.
-  }
-  *via = "gRPC";
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(TransferDeadline(4ull << 30)));
-  std::unique_ptr<grpc::ClientReader<proto::ShardPiece>> reader =
-      stub->FetchShard(&ctx, req);
-  std::unique_ptr<ReplicaStore::Receiver> receiver;
-  absl::Status failed;
-  proto::ShardPiece piece;
-  while (failed.ok() && reader->Read(&piece)) {
-    if (receiver == nullptr) {
-      absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
-          ReceiveFetched(key, piece.file_bytes());
-      if (!r.ok()) {
-        failed = r.status();
-        break;
-      }
-      receiver = *std::move(r);
-    }
-    failed = receiver->Append(piece.data());
-  }
-  if (!failed.ok()) ctx.TryCancel();
-  grpc::Status status = reader->Finish();
-  RETURN_IF_ERROR(failed);
-  RETURN_IF_ERROR(FromGrpc(status, what));
-  if (receiver == nullptr) {
-    return absl::DataLossError(absl::StrCat(what, ": the peer sent nothing"));
-  }
-  // The restore that asked for it verifies every chunk it reads.
-  return receiver->Finish(/*every_chunk=*/false);
-}
-
-void Replicator::CollectGarbage(const std::string& job) {
-  absl::StatusOr<std::vector<proto::CommitRecord>> commits =
-      coordinator_->ListCommits(job);
-  if (!commits.ok()) {
-    CKPT_LOG_WARN("replicas of job {}: {}", job, commits.status().ToString());
-    return;
-  }
-  // Replicas serve the steps committed at tier peer: the newest
-  // `keep_steps` of them stay, and those of newer steps (still gathering
-  // their replicas). A cached copy serves any committed step.
-  std::vector<uint64_t> steps, on_peers;
-  for (const proto::CommitRecord& c : *commits) {
-    steps.push_back(c.step());
-    if (c.tier() == proto::TIER_PEER) on_peers.push_back(c.step());
-  }
-  if (steps.empty()) return;  // nothing is committed: everything is in flight
-  const size_t keep = static_cast<size_t>(std::max(options_.keep_steps, 1));
-  auto newest_first = [keep](std::vector<uint64_t>& v) {
-    std::sort(v.rbegin(), v.rend());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    const uint64_t newest = v.empty() ? 0 : v.front();
-    if (v.size() > keep) v.resize(keep);
-    return newest;
-  };
-  const uint64_t newest = newest_first(steps);
-  const uint64_t newest_on_peers = newest_first(on_peers);
-  std::set<uint64_t> held, cached;
-  for (const ReplicaStore::Entry& e : held_->List(job)) {
-    const bool kept = e.key.step > newest_on_peers ||
-                      std::find(on_peers.begin(), on_peers.end(), e.key.step) !=
-                          on_peers.end();
-    if (!kept) {
-      (void)held_->Drop(e.key);
-      held.insert(e.key.step);
-    }
-  }
-  for (const ReplicaStore::Entry& e : fetched_->List(job)) {
-    const bool kept =
-        e.key.step > newest ||
-        std::find(steps.begin(), steps.end(), e.key.step) != steps.end() ||
-        InUse(e.key, absl::Minutes(1));
-    if (!kept) {
-      (void)fetched_->Drop(e.key);
-      cached.insert(e.key.step);
-      absl::MutexLock lock(&mu_);
-      fetched_used_.erase(e.key);
-    }
-  }
-  if (!held.empty() || !cached.empty()) {
-    CKPT_LOG_INFO(
-        "replicas of job {}: held replicas of steps {} and fetched copies of "
-        "steps {} dropped; peers keep steps {} and those above {}",
-        job, StepList(held), StepList(cached),
-        StepList({on_peers.begin(), on_peers.end()}), newest_on_peers);
-  }
-}
-
-void Replicator::Used(const ReplicaStore::Key& key) {
-  absl::MutexLock lock(&mu_);
-  fetched_used_[key] = absl::Now();
-}
-
-bool Replicator::InUse(const ReplicaStore::Key& key,
-                       absl::Duration grace) const {
-  absl::MutexLock lock(&mu_);
-  auto it = fetched_used_.find(key);
-  return it != fetched_used_.end() && absl::Now() - it->second < grace;
 }
 
 absl::StatusOr<std::string> ReadPeerTlsFile(const std::string& file) {

@@ -131,6 +131,9 @@ class Replicator {
   size_t pending() const;
 
  private:
+  // A deadline for moving `bytes`: generous (20 MiB/s) plus a fixed margin.
+  static absl::Time TransferDeadline(uint64_t bytes);
+
   struct Pending {
     proto::ShardRecord shard;
     std::vector<std::string> holders;
