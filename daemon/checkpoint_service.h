@@ -10,7 +10,8 @@
 // STAGED (vote memory) -> persisted -> PERSISTED (vote local_disk) | FAILED
 // (the error is reported to WaitCommitted and kept in the catalog).
 //
-// Implementation: checkpoint_service.cc (start, recovery, staging, commits,
+// Implementation: checkpoint_service.cc (start and staging), _recovery.cc
+// (start-up recovery), _commits.cc (voting and commit, trainers' restores,
 // queries), _persist.cc (the persist pipeline), _retention.cc (retention and
 // ApplyDrops), _memory.cc (the memory tier as a cache), _peers.cc (the peer
 // tier), _steps.cc (copy and rollback of committed steps), _metrics.cc.
