@@ -256,6 +256,10 @@ class Checkpointer {
                           const snapshot::ShardReader& reader) const;
   // Restore minus the report to the daemon.
   absl::Status RestoreFrom(uint64_t step);
+  // RestoreFrom's restore of this rank's own shard, as saved, from the copies
+  // ckptd names; `vanished` when they were gone by the time they were read.
+  absl::Status RestoreShard(uint64_t step, uint32_t saved_world,
+                            const std::string& what, bool* vanished);
   // Restores a shard on no tier of this node, as saved (same boxes), by
   // streaming its file from a peer straight into the registered memory
   // (proto PeerShardOffer); FailedPrecondition or NotFound when that does not

@@ -7,6 +7,7 @@
 #include "client/parallel_copy.h"
 #include "io/bulk_transfer.h"
 #include "io/file_system.h"
+#include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
@@ -90,7 +91,27 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
       ++report_.fallbacks;
     }
   }
+  // The copies ckptd names may go before they are read (retention dropped
+  // them meanwhile: a newer step committed, or the step is kept elsewhere);
+  // ckptd is then asked again, and names what is left (peers, shared tier).
+  constexpr int kAttempts = 3;
+  absl::Status restored;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    bool vanished = false;
+    restored = RestoreShard(step, commit->world_size(), what, &vanished);
+    if (restored.ok() || !vanished) break;
+    CKPT_LOG_WARN("{} ({}); asking ckptd again", restored.ToString(),
+                  "its copies on this node were dropped while it was read");
+    ++report_.fallbacks;
+  }
+  return restored;
+}
+
+absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
+                                        const std::string& what,
+                                        bool* vanished) {
   ASSIGN_OR_RETURN(const proto::ShardRecord shard, DescribeShard(step));
+  CKPT_KILL_POINT("client.shard_described");
   if (!Restorable(shard)) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the shard is not staged (state ",
@@ -119,7 +140,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
                      found->item().box_length().end(),
                      r.item.box_length().begin(), r.item.box_length().end()))) {
       // Same world, other boxes: the tensors are resharded.
-      return RestoreResharded(step, commit->world_size(), what);
+      return RestoreResharded(step, saved_world, what);
     }
     if (r.is_tensor() &&
         (found->item().dtype() != r.item.dtype() ||
@@ -198,6 +219,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
       }
     }
     if (reader == nullptr) {
+      *vanished = absl::IsNotFound(usable) && absl::IsNotFound(reader_status);
       return absl::Status(
           usable.code(),
           absl::StrCat(what, ": memory tier: ", usable.message()));
@@ -209,6 +231,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   }
   auto read_file = [&]() -> absl::Status {
     if (reader == nullptr) {
+      *vanished = absl::IsNotFound(reader_status);
       if (shard.shard_path().empty()) {
         return absl::NotFoundError(
             absl::StrCat(what, ": neither a slot nor a shard file is left"));
@@ -251,7 +274,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   // This rank's copy is lost; other ranks may have saved the same boxes
   // (replicated, data-parallel state).
   absl::Status from_replicas =
-      RestoreResharded(step, commit->world_size(), what);
+      RestoreResharded(step, saved_world, what);
   if (from_replicas.ok()) {
     CKPT_LOG_WARN("{} (restored from other ranks' replicas)",
                   from_file.ToString());

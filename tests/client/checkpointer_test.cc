@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
+#include "io/kill_point.h"
 #include "proto/daemon.grpc.pb.h"
 #include "tests/client/daemon_process.h"
 #include "tests/daemon/etcd_process.h"
@@ -217,6 +218,67 @@ TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
   EXPECT_EQ(a.w, saved);
   EXPECT_EQ(a.rng, saved_rng);
   EXPECT_EQ(daemon.Stop(), 0) << "clean shutdown on SIGTERM";
+}
+
+// chaos three_node (a power loss, then the check of the newest shared step):
+// ckptd named the step's copies on this node, and retention dropped them
+// before the restore read them (the shared tier keeps the step). The restore
+// asks ckptd again, which now names the shared tier's copy.
+TEST(CheckpointerTest, CopiesDroppedWhileARestoreReadsThemAreAskedForAgain) {
+  testing::TempDir shared;
+  testing::DaemonProcess daemon(
+      {"--shared-dir", shared.path(), "--shared-every", "2", "--keep-shared",
+       "2", "--keep-disk", "3", "--keep-memory", "3"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Trainer t(daemon.socket(), 0, 1);
+  ASSERT_TRUE(t.ckpt);
+  std::vector<float> saved;
+  for (uint64_t step = 1; step <= 4; ++step) {
+    t.Fill(step, 0);
+    if (step == 2) saved = t.w;
+    auto save = t.ckpt->SaveAsync(step);
+    ASSERT_TRUE(save.ok()) << save.status();
+    ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok());
+  }
+  auto reader = Checkpointer::Connect(
+      {.job = "job", .rank = 0, .world_size = 1,
+       .socket_path = daemon.socket(), .read_only = true});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (int i = 0; i < 100; ++i) {
+    auto shared_latest = (*reader)->LatestCommitted(proto::TIER_SHARED);
+    if (shared_latest.ok() && shared_latest->has_value() &&
+        **shared_latest == 4) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::vector<float> w(t.w.size());
+  std::string rng;
+  ASSERT_TRUE((*reader)
+                  ->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
+                                   {static_cast<int64_t>(w.size())}, {0},
+                                   {static_cast<int64_t>(w.size())})
+                  .ok());
+  ASSERT_TRUE((*reader)->RegisterBytes("rng", &rng).ok());
+  // Once ckptd named step 2's slot and file, retention keeping one step
+  // drops them (step 2 stays in the shared tier).
+  int described = 0;
+  io::SetKillPointCallback([&](absl::string_view point) {
+    if (point != "client.shard_described" || described++ > 0) return;
+    proto::CollectGarbageRequest gc;
+    gc.set_job("job");
+    gc.set_keep_disk(1);
+    gc.set_keep_memory(1);
+    auto dropped = CollectGarbage(daemon.socket(), gc);
+    EXPECT_TRUE(dropped.ok()) << dropped.status();
+    EXPECT_FALSE(dropped.ok() && dropped->dropped().empty());
+  });
+  absl::Status restored = (*reader)->Restore(2);
+  io::SetKillPointCallback(nullptr);
+  ASSERT_TRUE(restored.ok()) << restored;
+  EXPECT_GE(described, 2) << "ckptd was asked again";
+  EXPECT_EQ(w, saved);
+  EXPECT_EQ(rng, "rng-2-0");
 }
 
 TEST(CheckpointerTest, ASteadyJobMapsEachSlotOnce) {
