@@ -2,6 +2,8 @@
 // (checkpointer.cc: connecting, registering, saving; checkpointer_restore.cc:
 // restoring as saved; checkpointer_reshard.cc: restoring onto another layout).
 // Not for use outside client/.
+//
+// Thread-safety: as Checkpointer's (see checkpointer.h).
 #ifndef CKPT_CLIENT_CHECKPOINTER_INTERNAL_H_
 #define CKPT_CLIENT_CHECKPOINTER_INTERNAL_H_
 

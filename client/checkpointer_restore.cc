@@ -273,8 +273,7 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
   }
   // This rank's copy is lost; other ranks may have saved the same boxes
   // (replicated, data-parallel state).
-  absl::Status from_replicas =
-      RestoreResharded(step, saved_world, what);
+  absl::Status from_replicas = RestoreResharded(step, saved_world, what);
   if (from_replicas.ok()) {
     CKPT_LOG_WARN("{} (restored from other ranks' replicas)",
                   from_file.ToString());

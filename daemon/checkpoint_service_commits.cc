@@ -6,13 +6,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/checkpoint_service.h"
 #include "daemon/describe.h"
 #include "daemon/records.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
-
-#include "daemon/checkpoint_service.h"
 
 namespace ckpt::daemon {
 

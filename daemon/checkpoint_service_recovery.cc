@@ -6,12 +6,11 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/checkpoint_service.h"
 #include "daemon/describe.h"
 #include "daemon/records.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
-
-#include "daemon/checkpoint_service.h"
 
 namespace ckpt::daemon {
 

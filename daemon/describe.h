@@ -1,4 +1,6 @@
 // How daemon messages name a shard: "job J step S rank R".
+//
+// Thread-safety: a pure function, callable from any thread.
 #ifndef CKPT_DAEMON_DESCRIBE_H_
 #define CKPT_DAEMON_DESCRIBE_H_
 

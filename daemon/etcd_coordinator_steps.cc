@@ -1,13 +1,12 @@
 // EtcdCoordinator: votes and commit records (Vote, the commit queries,
 // WithdrawVote, ForgetStep, RollBack). See etcd_coordinator.h.
-#include "daemon/etcd_coordinator.h"
-
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/etcd_coordinator.h"
 #include "daemon/etcd_ops.h"
 #include "daemon/records.h"
 #include "io/status_macros.h"

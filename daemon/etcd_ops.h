@@ -1,6 +1,8 @@
 // Building blocks of EtcdCoordinator's transactions (etcd_coordinator.cc,
 // etcd_coordinator_steps.cc): key ranges, compares, puts, and the one
 // conversion of etcd's gRPC statuses. Internal to the daemon.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_DAEMON_ETCD_OPS_H_
 #define CKPT_DAEMON_ETCD_OPS_H_
 
@@ -18,7 +20,8 @@ namespace ckpt::daemon::etcd_ops {
 
 using etcdserverpb::Compare;
 
-inline constexpr int kAttempts = 20;  // transactions retried after losing a race
+inline constexpr int kAttempts =
+    20;  // transactions retried after losing a race
 
 // The key range of every key that starts with `prefix`.
 inline std::string PrefixEnd(std::string prefix) {
@@ -57,7 +60,8 @@ inline Compare ModifiedAt(const std::string& key, int64_t revision) {
   return c;
 }
 
-inline etcdserverpb::RequestOp PutOp(const std::string& key, std::string value) {
+inline etcdserverpb::RequestOp PutOp(const std::string& key,
+                                     std::string value) {
   etcdserverpb::RequestOp op;
   op.mutable_request_put()->set_key(key);
   op.mutable_request_put()->set_value(std::move(value));

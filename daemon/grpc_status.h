@@ -1,6 +1,8 @@
 // The one place in ckptd where absl::Status and gRPC statuses convert into each
 // other (the codes are the same numbers), for the local API, the peer service
 // and the peer client.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_DAEMON_GRPC_STATUS_H_
 #define CKPT_DAEMON_GRPC_STATUS_H_
 

@@ -15,6 +15,8 @@
 //    not a reservation;
 //  - nothing goes unless what can go covers the need: a save that cannot be
 //    helped does not cost other jobs their copies.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_DAEMON_MEMORY_PRESSURE_H_
 #define CKPT_DAEMON_MEMORY_PRESSURE_H_
 

@@ -1,6 +1,8 @@
 // Small helpers shared by the daemon's stores: parsing a stored protobuf record
 // (with an error that names its key) and the wall-clock timestamps records
 // carry.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_DAEMON_RECORDS_H_
 #define CKPT_DAEMON_RECORDS_H_
 

@@ -15,6 +15,8 @@
 //    lost node);
 //  - a shard with neither copy left is forgotten, and a step with no shard
 //    left older than the kept disk commits loses its commit records.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_DAEMON_RETENTION_H_
 #define CKPT_DAEMON_RETENTION_H_
 

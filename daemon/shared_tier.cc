@@ -197,9 +197,10 @@ void SharedTier::CollectGarbage(
     }
   }
   if (!dropped.empty()) {
-    CKPT_LOG_INFO("shared tier, job {}: copies of steps {} dropped; it keeps "
-                  "steps from {}",
-                  job, StepList(dropped), oldest_kept);
+    CKPT_LOG_INFO(
+        "shared tier, job {}: copies of steps {} dropped; it keeps "
+        "steps from {}",
+        job, StepList(dropped), oldest_kept);
   }
 }
 

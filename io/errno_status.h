@@ -2,6 +2,8 @@
 // negative `res` is an errno) to absl::Status. This is the only place where the
 // errno space is converted; the errno is kept as a payload so callers can tell
 // ENOSPC from EIO without parsing messages.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_IO_ERRNO_STATUS_H_
 #define CKPT_IO_ERRNO_STATUS_H_
 

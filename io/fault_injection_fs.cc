@@ -210,10 +210,8 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFs::NewWritableFile(
       ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> base,
                        base_->NewWritableFile(path, options));
       const int id = journal_.Opened(
-          path, size.ok() ? static_cast<int64_t>(*size) : -1,
-          options.truncate);
-      return std::unique_ptr<WritableFile>(
-          new File(this, std::move(base), id));
+          path, size.ok() ? static_cast<int64_t>(*size) : -1, options.truncate);
+      return std::unique_ptr<WritableFile>(new File(this, std::move(base), id));
     }
     TrackDir(DirName(path));
     auto it = current_.find(path);
@@ -420,9 +418,9 @@ absl::StatusOr<std::vector<std::string>> FaultInjectionFs::ListDir(
   ASSIGN_OR_RETURN(std::vector<std::string> names, base_->ListDir(dir));
   absl::MutexLock l(&mu_);
   if (journal_model_) {
-    names.erase(std::remove_if(names.begin(), names.end(),
-                               UnsyncedJournal::IsKeptLink),
-                names.end());
+    names.erase(
+        std::remove_if(names.begin(), names.end(), UnsyncedJournal::IsKeptLink),
+        names.end());
   }
   return names;
 }

@@ -1,5 +1,7 @@
 // Logging for the whole project goes through spdlog; these macros keep call
 // sites short and let the library choose the sink (stderr by default).
+//
+// Thread-safety: spdlog's default logger is thread-safe; log from any thread.
 #ifndef CKPT_IO_LOGGING_H_
 #define CKPT_IO_LOGGING_H_
 

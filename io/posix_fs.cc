@@ -204,7 +204,7 @@ class PosixFileSystem final : public FileSystem {
       return s;
     }
     return internal::NewPosixMappedFile(path, fd, IdOf(st),
-                                             static_cast<uint8_t*>(data), size);
+                                        static_cast<uint8_t*>(data), size);
   }
 
   absl::StatusOr<FileId> GetFileId(const std::string& path) override {
@@ -335,4 +335,3 @@ absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
 }
 
 }  // namespace ckpt::io
-

@@ -1,5 +1,7 @@
 // The project's two status macros. Debian's Abseil (20220623) ships none, so
 // they are defined here once and used everywhere.
+//
+// Thread-safety: macros over the caller's own values.
 #ifndef CKPT_IO_STATUS_MACROS_H_
 #define CKPT_IO_STATUS_MACROS_H_
 

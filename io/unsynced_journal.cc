@@ -40,7 +40,6 @@ void ClipRanges(std::map<uint64_t, uint64_t>& ranges, uint64_t size) {
   }
 }
 
-
 }  // namespace
 
 int UnsyncedJournal::IdAt(const std::string& path) {
@@ -188,17 +187,14 @@ std::string UnsyncedJournal::Plan() const {
     ClipRanges(garbage, f->second.synced_size);
     absl::StrAppend(&plan, "T\t", path, "\t", f->second.synced_size, "\n");
     for (const auto& [begin, end] : garbage) {
-      absl::StrAppend(&plan, "G\t", path, "\t", begin, "\t", end - begin,
-                      "\n");
+      absl::StrAppend(&plan, "G\t", path, "\t", begin, "\t", end - begin, "\n");
     }
   }
   return plan;
 }
 
-std::string UnsyncedJournal::KeptLinkName(const std::string& path,
-                                          uint64_t n) {
-  return JoinPath(DirName(path),
-                  absl::StrCat(BaseName(path), kKeptMarker, n));
+std::string UnsyncedJournal::KeptLinkName(const std::string& path, uint64_t n) {
+  return JoinPath(DirName(path), absl::StrCat(BaseName(path), kKeptMarker, n));
 }
 
 bool UnsyncedJournal::IsKeptLink(absl::string_view name) {
@@ -239,9 +235,9 @@ absl::Status ApplyPowerLossPlan(FileSystem* fs, absl::string_view plan) {
         std::string junk(b, '\0');
         for (char& c : junk) c = static_cast<char>(rng());
         RETURN_IF_ERROR(file->WriteBorrowed(
-            a, absl::Span<const uint8_t>(
-                   reinterpret_cast<const uint8_t*>(junk.data()),
-                   junk.size())));
+            a,
+            absl::Span<const uint8_t>(
+                reinterpret_cast<const uint8_t*>(junk.data()), junk.size())));
       }
       RETURN_IF_ERROR(file->Sync());
       RETURN_IF_ERROR(file->Close());

@@ -1,6 +1,9 @@
 // Fault hooks for the io_uring engine: tests use them to turn a submission into
 // a short one or to make it complete with an errno, without touching the
 // kernel.
+//
+// Thread-safety: install a hook before the engine runs; it is then called on
+// the engine's submitting thread.
 #ifndef CKPT_IO_URING_FAULT_H_
 #define CKPT_IO_URING_FAULT_H_
 

@@ -1,4 +1,6 @@
 // Element types of tensors: their width in bytes and their names.
+//
+// Thread-safety: pure functions and constants, callable from any thread.
 #ifndef CKPT_SNAPSHOT_DTYPE_H_
 #define CKPT_SNAPSHOT_DTYPE_H_
 

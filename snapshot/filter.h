@@ -3,6 +3,8 @@
 // small integers) then sit together and zstd finds far more redundancy. This is
 // the CPU reference; kernels/ has device versions that must produce identical
 // bytes.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_SNAPSHOT_FILTER_H_
 #define CKPT_SNAPSHOT_FILTER_H_
 

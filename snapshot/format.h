@@ -2,6 +2,8 @@
 // chunk header that starts every chunk and the 64-byte footer that ends the
 // file, plus the structural checks a reader applies to a manifest before
 // trusting any size or offset in it.
+//
+// Thread-safety: constants and pure functions, callable from any thread.
 #ifndef CKPT_SNAPSHOT_FORMAT_H_
 #define CKPT_SNAPSHOT_FORMAT_H_
 

@@ -1,6 +1,8 @@
 // Validation of names that come from users before any of them reaches the file
 // system or a manifest: job ids, item (tensor and byte item) names, and
 // relative paths.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_SNAPSHOT_NAMES_H_
 #define CKPT_SNAPSHOT_NAMES_H_
 

@@ -1,4 +1,6 @@
 // Helpers the ckpt-bench programs share: elapsed time and medians.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_TOOLS_BENCH_STATS_H_
 #define CKPT_TOOLS_BENCH_STATS_H_
 

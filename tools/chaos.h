@@ -1,5 +1,6 @@
-// ckpt-chaos (internal header of the harness): starts a local cluster (one ckptd with the fault-injecting file
-// system and N rank processes of the deterministic demo model; or, with
+// ckpt-chaos (internal header of the harness): starts a local cluster (one
+// ckptd with the fault-injecting file system and N rank processes of the
+// deterministic demo model; or, with
 // --nodes M > 1, an etcd and M nodes, each a ckptd with peer replication and a
 // shared tier, the ranks spread over them), injects faults on a seeded random
 // schedule, and after every recovery checks that nothing committed was lost:

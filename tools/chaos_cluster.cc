@@ -52,9 +52,8 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
       node.pid = -1;
       // A kill point may fire during start-up recovery (GC runs then too).
       if (!env.empty()) return StartDaemon(node, "");
-      Violation(absl::StrCat(node.id,
-                             "'s ckptd exited at start (wait status ", status,
-                             "); see ", node.log()));
+      Violation(absl::StrCat(node.id, "'s ckptd exited at start (wait status ",
+                             status, "); see ", node.log()));
       return false;
     }
     if (ConnectTo(node, 0) != nullptr) return true;
@@ -123,8 +122,7 @@ void Chaos::KillRanks() {
 }
 
 bool Chaos::Train(int ms) {
-  const Clock::time_point until =
-      Clock::now() + std::chrono::milliseconds(ms);
+  const Clock::time_point until = Clock::now() + std::chrono::milliseconds(ms);
   while (Clock::now() < until) {
     for (uint32_t r = 0; r < ranks_.size(); ++r) {
       int status;
@@ -140,7 +138,8 @@ bool Chaos::Train(int ms) {
   return true;
 }
 
-std::unique_ptr<Checkpointer> Chaos::ConnectTo(const Node& node, uint32_t rank) {
+std::unique_ptr<Checkpointer> Chaos::ConnectTo(const Node& node,
+                                               uint32_t rank) {
   auto c = Checkpointer::Connect({.job = kJob,
                                   .rank = rank,
                                   .world_size = o_.ranks,

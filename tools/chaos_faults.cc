@@ -10,18 +10,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/daemon.grpc.pb.h"
 #include "io/file_system.h"
 #include "io/unsynced_journal.h"
+#include "proto/daemon.grpc.pb.h"
 #include "tools/chaos.h"
 
 namespace ckpt::chaos {
 
 std::vector<std::string> Chaos::Kinds(bool several_nodes) {
   std::vector<std::string> kinds = {
-      "kill_trainer", "kill_daemon", "kill_node",      "stop_daemon",
-      "disk_enospc",  "disk_eio",    "fsync_eio",      "kill_during_gc",
-      "power_loss"};
+      "kill_trainer", "kill_daemon",    "kill_node",
+      "stop_daemon",  "disk_enospc",    "disk_eio",
+      "fsync_eio",    "kill_during_gc", "power_loss"};
   if (several_nodes) {
     for (const char* k : {"lose_node", "stop_past_lease", "kill_etcd",
                           "kill_during_replication"}) {
@@ -32,7 +32,8 @@ std::vector<std::string> Chaos::Kinds(bool several_nodes) {
 }
 
 void Chaos::InjectOne() {
-  const std::vector<std::string> kinds = o_.kinds.empty() ? Kinds(multi()) : o_.kinds;
+  const std::vector<std::string> kinds =
+      o_.kinds.empty() ? Kinds(multi()) : o_.kinds;
   const std::string kind =
       kinds[std::uniform_int_distribution<size_t>(0, kinds.size() - 1)(rng_)];
   Node& node =
@@ -131,8 +132,7 @@ void Chaos::InjectOne() {
     if (!s.ok()) Violation(std::string(s.message()));
   }
   if (resumed.has_value()) {
-    report_.steps_lost.push_back(computed > *resumed ? computed - *resumed
-                                                     : 0);
+    report_.steps_lost.push_back(computed > *resumed ? computed - *resumed : 0);
   }
   // Recovered: a step newer than any before the fault is committed in
   // memory and on disk (training and persisting both resumed). After a
@@ -196,13 +196,12 @@ uint64_t Chaos::PowerLoss(Node& node) {
   SleepMs(100);
   absl::StatusOr<std::string> plan = ckpt::io::ReadFileToString(
       ckpt::io::DefaultFileSystem(), PowerLossPlan(node));
-  absl::Status applied =
-      plan.ok() ? ckpt::io::ApplyPowerLossPlan(ckpt::io::DefaultFileSystem(),
-                                               *plan)
-                : plan.status();
+  absl::Status applied = plan.ok() ? ckpt::io::ApplyPowerLossPlan(
+                                         ckpt::io::DefaultFileSystem(), *plan)
+                                   : plan.status();
   if (!applied.ok()) {
-    Violation(absl::StrCat(node.id, ": the power-loss plan: ",
-                           applied.message()));
+    Violation(
+        absl::StrCat(node.id, ": the power-loss plan: ", applied.message()));
     return computed;
   }
   Log(absl::StrCat(node.id, ": power lost; ",

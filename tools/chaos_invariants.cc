@@ -63,14 +63,12 @@ void Chaos::CheckInvariants(
     proto::Tier tier;
     size_t keep;
   };
-  auto restores_exactly = [&](uint64_t step,
-                              std::optional<Promise> promised) {
+  auto restores_exactly = [&](uint64_t step, std::optional<Promise> promised) {
     for (uint32_t r = 0; r < o_.ranks; ++r) {
       absl::Status s = ranks[r]->Restore(step);
       if (!s.ok()) {
         if (promised.has_value() &&
-            AmongNewest(ranks[0].get(), promised->tier, promised->keep,
-                        step)) {
+            AmongNewest(ranks[0].get(), promised->tier, promised->keep, step)) {
           Violation(absl::StrCat(when, ": step ", step, ", committed at ",
                                  proto::Tier_Name(promised->tier),
                                  " and kept, does not restore on rank ", r,
@@ -106,8 +104,7 @@ void Chaos::CheckInvariants(
     // Retention promises the newest `keep` commits; older records may
     // outlive their data.
     for (size_t i = 0; i < listed->size() && i < keep; ++i) {
-      restores_exactly((*listed)[listed->size() - 1 - i],
-                       Promise{tier, keep});
+      restores_exactly((*listed)[listed->size() - 1 - i], Promise{tier, keep});
     }
     // A few older ones: if they restore, they must be exact.
     for (int i = 0; i < 3 && listed->size() > keep; ++i) {
@@ -140,8 +137,7 @@ void Chaos::Finish() {
   for (uint32_t r = 0; r < ranks_.size(); ++r) {
     if (ranks_[r] <= 0) continue;
     int status = 0;
-    const Clock::time_point deadline =
-        Clock::now() + std::chrono::seconds(180);
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(180);
     while (!Exited(ranks_[r], &status) && Clock::now() < deadline) {
       SleepMs(50);
     }
@@ -179,12 +175,11 @@ void Chaos::Finish() {
 }
 
 bool Chaos::AmongNewest(Checkpointer* c, proto::Tier tier, size_t keep,
-  uint64_t step) {
+                        uint64_t step) {
   auto listed = c->ListCommitted(tier);
   if (!listed.ok()) return true;  // cannot tell: count it
   auto it = std::find(listed->begin(), listed->end(), step);
-  return it != listed->end() &&
-         static_cast<size_t>(listed->end() - it) <= keep;
+  return it != listed->end() && static_cast<size_t>(listed->end() - it) <= keep;
 }
 
 }  // namespace ckpt::chaos

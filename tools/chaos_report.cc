@@ -55,8 +55,8 @@ int Chaos::Print() {
   } else {
     std::printf(
         "ckpt-chaos: seed %lu, %u node%s, %u ranks, %d faults injected\n",
-        static_cast<unsigned long>(o_.seed), o_.nodes,
-        o_.nodes == 1 ? "" : "s", o_.ranks, injected);
+        static_cast<unsigned long>(o_.seed), o_.nodes, o_.nodes == 1 ? "" : "s",
+        o_.ranks, injected);
     for (const auto& [k, n] : report_.faults) {
       std::printf("  %-24s %d\n", k.c_str(), n);
     }

@@ -14,6 +14,8 @@
 // `recovery` loses a node of a job on three local ckptd with peer replication
 // and times detection, rendezvous and the restore from the replicas (against
 // a loopback TCP copy of the same bytes).
+#include "tools/ckpt_bench.h"
+
 #include <sys/wait.h>
 
 #include <cstring>
@@ -28,10 +30,8 @@
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench_stats.h"
-#include "tools/ckpt_bench.h"
 #include "tools/metrics_text.h"
 #include "tools/process.h"
-
 
 int main(int argc, char** argv) {
   CLI::App app{"ckpt-bench: ckpt's data paths against same-run references"};
@@ -133,18 +133,19 @@ int main(int argc, char** argv) {
   }
 
   if (*save_cmd) {
-    return ckpt::bench::RunSave(dir, sizes_mib, runs, warmup, json, save_snapshot == "fork");
+    return ckpt::bench::RunSave(dir, sizes_mib, runs, warmup, json,
+                                save_snapshot == "fork");
   }
   if (*torch_cmd) {
-    return ckpt::bench::RunTorch(dir, state_mib, runs, json, host_snapshot, huge_pages,
-                    torch_python);
+    return ckpt::bench::RunTorch(dir, state_mib, runs, json, host_snapshot,
+                                 huge_pages, torch_python);
   }
   if (*rec_cmd)
-    return ckpt::bench::RunRecovery(dir + "/ckpt-bench-recovery", recovery_mib, json);
+    return ckpt::bench::RunRecovery(dir + "/ckpt-bench-recovery", recovery_mib,
+                                    json);
   if (*cp_cmd) {
-    return ckpt::bench::RunControlPlane(dir + "/ckpt-bench-etcd", etcd, cp_ranks, cp_nodes,
-                           runs, json);
+    return ckpt::bench::RunControlPlane(dir + "/ckpt-bench-etcd", etcd,
+                                        cp_ranks, cp_nodes, runs, json);
   }
   return ckpt::bench::RunIo(dir, size_mib, runs, threads, json);
 }
-

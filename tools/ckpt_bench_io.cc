@@ -1,4 +1,5 @@
-// ckpt-bench io: persist and restore throughput against fio on the same directory.
+// ckpt-bench io: persist and restore throughput against fio on the same
+// directory.
 
 #include <cstring>
 #include <iostream>

@@ -1,4 +1,5 @@
-// ckpt-bench save: SaveAsync stalls and throughput against memcpy and a synchronous write.
+// ckpt-bench save: SaveAsync stalls and throughput against memcpy and a
+// synchronous write.
 #include <fcntl.h>
 #include <sys/mman.h>
 

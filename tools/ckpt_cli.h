@@ -60,7 +60,8 @@ class Progress {
 
 // The tiers `ckpt ls` shows, in the order data moves through them.
 inline constexpr proto::Tier kLsTiers[] = {proto::TIER_MEMORY, proto::TIER_PEER,
-                                    proto::TIER_LOCAL_DISK, proto::TIER_SHARED};
+                                           proto::TIER_LOCAL_DISK,
+                                           proto::TIER_SHARED};
 
 // --- helpers (ckpt_cli_util.cc) ---
 

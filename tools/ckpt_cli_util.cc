@@ -22,8 +22,8 @@
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "snapshot/format.h"
-#include "tools/data_dir_view.h"
 #include "tools/ckpt_cli.h"
+#include "tools/data_dir_view.h"
 
 namespace ckpt::cli {
 

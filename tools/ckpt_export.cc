@@ -5,9 +5,9 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"
 #include "tools/export.h"
-#include "tools/ckpt_cli.h"
 
 namespace ckpt::cli {
 

@@ -7,8 +7,8 @@
 #include "client/daemon_admin.h"
 #include "daemon/retention.h"
 #include "nlohmann/json.hpp"
-#include "tools/data_dir_view.h"
 #include "tools/ckpt_cli.h"
+#include "tools/data_dir_view.h"
 
 namespace ckpt::cli {
 

@@ -12,8 +12,8 @@
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "snapshot/shard_reader.h"
-#include "tools/data_dir_view.h"
 #include "tools/ckpt_cli.h"
+#include "tools/data_dir_view.h"
 
 namespace ckpt::cli {
 

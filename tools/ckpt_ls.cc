@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "daemon/coordinator.h"
 #include "nlohmann/json.hpp"
-#include "tools/data_dir_view.h"
 #include "tools/ckpt_cli.h"
+#include "tools/data_dir_view.h"
 
 namespace ckpt::cli {
 

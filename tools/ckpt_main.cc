@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
-#include "tools/export.h"
 #include "tools/ckpt_cli.h"
+#include "tools/export.h"
 
 namespace ckpt::cli {
 

@@ -1,4 +1,5 @@
-// ckpt restore-plan and restore: where a step's copies are, and making a step what a job resumes from.
+// ckpt restore-plan and restore: where a step's copies are, and making a step
+// what a job resumes from.
 
 #include <algorithm>
 #include <chrono>
@@ -15,8 +16,8 @@
 #include "nlohmann/json.hpp"
 #include "snapshot/box.h"
 #include "snapshot/dtype.h"
-#include "tools/data_dir_view.h"
 #include "tools/ckpt_cli.h"
+#include "tools/data_dir_view.h"
 
 namespace ckpt::cli {
 

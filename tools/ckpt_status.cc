@@ -12,9 +12,9 @@
 #include "daemon/coordinator.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
+#include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"
 #include "tools/metrics_text.h"
-#include "tools/ckpt_cli.h"
 
 namespace ckpt::cli {
 

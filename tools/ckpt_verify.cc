@@ -9,8 +9,8 @@
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/shard_reader.h"
-#include "tools/data_dir_view.h"
 #include "tools/ckpt_cli.h"
+#include "tools/data_dir_view.h"
 
 namespace ckpt::cli {
 

@@ -2,6 +2,8 @@
 // momentum buffer, so the state after step T is the same however often training
 // was interrupted and resumed (and however it is sharded), and a reference can
 // be computed in one process.
+//
+// Thread-safety: a model is used by one thread at a time.
 #ifndef CKPT_TOOLS_DEMO_MODEL_H_
 #define CKPT_TOOLS_DEMO_MODEL_H_
 

@@ -4,6 +4,8 @@
 // and placed into the global tensor, which is written to a safetensors file.
 // Byte items become U8 tensors named "<item>@rank<r>". The step must be
 // committed and the ranks' boxes must cover every element exactly once.
+//
+// Thread-safety: one export per call; it runs on the calling thread.
 #ifndef CKPT_TOOLS_EXPORT_H_
 #define CKPT_TOOLS_EXPORT_H_
 

@@ -1,5 +1,7 @@
 // Reads the Prometheus text format that ckptd's metrics render (for `ckpt
 // status`): every sample as name, labels and value.
+//
+// Thread-safety: pure functions, callable from any thread.
 #ifndef CKPT_TOOLS_METRICS_TEXT_H_
 #define CKPT_TOOLS_METRICS_TEXT_H_
 

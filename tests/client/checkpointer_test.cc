@@ -226,9 +226,9 @@ TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
 // asks ckptd again, which now names the shared tier's copy.
 TEST(CheckpointerTest, CopiesDroppedWhileARestoreReadsThemAreAskedForAgain) {
   testing::TempDir shared;
-  testing::DaemonProcess daemon(
-      {"--shared-dir", shared.path(), "--shared-every", "2", "--keep-shared",
-       "2", "--keep-disk", "3", "--keep-memory", "3"});
+  testing::DaemonProcess daemon({"--shared-dir", shared.path(),
+                                 "--shared-every", "2", "--keep-shared", "2",
+                                 "--keep-disk", "3", "--keep-memory", "3"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   Trainer t(daemon.socket(), 0, 1);
   ASSERT_TRUE(t.ckpt);
@@ -240,9 +240,11 @@ TEST(CheckpointerTest, CopiesDroppedWhileARestoreReadsThemAreAskedForAgain) {
     ASSERT_TRUE(save.ok()) << save.status();
     ASSERT_TRUE((*save)->WaitCommitted(kDisk).ok());
   }
-  auto reader = Checkpointer::Connect(
-      {.job = "job", .rank = 0, .world_size = 1,
-       .socket_path = daemon.socket(), .read_only = true});
+  auto reader = Checkpointer::Connect({.job = "job",
+                                       .rank = 0,
+                                       .world_size = 1,
+                                       .socket_path = daemon.socket(),
+                                       .read_only = true});
   ASSERT_TRUE(reader.ok()) << reader.status();
   for (int i = 0; i < 100; ++i) {
     auto shared_latest = (*reader)->LatestCommitted(proto::TIER_SHARED);
