@@ -144,9 +144,12 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
   EXPECT_TRUE((*reader)->VerifyAll().empty());
   for (const proto::Item& item : m.items()) {
     for (const proto::ChunkInfo& c : item.chunks()) {
-      if (combo.codec == proto::CODEC_NONE)
+      if (combo.codec == proto::CODEC_NONE) {
         EXPECT_EQ(c.codec(), proto::CODEC_NONE);
-      if (!combo.shuffle) EXPECT_NE(c.filter(), proto::FILTER_BYTE_SHUFFLE);
+      }
+      if (!combo.shuffle) {
+        EXPECT_NE(c.filter(), proto::FILTER_BYTE_SHUFFLE);
+      }
     }
   }
 }
