@@ -213,17 +213,23 @@ absl::Status EtcdCoordinator::WithdrawVote(const std::string& job,
   }
   txn.add_success()->mutable_request_delete_range()->set_key(
       VoteKey(job, step, rank));
-  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
-                   Txn(txn, absl::StrCat("withdrawing the vote of job ", job,
-                                         " step ", step, " rank ", rank)));
-  if (done.succeeded()) return absl::OkStatus();
-  for (proto::Tier tier : kAllTiers) {
-    ASSIGN_OR_RETURN(auto commit, GetCommit(job, step, tier));
-    if (commit.has_value()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("job ", job, " step ", step, " is already committed at ",
-                       TierName(tier), "; a committed step is never replaced"));
+  // A commit record seen by the transaction may be gone by the time it is
+  // looked for (garbage collection forgot the step meanwhile): try again.
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    ASSIGN_OR_RETURN(
+        etcdserverpb::TxnResponse done,
+        Txn(txn, absl::StrCat("withdrawing the vote of job ", job, " step ",
+                              step, " rank ", rank)));
+    if (done.succeeded()) return absl::OkStatus();
+    for (proto::Tier tier : kAllTiers) {
+      ASSIGN_OR_RETURN(auto commit, GetCommit(job, step, tier));
+      if (commit.has_value()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "job ", job, " step ", step, " is already committed at ",
+            TierName(tier), "; a committed step is never replaced"));
+      }
     }
+    if (lease_id() != lease) break;  // fenced or rejoined meanwhile
   }
   return FencedOr(lease, absl::AbortedError("withdrawing a vote raced"));
 }
