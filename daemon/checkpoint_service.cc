@@ -277,6 +277,12 @@ absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
     };
     mu_.Await(absl::Condition(&persisted));
   }
+  // Garbage collection rewrites records from its own snapshot of the catalog:
+  // keep it from resurrecting the one deleted here. And a replication that
+  // completes meanwhile must not vote again for the shard withdrawn here
+  // (Replicated votes under gc_mu_ too): its step could then be committed at
+  // the peer tier without this rank's copy.
+  absl::MutexLock gc(&gc_mu_);
   // The coordinator refuses atomically if the step is committed anywhere.
   absl::Status withdrawn = coordinator_->WithdrawVote(id.job, id.step, id.rank);
   if (!withdrawn.ok()) {
@@ -285,9 +291,6 @@ absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
     return absl::Status(withdrawn.code(),
                         absl::StrCat(what, ": ", withdrawn.message()));
   }
-  // Garbage collection rewrites records from its own snapshot of the catalog:
-  // keep it from resurrecting the one deleted here.
-  absl::MutexLock gc(&gc_mu_);
   // Re-read: the persist that was in flight may have changed the record.
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> current,
                    catalog_->GetShard(id.job, id.step, id.rank));
@@ -398,12 +401,16 @@ void CheckpointService::Enqueue(const SlotId& id) {
 }
 
 void CheckpointService::WaitIdle() {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && busy_.empty() && gc_running_ == 0 &&
-           gc_wanted_.empty();
-  };
-  mu_.Await(absl::Condition(&idle));
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return queue_.empty() && busy_.empty() && gc_running_ == 0 &&
+             gc_wanted_.empty();
+    };
+    mu_.Await(absl::Condition(&idle));
+  }
+  // Files retention dropped are deleted in the background.
+  recycler_->WaitDeleted();
 }
 
 }  // namespace ckpt::daemon

@@ -167,8 +167,8 @@ class CheckpointService {
   };
   absl::StatusOr<MemoryDrop> DropMemoryCopies(const std::string& job,
                                               bool dry_run);
-  // Blocks until no shard is queued or being persisted and no garbage
-  // collection runs.
+  // Blocks until no shard is queued or being persisted, no garbage
+  // collection runs and the files it dropped are deleted.
   void WaitIdle();
   // Trainer sessions and saves per job (the local API's Attach).
   JobActivity* activity() { return &activity_; }

@@ -138,22 +138,23 @@ void CheckpointService::VoteLater(const proto::ShardRecord& shard,
 void CheckpointService::Replicated(const proto::ShardRecord& shard,
                                    const std::vector<std::string>& nodes) {
   const std::string what = Describe(shard.job(), shard.step(), shard.rank());
-  {
-    // Garbage collection rewrites records from its own snapshot: not now.
-    absl::MutexLock gc(&gc_mu_);
-    absl::StatusOr<absl::optional<proto::ShardRecord>> current =
-        catalog_->GetShard(shard.job(), shard.step(), shard.rank());
-    if (!current.ok() || !current->has_value() ||
-        (*current)->shard_path() != shard.shard_path()) {
-      return;  // dropped or replaced meanwhile
-    }
-    proto::ShardRecord& r = **current;
-    r.clear_replica_nodes();
-    for (const std::string& n : nodes) r.add_replica_nodes(n);
-    absl::Status put = catalog_->PutShard(r);
-    if (!put.ok()) {
-      CKPT_LOG_WARN("{}: recording its replicas: {}", what, put.ToString());
-    }
+  // Garbage collection rewrites records from its own snapshot: not now. And
+  // the vote is cast under the same lock as Supersede withdraws one: a shard
+  // withdrawn (a trainer resumed from an older step, or saved this step
+  // again) gets no peer vote afterwards.
+  absl::MutexLock gc(&gc_mu_);
+  absl::StatusOr<absl::optional<proto::ShardRecord>> current =
+      catalog_->GetShard(shard.job(), shard.step(), shard.rank());
+  if (!current.ok() || !current->has_value() ||
+      (*current)->shard_path() != shard.shard_path()) {
+    return;  // dropped or replaced meanwhile
+  }
+  proto::ShardRecord& r = **current;
+  r.clear_replica_nodes();
+  for (const std::string& n : nodes) r.add_replica_nodes(n);
+  absl::Status put = catalog_->PutShard(r);
+  if (!put.ok()) {
+    CKPT_LOG_WARN("{}: recording its replicas: {}", what, put.ToString());
   }
   VoteLater(shard, proto::TIER_PEER);
 }

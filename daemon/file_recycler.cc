@@ -170,6 +170,14 @@ void FileRecycler::Clear() {
   hurry_ = false;
 }
 
+void FileRecycler::WaitDeleted() {
+  absl::MutexLock lock(&mu_);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_ == 0;
+  };
+  mu_.Await(absl::Condition(&drained));
+}
+
 size_t FileRecycler::files() const {
   absl::MutexLock lock(&mu_);
   return kept_.size();

@@ -58,6 +58,9 @@ class FileRecycler {
   // Deletes every kept file, and the pending deletions, now (when the disk
   // is short of space); returns when they are gone.
   void Clear();
+  // Returns once the deletions queued so far are done (they go on waiting
+  // for `busy`).
+  void WaitDeleted();
   // Files and bytes kept.
   size_t files() const;
   uint64_t bytes() const;
