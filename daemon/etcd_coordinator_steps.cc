@@ -216,10 +216,9 @@ absl::Status EtcdCoordinator::WithdrawVote(const std::string& job,
   // A commit record seen by the transaction may be gone by the time it is
   // looked for (garbage collection forgot the step meanwhile): try again.
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    ASSIGN_OR_RETURN(
-        etcdserverpb::TxnResponse done,
-        Txn(txn, absl::StrCat("withdrawing the vote of job ", job, " step ",
-                              step, " rank ", rank)));
+    ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
+                     Txn(txn, absl::StrCat("withdrawing the vote of job ", job,
+                                           " step ", step, " rank ", rank)));
     if (done.succeeded()) return absl::OkStatus();
     for (proto::Tier tier : kAllTiers) {
       ASSIGN_OR_RETURN(auto commit, GetCommit(job, step, tier));

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
     });
     if (!s.ok()) return fail("watch", s);
     uint64_t iteration = 0;
+    std::shared_ptr<client::SaveHandle> last_save;
     auto latest = (*ckpt)->RestoreLatest(proto::TIER_PEER);
     if (!latest.ok()) return fail("restore", latest.status());
     if (latest->has_value()) {
@@ -137,11 +138,24 @@ int main(int argc, char** argv) {
         w[i] = testing::ElasticStep(w[i], iteration, offset + i);
       iteration_bytes = std::to_string(iteration);
       auto save = (*ckpt)->SaveAsync(epoch->epoch * 1000000 + iteration);
-      if (save.ok()) (void)(*save)->WaitStaged();
+      if (save.ok()) {
+        (void)(*save)->WaitStaged();
+        last_save = *std::move(save);
+      }
       absl::SleepFor(absl::Milliseconds(15));
     }
-    // Growing: the job waits for its full size, replacements included.
-    if (grow) min_ranks = 8;
+    // Growing: the job waits for its full size, replacements included. The
+    // steps it saved are still being replicated: each rank waits (a while)
+    // until its last one is committed at the peer tier, so that the newest
+    // peer commit does not move while the grown job's ranks restore it (they
+    // would restore different steps, and retention drops the older one).
+    if (grow) {
+      min_ranks = 8;
+      if (last_save != nullptr) {
+        (void)last_save->WaitCommitted(proto::TIER_PEER, absl::Seconds(5));
+      }
+    }
+    last_save.reset();
     // A failure: the members of this epoch that were not on a lost node
     // (participant ids are "<node>-r<i>").
     if (lost) {
