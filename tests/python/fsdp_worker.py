@@ -155,6 +155,8 @@ def main():
     if dist.get_rank() == 0:
         torch.save(tensors, path)
     dist.barrier()
+    from ckpt.torch import dcp as ckpt_dcp
+    ckpt_dcp.close()  # the DCP writers' shared bindings, before the group goes
     dist.destroy_process_group()
     progress("done")
 

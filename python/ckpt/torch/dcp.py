@@ -30,6 +30,7 @@ Metadata from the ranks' indexes and reads each box it needs; ckptd assembles
 a box from the saved chunks it overlaps.
 """
 
+import atexit
 import io
 import pickle
 import re
@@ -71,6 +72,22 @@ _ID = re.compile(r"^ckpt://([A-Za-z0-9._-]+)/(\d+)$")
 # state's tensors stay where they were.
 _bindings = {}
 _bindings_lock = threading.Lock()
+
+
+def close():
+    """Closes the native bindings this process's DCP writers share (their
+    Checkpointers: the session with ckptd and the registered slot). Run at
+    interpreter exit too, while the interpreter is whole: left to the
+    interpreter's teardown, a native object's threads may outlive what they
+    use. A later writer opens a new binding."""
+    with _bindings_lock:
+        bindings = list(_bindings.values())
+        _bindings.clear()
+    for binding in bindings:
+        binding.close()
+
+
+atexit.register(close)
 
 
 def _rank_and_world(rank, world_size):
