@@ -42,6 +42,16 @@ def run(args, kill_after=None, snapshot="copy"):
     return killed, restored, "".join(lines)
 
 
+def latest_committed(socket):
+    """The job's newest step committed on disk, as a restarting trainer sees it."""
+    import ckpt
+    reader = ckpt.Checkpointer("kill", socket=socket, read_only=True)
+    try:
+        return reader.latest_committed("disk")
+    finally:
+        reader.close()
+
+
 class TorchKillTest(unittest.TestCase):
 
     @classmethod
@@ -67,17 +77,33 @@ class TorchKillTest(unittest.TestCase):
         with Daemon() as daemon:
             common = ["--socket", daemon.socket, "--job", "kill", "--steps", str(STEPS),
                       "--save-every", "7", "--out", out]
-            resumed = []
-            for k, snapshot in zip(kills, snapshots):
+            # (kill step, newest step committed once the trainer was dead)
+            committed_at_kill = []
+            runs = [("kill", k, snapshot) for k, snapshot in zip(kills, snapshots)]
+            runs.append(("finish", None, rng.choice(["copy", "fork"])))
+            for i, (what, k, snapshot) in enumerate(runs):
                 killed, restored, log = run(common, kill_after=k, snapshot=snapshot)
-                self.assertTrue(killed, log)
-                resumed += restored
-            _, restored, log = run(common, snapshot=rng.choice(["copy", "fork"]))
-            resumed += restored
-            self.assertEqual(len(resumed), len(kills), log)
-            # Each run resumed from a committed step at or before the kill.
-            for step, k in zip(resumed, kills):
-                self.assertLessEqual(step, k + 1)
+                self.assertEqual(killed, what == "kill", log)
+                self.assertLessEqual(len(restored), 1, log)
+                if i == 0:
+                    self.assertEqual(restored, [], log)  # a new job
+                else:
+                    # The run after a kill resumes from a committed step: at
+                    # least the newest one committed before it started (a
+                    # save staged before the kill may commit later), never one
+                    # past the kill.
+                    prev_kill, newest = committed_at_kill[-1]
+                    if newest is None:
+                        self.assertTrue(not restored or restored[0] <= prev_kill, log)
+                    else:
+                        self.assertEqual(len(restored), 1, log)
+                        self.assertGreaterEqual(restored[0], newest, log)
+                        self.assertLessEqual(restored[0], prev_kill, log)
+                if killed:
+                    committed_at_kill.append((k, latest_committed(daemon.socket)))
+            print(f"committed when killed: {committed_at_kill}", flush=True)
+            # Not every kill may come before the job's first commit.
+            self.assertIsNotNone(committed_at_kill[-1][1])
             self.assertIn("done", log)
             self.assertSameAsReference(out)
 
