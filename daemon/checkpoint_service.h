@@ -78,6 +78,12 @@ struct ServiceOptions {
   // A job with no trainer attached for this long gives up its memory-tier
   // copies once they are safe at a durable tier; InfiniteDuration: never.
   absl::Duration idle_job_memory_ttl = absl::Minutes(10);
+  // Incremental saves: a rank's shard stores only the chunks that changed
+  // since its previous persisted shard (the rest stay where that one stores
+  // them), and every `full_every`-th save of a rank stores every chunk; 1:
+  // every save is full. While peer replication or the shared tier is on,
+  // every save is full (their copies hold every chunk themselves).
+  int full_every = 10;
 };
 
 class CheckpointService {
@@ -207,6 +213,20 @@ class CheckpointService {
                  const std::vector<proto::Tier>& tiers);
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
+  // Incremental saves (checkpoint_service_bases.cc). The base `record` may
+  // store its unchanged chunks in: the rank's last persisted shard, pinned
+  // against garbage collection until UnpinBase; null for a full save.
+  std::shared_ptr<const snapshot::ShardBase> PinBase(
+      const proto::ShardRecord& record);
+  void UnpinBase(const proto::ShardRecord& record,
+                 const std::shared_ptr<const snapshot::ShardBase>& base);
+  // `record` was persisted with `manifest`: the base of the rank's next save.
+  void RememberBase(const proto::ShardRecord& record,
+                    proto::ShardManifest manifest, uint64_t manifest_xxh3);
+  // Forgets the job's bases (its newer steps are being dropped).
+  void ForgetBases(const std::string& job);
+  // (rank, step) of the job's shards pinned as bases of persists in flight.
+  std::set<std::pair<uint32_t, uint64_t>> PinnedBases(const std::string& job);
   // Retention with the configured policy, after a persist or a memory commit.
   void CollectGarbage(const std::string& job);
   // Makes way for a new save of a step this rank saved before without the
@@ -314,6 +334,13 @@ class CheckpointService {
     absl::Time down_since = absl::InfinitePast();
   };
   std::map<std::string, JobHealth> health_ ABSL_GUARDED_BY(mu_);
+  // Each rank's last persisted shard: the base of its next incremental save.
+  std::map<std::pair<std::string, uint32_t>,
+           std::shared_ptr<const snapshot::ShardBase>>
+      bases_ ABSL_GUARDED_BY(mu_);
+  // Bases in use by persists in flight: (job, rank, step), counted.
+  std::map<std::tuple<std::string, uint32_t, uint64_t>, int> pinned_
+      ABSL_GUARDED_BY(mu_);
   Metrics metrics_;
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;

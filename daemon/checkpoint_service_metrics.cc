@@ -20,6 +20,9 @@ void CheckpointService::DeclareMetrics() {
                    "raw bytes persisted to local disk");
   metrics_.Declare("ckpt_persisted_stored_bytes_total", T::kCounter,
                    "bytes written to local disk for them (after compression)");
+  metrics_.Declare("ckpt_persist_unchanged_bytes_total", T::kCounter,
+                   "raw bytes of incremental saves left unchanged in earlier "
+                   "shards, not written again");
   metrics_.Declare("ckpt_persist_seconds", T::kHistogram,
                    "time to persist one shard (encode, write, sync, vote)",
                    seconds);

@@ -114,6 +114,14 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
   snapshot::ShardWriterOptions writer_options = options_.writer;
   writer_options.recycle_from = recycler_->Take(r.slot_bytes());
+  writer_options.base = PinBase(r);
+  // The pin holds until the record naming the base is stored (or this fails).
+  struct Unpin {
+    CheckpointService* service;
+    const proto::ShardRecord& r;
+    const std::shared_ptr<const snapshot::ShardBase>& base;
+    ~Unpin() { service->UnpinBase(r, base); }
+  } unpin{this, r, writer_options.base};
   snapshot::ShardWriter writer(
       fs_, path, {r.job(), r.step(), r.rank(), r.world_size()}, writer_options);
   for (const proto::StagedItem& staged : r.items()) {
@@ -137,11 +145,20 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
   const absl::Time written = absl::Now();
   CKPT_KILL_POINT("service.after_shard_commit");
-  uint64_t raw = 0, stored = 0;
+  // What this file stores, and what it leaves in its bases.
+  uint64_t raw = 0, stored = 0, reused = 0;
   for (const proto::Item& item : manifest.items()) {
     raw += item.raw_size();
-    for (const proto::ChunkInfo& c : item.chunks()) stored += c.stored_size();
+    for (const proto::ChunkInfo& c : item.chunks()) {
+      if (c.base() == 0) {
+        stored += c.stored_size();
+      } else {
+        reused += c.raw_size();
+      }
+    }
   }
+  r.clear_base_steps();
+  for (const proto::BaseShard& b : manifest.bases()) r.add_base_steps(b.step());
   r.set_state(proto::SHARD_PERSISTED);
   r.clear_error();  // an earlier attempt's (RetryFailedPersists)
   r.set_shard_path(path);
@@ -150,6 +167,7 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   r.set_persisted_unix_micros(NowMicros());
   RETURN_IF_ERROR(catalog_->PutShard(r));
   CKPT_KILL_POINT("service.after_persisted_record");
+  RememberBase(r, std::move(manifest), writer.manifest_xxh3());
   // The shard is persisted whatever the vote does: a vote refused (a node
   // fenced past its lease) is made again once the node rejoined.
   absl::StatusOr<std::vector<proto::Tier>> voted = coordinator_->Vote(
@@ -166,6 +184,8 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
                static_cast<double>(raw));
   metrics_.Add("ckpt_persisted_stored_bytes_total", job_label,
                static_cast<double>(stored));
+  metrics_.Add("ckpt_persist_unchanged_bytes_total", job_label,
+               static_cast<double>(reused));
   metrics_.Observe("ckpt_persist_seconds", job_label,
                    absl::ToDoubleSeconds(absl::Now() - start));
   if (raw > 0) {
@@ -178,9 +198,11 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   const absl::Time end = absl::Now();
   const double seconds = absl::ToDoubleSeconds(end - start);
   CKPT_LOG_INFO(
-      "{}: persisted {} bytes ({} stored) in {:.1f} ms, {:.0f} MiB/s (map "
-      "{:.1f} ms, write+sync {:.1f} ms, catalog+vote {:.1f} ms)",
-      Describe(r.job(), r.step(), r.rank()), raw, stored, seconds * 1e3,
+      "{}: persisted {} bytes ({} stored, {} unchanged in {} base shards) in "
+      "{:.1f} ms, {:.0f} MiB/s (map {:.1f} ms, write+sync {:.1f} ms, "
+      "catalog+vote {:.1f} ms)",
+      Describe(r.job(), r.step(), r.rank()), raw, stored, reused,
+      r.base_steps_size(), seconds * 1e3,
       seconds > 0 ? raw / seconds / (1 << 20) : 0.0,
       absl::ToDoubleMilliseconds(mapped - start),
       absl::ToDoubleMilliseconds(written - mapped),

@@ -44,6 +44,7 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
                    catalog_->ListShards(job));
   RetentionPolicy rules = policy;
   rules.peer_tier = replicator_ != nullptr;
+  rules.pinned = PinnedBases(job);
   RetentionPlan plan = PlanRetention(commits, shards, rules);
   if (dry_run) return plan;
   // Steps the peer and shared tiers still keep: their shards are there, so

@@ -17,9 +17,17 @@ namespace ckpt::daemon {
 absl::Status CheckpointService::CopySteps(
     const std::string& from, const std::vector<proto::ShardRecord>& shards,
     const std::set<uint64_t>& steps, const std::string& to) {
-  std::vector<proto::ShardRecord> copied;
+  // With the shards their chunks lie in (incremental saves), so the copies
+  // read alone.
+  std::set<std::pair<uint32_t, uint64_t>> wanted;
   for (const proto::ShardRecord& r : shards) {
     if (steps.count(r.step()) == 0) continue;
+    wanted.insert({r.rank(), r.step()});
+    for (uint64_t base : r.base_steps()) wanted.insert({r.rank(), base});
+  }
+  std::vector<proto::ShardRecord> copied;
+  for (const proto::ShardRecord& r : shards) {
+    if (wanted.count({r.rank(), r.step()}) == 0) continue;
     if (r.state() != proto::SHARD_PERSISTED || r.shard_path().empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat(Describe(from, r.step(), r.rank()),
@@ -153,6 +161,7 @@ absl::StatusOr<proto::RollbackRecord> CheckpointService::RollBack(
       (void)arena_->Release({job, r.step(), r.rank()});
     if (!r.shard_path().empty()) (void)fs_->Unlink(r.shard_path());
   }
+  ForgetBases(job);  // the next saves do not build on dropped steps
   {
     absl::MutexLock lock(&mu_);
     JobHealth& h = health_[job];

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   double wait_timeout_s = 60;
   int keep_disk = 2, keep_memory = 1, persist_threads = 2, zstd_level = 1;
   int recycle_files = 2;
+  int full_every = 10;
   std::string node_id;
   std::string metrics_address;
   bool metrics_allow_remote = false;
@@ -95,6 +96,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--keep-memory", keep_memory, "committed steps kept in memory")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--full-every", full_every,
+                 "incremental saves: every Nth save of a rank stores every "
+                 "chunk, the others only what changed since the rank's last "
+                 "save; 1: every save is full (always so with peers or a "
+                 "shared tier)")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   double idle_ttl_s = 600;
   app.add_option("--idle-job-memory-ttl", idle_ttl_s,
@@ -195,6 +203,7 @@ int main(int argc, char** argv) {
   options.staging.wait_timeout = absl::Seconds(wait_timeout_s);
   options.keep_disk_steps = keep_disk;
   options.keep_memory_steps = keep_memory;
+  options.full_every = full_every;
   options.idle_job_memory_ttl =
       idle_ttl_s > 0 ? absl::Seconds(idle_ttl_s) : absl::InfiniteDuration();
   options.persist_threads = persist_threads;

@@ -75,6 +75,29 @@ RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
     a.shard = r;
     plan.actions.push_back(std::move(a));
   }
+  // Files that kept files (or persists in flight) store chunks in stay; a
+  // file kept that way keeps the files it stores chunks in in turn.
+  std::set<std::pair<uint32_t, uint64_t>> dropped;
+  for (const RetentionAction& a : plan.actions) {
+    if (a.drop_file) dropped.insert({a.shard.rank(), a.shard.step()});
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::set<std::pair<uint32_t, uint64_t>> referenced = policy.pinned;
+    for (const proto::ShardRecord& r : shards) {
+      if (r.shard_path().empty() || dropped.count({r.rank(), r.step()}) > 0)
+        continue;
+      for (uint64_t base : r.base_steps()) referenced.insert({r.rank(), base});
+    }
+    for (const auto& key : referenced) changed |= dropped.erase(key) > 0;
+  }
+  std::vector<RetentionAction> actions;
+  for (RetentionAction& a : plan.actions) {
+    if (a.drop_file && dropped.count({a.shard.rank(), a.shard.step()}) == 0)
+      a.drop_file = false;
+    if (a.drop_file || a.drop_slot) actions.push_back(std::move(a));
+  }
+  plan.actions = std::move(actions);
   return plan;
 }
 

@@ -13,6 +13,8 @@
 //    those of every newer step: the peer tier may still commit it, and then a
 //    node's loss must find this node's own copy (its replica may be on the
 //    lost node);
+//  - the file of a shard that a kept shard (or a persist in flight) stores
+//    unchanged chunks in stays as long as that one does (incremental saves);
 //  - a shard with neither copy left is forgotten, and a step with no shard
 //    left older than the kept disk commits loses its commit records.
 //
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/catalog.pb.h"
@@ -36,6 +39,9 @@ struct RetentionPolicy {
   // Peer replication is on: files of steps the peer tier may still commit
   // stay (see above).
   bool peer_tier = false;
+  // (rank, step) of shards that persists in flight store chunks in: their
+  // files stay, like those of every base a kept shard names (base_steps).
+  std::set<std::pair<uint32_t, uint64_t>> pinned;
 };
 
 struct RetentionAction {

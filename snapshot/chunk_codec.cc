@@ -56,7 +56,8 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
                                          uint32_t element_width,
                                          const CodecOptions& options,
                                          io::BufferPool* pool,
-                                         ChunkHeader* header) {
+                                         ChunkHeader* header,
+                                         std::optional<uint64_t> raw_xxh3) {
   if (element_width == 0 || element_width > 255) {
     return absl::InvalidArgumentError(
         absl::StrCat("element width ", element_width));
@@ -73,7 +74,7 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
   header->stored_offset = kChunkHeaderSize;
   header->element_width = element_width;
   header->raw_size = static_cast<uint32_t>(raw_size);
-  header->raw_xxh3 = Checksum(raw);
+  header->raw_xxh3 = raw_xxh3.has_value() ? *raw_xxh3 : Checksum(raw);
   header->codec = proto::CODEC_NONE;
   header->filter = proto::FILTER_NONE;
 

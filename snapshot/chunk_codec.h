@@ -11,6 +11,7 @@
 #define CKPT_SNAPSHOT_CHUNK_CODEC_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,11 +66,11 @@ size_t MaxEncodedSize(size_t raw_size);
 // chunk_index and raw_offset are inputs (they are written into the chunk
 // header); the other fields are filled with what was written. A chunk stored in
 // place borrows `raw`: it must stay valid and unchanged until written.
-absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
-                                         uint32_t element_width,
-                                         const CodecOptions& options,
-                                         io::BufferPool* pool,
-                                         ChunkHeader* header);
+// `raw_xxh3`, when given, is Checksum(raw), already computed by the caller.
+absl::StatusOr<EncodedChunk> EncodeChunk(
+    absl::Span<const uint8_t> raw, uint32_t element_width,
+    const CodecOptions& options, io::BufferPool* pool, ChunkHeader* header,
+    std::optional<uint64_t> raw_xxh3 = std::nullopt);
 
 // Decodes `stored` (header.stored_size bytes) into `raw_out` (header.raw_size
 // bytes) and checks both checksums. Errors say which check failed; the caller

@@ -2,7 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <bit>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -12,6 +15,34 @@
 #include "snapshot/names.h"
 
 namespace ckpt::snapshot {
+
+std::string ShardFileName(uint64_t step, uint32_t rank,
+                          absl::string_view suffix) {
+  char name[40];
+  std::snprintf(name, sizeof name, "%020" PRIu64 "-%010" PRIu32, step, rank);
+  return absl::StrCat(name, suffix);
+}
+
+absl::StatusOr<std::string> SiblingShardPath(absl::string_view path,
+                                             uint64_t step) {
+  const size_t slash = path.rfind('/');
+  const size_t start = slash == absl::string_view::npos ? 0 : slash + 1;
+  absl::string_view name = path.substr(start);
+  constexpr size_t kStepDigits = 20;
+  const bool named = name.size() > kStepDigits + 11 &&
+                     name[kStepDigits] == '-' &&
+                     std::all_of(name.begin(), name.begin() + kStepDigits,
+                                 [](char c) { return c >= '0' && c <= '9'; });
+  if (!named) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard file name \"", name,
+                     "\" is not <step>-<rank><suffix>: its base shards cannot "
+                     "be found"));
+  }
+  char digits[kStepDigits + 1];
+  std::snprintf(digits, sizeof digits, "%020" PRIu64, step);
+  return absl::StrCat(path.substr(0, start), digits, name.substr(kStepDigits));
+}
 namespace {
 
 // The format is little-endian; so is every machine ckpt runs on.
@@ -259,6 +290,20 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
     return bad("manifest: data size ", m.data_size(),
                " does not match manifest offset ", manifest_offset);
   }
+  if (m.format_version() < 3 && (m.bases_size() > 0 || m.increments() > 0))
+    return bad("manifest: base shards in format ", m.format_version());
+  if ((m.bases_size() > 0) != (m.increments() > 0)) {
+    return bad("manifest: ", m.bases_size(), " base shards but ",
+               m.increments(), " increments since a full save");
+  }
+  std::set<uint64_t> base_steps;
+  for (const proto::BaseShard& b : m.bases()) {
+    if (b.step() >= m.step() || !base_steps.insert(b.step()).second) {
+      return bad("manifest: base shard step ", b.step(),
+                 " is not an earlier step named once (this is step ", m.step(),
+                 ")");
+    }
+  }
   std::set<std::string> names;
   uint64_t file_pos = 0;
   for (int i = 0; i < m.items_size(); ++i) {
@@ -327,9 +372,15 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
         return bad(where(), ": stored size ", chunk.stored_size(),
                    " is implausible for raw size ", chunk.raw_size());
       }
-      if (chunk.file_offset() != file_pos) {
+      if (chunk.base() > static_cast<uint32_t>(m.bases_size())) {
+        return bad(where(), ": base ", chunk.base(), " but the manifest has ",
+                   m.bases_size(), " base shards");
+      }
+      if (chunk.base() > 0 ? chunk.file_offset() % kAlignment != 0
+                           : chunk.file_offset() != file_pos) {
         return bad(where(), ": file offset ", chunk.file_offset(),
-                   ", expected ", file_pos);
+                   chunk.base() > 0 ? " in its base is not aligned"
+                                    : absl::StrCat(", expected ", file_pos));
       }
       const uint32_t stored_offset = chunk.stored_offset();
       if (m.format_version() == 1 ? stored_offset != 0
@@ -341,7 +392,8 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
       if (stored_offset == kAlignment && chunk.codec() != proto::CODEC_NONE) {
         return bad(where(), ": a compressed chunk stored at the alignment");
       }
-      file_pos += ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
+      if (chunk.base() == 0)
+        file_pos += ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
       raw_pos += chunk.raw_size();
     }
     if (raw_pos != item.raw_size()) {

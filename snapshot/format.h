@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/manifest.pb.h"
 
@@ -19,7 +20,7 @@ namespace ckpt::snapshot {
 
 // What writers write; readers also read every version from
 // kOldestFormatVersion on.
-inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr uint32_t kAlignment = 4096;
 inline constexpr size_t kChunkHeaderSize = 64;
@@ -56,6 +57,18 @@ struct ChunkHeader {
   uint64_t raw_xxh3 = 0;
   uint64_t stored_xxh3 = 0;
 };
+
+// The file name of rank `rank`'s shard of step `step`: the step in 20 digits,
+// '-', the rank in 10 digits, then `suffix` (".shard" on disk, ".ckpt" for
+// peer and shared copies). Shards that share chunks lie side by side under
+// such names.
+std::string ShardFileName(uint64_t step, uint32_t rank,
+                          absl::string_view suffix);
+// The path of the same rank's shard of `step` beside the shard at `path`
+// (named by ShardFileName): its base shard. An error when `path`'s file name
+// is not such a name.
+absl::StatusOr<std::string> SiblingShardPath(absl::string_view path,
+                                             uint64_t step);
 
 void EncodeChunkHeader(const ChunkHeader& header,
                        uint8_t out[kChunkHeaderSize]);

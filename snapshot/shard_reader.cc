@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "io/aligned_buffer.h"
 #include "io/status_macros.h"
@@ -23,10 +27,14 @@ struct ShardReader::Piece {
   absl::Status status;
 };
 
-ShardReader::ShardReader(std::string path,
+ShardReader::ShardReader(io::FileSystem* fs, std::string path,
                          std::unique_ptr<io::ReadableFile> file,
                          const ShardReaderOptions& options)
-    : path_(std::move(path)), file_(std::move(file)), options_(options) {}
+    : fs_(fs), path_(std::move(path)), options_(options) {
+  sources_.resize(1);
+  sources_[0].path = path_;
+  sources_[0].file = std::move(file);
+}
 
 ShardReader::~ShardReader() = default;
 
@@ -37,7 +45,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(
       std::unique_ptr<io::ReadableFile> file,
       fs->NewReadableFile(path, io::FileOptions{.direct = options.direct_io}));
   std::unique_ptr<ShardReader> reader(
-      new ShardReader(path, std::move(file), options));
+      new ShardReader(fs, path, std::move(file), options));
   absl::Status s = reader->LoadManifest();
   if (!s.ok()) {
     return absl::Status(s.code(),
@@ -46,34 +54,46 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(
   return reader;
 }
 
-absl::Status ShardReader::LoadManifest() {
-  ASSIGN_OR_RETURN(file_size_, file_->Size());
-  if (file_size_ < kAlignment || file_size_ % kAlignment != 0) {
-    return absl::DataLossError(absl::StrCat(
-        "file size ", file_size_, " is not a positive multiple of ", kAlignment,
-        " (truncated or not a shard)"));
+namespace {
+
+// Reads and checks the footer of a shard file of `file_size` bytes: its
+// checksum, and that the manifest it points at fits the file.
+absl::StatusOr<Footer> ReadFooter(io::ReadableFile* file, uint64_t file_size) {
+  if (file_size < kAlignment || file_size % kAlignment != 0) {
+    return absl::DataLossError(
+        absl::StrCat("file size ", file_size, " is not a positive multiple of ",
+                     kAlignment, " (truncated or not a shard)"));
   }
   io::AlignedBuffer last(kAlignment);
-  RETURN_IF_ERROR(file_->Read(file_size_ - kAlignment, last.span()));
+  RETURN_IF_ERROR(file->Read(file_size - kAlignment, last.span()));
   ASSIGN_OR_RETURN(Footer footer, DecodeFooter(last.span().subspan(
                                       kAlignment - kFooterSize, kFooterSize)));
-  if (footer.file_size != file_size_) {
+  if (footer.file_size != file_size) {
     return absl::DataLossError(absl::StrCat("footer says the file has ",
                                             footer.file_size, " bytes, it has ",
-                                            file_size_));
+                                            file_size));
   }
   if (footer.manifest_size > kMaxManifestSize ||
       footer.manifest_offset % kAlignment != 0 ||
-      footer.manifest_offset > file_size_ ||
-      file_size_ - footer.manifest_offset !=
+      footer.manifest_offset > file_size ||
+      file_size - footer.manifest_offset !=
           io::AlignUp(footer.manifest_size + kFooterSize)) {
     return absl::DataLossError(absl::StrCat(
         "footer: manifest at offset ", footer.manifest_offset, " of ",
         footer.manifest_size, " bytes does not fit the file"));
   }
+  return footer;
+}
+
+}  // namespace
+
+absl::Status ShardReader::LoadManifest() {
+  io::ReadableFile* file = sources_[0].file.get();
+  ASSIGN_OR_RETURN(file_size_, file->Size());
+  ASSIGN_OR_RETURN(Footer footer, ReadFooter(file, file_size_));
   const size_t tail_size = file_size_ - footer.manifest_offset;
   io::AlignedBuffer tail(tail_size);
-  RETURN_IF_ERROR(file_->Read(footer.manifest_offset, tail.span()));
+  RETURN_IF_ERROR(file->Read(footer.manifest_offset, tail.span()));
   const uint8_t* manifest_bytes = tail.data();
   if (Checksum({manifest_bytes, footer.manifest_size}) !=
       footer.manifest_xxh3) {
@@ -101,12 +121,59 @@ absl::Status ShardReader::LoadManifest() {
   }
   manifest_bytes_.assign(reinterpret_cast<const char*>(manifest_bytes),
                          footer.manifest_size);
+  sources_[0].version = footer.version;
+  sources_[0].data_end = footer.manifest_offset;
+  sources_.resize(manifest_.bases_size() + 1);
   const size_t window_chunks =
       options_.read_window_bytes / manifest_.chunk_size() + 1;
   buffers_ = std::make_unique<io::BufferPool>(
       ChunkFootprint(kAlignment, manifest_.chunk_size() + 1024),
       2 * window_chunks + 2);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ShardReader::BasePath(uint32_t index) const {
+  if (index == 0 || index > static_cast<uint32_t>(manifest_.bases_size()))
+    return absl::OutOfRangeError(absl::StrCat("no base shard ", index));
+  const uint64_t step = manifest_.bases(static_cast<int>(index) - 1).step();
+  if (options_.base_path) return options_.base_path(step);
+  return SiblingShardPath(path_, step);
+}
+
+ShardReader::Source& ShardReader::SourceOf(uint32_t index) {
+  Source& source = sources_[index];
+  if (index == 0 || source.file != nullptr || !source.status.ok())
+    return source;
+  const proto::BaseShard& base = manifest_.bases(static_cast<int>(index) - 1);
+  auto fail = [&](const absl::Status& why, absl::string_view what) {
+    source.status = absl::DataLossError(absl::StrCat(
+        "base shard step ", base.step(),
+        source.path.empty() ? "" : absl::StrCat(" (", source.path, ")"), " ",
+        what, ": ", why.message()));
+    source.file.reset();
+    return std::ref(source);
+  };
+  absl::StatusOr<std::string> path = BasePath(index);
+  if (!path.ok()) return fail(path.status(), "cannot be found");
+  source.path = *path;
+  absl::StatusOr<std::unique_ptr<io::ReadableFile>> file = fs_->NewReadableFile(
+      source.path, io::FileOptions{.direct = options_.direct_io});
+  if (!file.ok()) return fail(file.status(), "is missing");
+  source.file = *std::move(file);
+  absl::StatusOr<uint64_t> size = source.file->Size();
+  if (!size.ok()) return fail(size.status(), "is unreadable");
+  absl::StatusOr<Footer> footer = ReadFooter(source.file.get(), *size);
+  if (!footer.ok()) return fail(footer.status(), "is damaged");
+  if (footer->manifest_xxh3 != base.manifest_xxh3()) {
+    return fail(absl::DataLossError(absl::StrFormat(
+                    "its manifest checksum is %016x, this shard was saved "
+                    "against %016x",
+                    footer->manifest_xxh3, base.manifest_xxh3())),
+                "is not the shard this one was saved against");
+  }
+  source.version = footer->version;
+  source.data_end = footer->manifest_offset;
+  return source;
 }
 
 io::ThreadPool* ShardReader::pool() {
@@ -176,14 +243,14 @@ std::vector<absl::Status> ShardReader::VerifyAll() {
   return errors;
 }
 
-absl::Status ShardReader::DecodePiece(const Piece& piece,
+absl::Status ShardReader::DecodePiece(const Piece& piece, uint32_t version,
                                       const uint8_t* bytes) {
   const proto::ChunkInfo& chunk = piece.item->chunks(piece.chunk_index);
   absl::StatusOr<ChunkHeader> header =
       DecodeChunkHeader({bytes, kChunkHeaderSize});
   if (!header.ok()) return header.status();
-  if (!(*header == HeaderFor(chunk, piece.item_index, piece.chunk_index,
-                             manifest_.format_version()))) {
+  if (!(*header ==
+        HeaderFor(chunk, piece.item_index, piece.chunk_index, version))) {
     return absl::DataLossError("chunk header does not match the manifest");
   }
   const uint8_t* stored = bytes + header->stored_offset;
@@ -218,7 +285,41 @@ absl::Status ShardReader::DecodePiece(const Piece& piece,
 
 absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
                                      std::vector<absl::Status>* errors) {
+  std::map<uint32_t, std::vector<Piece>> by_source;
+  for (const Piece& p : pieces)
+    by_source[p.item->chunks(p.chunk_index).base()].push_back(p);
+  for (auto& [index, group] : by_source) {
+    Source& source = SourceOf(index);
+    if (!source.status.ok()) {
+      // One error for the base, naming what is stored there.
+      std::set<std::string> items;
+      for (const Piece& p : group) items.insert(p.item->name());
+      std::string names;
+      size_t named = 0;
+      for (const std::string& name : items) {
+        if (named++ == 3) {
+          absl::StrAppend(&names, " and ", items.size() - 3, " more");
+          break;
+        }
+        absl::StrAppend(&names, named > 1 ? ", \"" : "\"", name, "\"");
+      }
+      absl::Status e(source.status.code(),
+                     absl::StrCat("shard ", path_, ": ",
+                                  source.status.message(), "; ", group.size(),
+                                  " chunks of ", names, " are stored there"));
+      if (errors == nullptr) return e;
+      errors->push_back(std::move(e));
+      continue;
+    }
+    RETURN_IF_ERROR(ReadFrom(source, group, errors));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardReader::ReadFrom(Source& source, std::vector<Piece>& pieces,
+                                   std::vector<absl::Status>* errors) {
   if (pieces.empty()) return absl::OkStatus();
+  io::ReadableFile* const file = source.file.get();
   // Reads are issued in file order and kept flowing: each completed read is
   // decoded on the pool while the next ones are in flight, with at most
   // `max_ahead` chunks read but not decoded.
@@ -251,7 +352,8 @@ absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
       return;
     }
     pool()->Schedule([&, i] {
-      pieces[i].status = DecodePiece(pieces[i], buffers[i].data());
+      pieces[i].status =
+          DecodePiece(pieces[i], source.version, buffers[i].data());
       buffers[i] = io::AlignedBuffer();  // back to the pool for the next reads
       finish(pieces[i].status.ok());
     });
@@ -272,11 +374,20 @@ absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
           pieces[i].item->chunks(pieces[i].chunk_index);
       const uint64_t footprint =
           ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
+      if (chunk.file_offset() > source.data_end ||
+          footprint > source.data_end - chunk.file_offset()) {
+        // Only a base can be asked for this (the manifest tiles its own file).
+        pieces[i].status = absl::DataLossError(
+            absl::StrCat("the chunk lies past the chunks of ", source.path));
+        finish(false);
+        ++reads_completed;
+        continue;
+      }
       buffers[i] = footprint <= buffers_->buffer_capacity()
                        ? buffers_->Acquire()
                        : io::AlignedBuffer(footprint);
       buffers[i].set_size(footprint);
-      absl::Status s = file_->ReadAsync(
+      absl::Status s = file->ReadAsync(
           chunk.file_offset(), buffers[i].span(),
           [&on_read, i](absl::Status st) { on_read(i, std::move(st)); });
       if (!s.ok()) {
@@ -286,7 +397,7 @@ absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
       continue;
     }
     if (reads_completed < issued) {
-      absl::Status s = file_->WaitAny();
+      absl::Status s = file->WaitAny();
       if (!s.ok() && io_error.ok()) io_error = s;
       if (!s.ok()) break;  // the engine is broken; nothing more will complete
       continue;
@@ -308,10 +419,18 @@ absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
   if (!io_error.ok()) return io_error;
   auto context = [&](const Piece& p, const absl::Status& st) {
     const proto::ChunkInfo& chunk = p.item->chunks(p.chunk_index);
+    const std::string in_base =
+        chunk.base() == 0
+            ? std::string()
+            : absl::StrCat(
+                  " (stored in base shard step ",
+                  manifest_.bases(static_cast<int>(chunk.base()) - 1).step(),
+                  ", ", source.path, ")");
     return absl::Status(
-        st.code(), absl::StrCat("shard ", path_, " item \"", p.item->name(),
-                                "\" chunk ", p.chunk_index, " at file offset ",
-                                chunk.file_offset(), ": ", st.message()));
+        st.code(),
+        absl::StrCat("shard ", path_, " item \"", p.item->name(), "\" chunk ",
+                     p.chunk_index, in_base, " at file offset ",
+                     chunk.file_offset(), ": ", st.message()));
   };
   for (size_t i = 0; i < issued; ++i) {
     if (pieces[i].status.ok()) continue;

@@ -1,7 +1,10 @@
 // ShardReader opens a committed shard file and reads items back, verifying
 // everything it touches: the footer and manifest checksums and structure on
 // Open(), and for every chunk read its header (which must match the manifest),
-// zero padding, stored and raw checksums. Reads are queued through
+// zero padding, stored and raw checksums. Chunks stored in base shards (an
+// incremental save) are read from the bases' files, opened when first needed;
+// each base must be the very file the manifest names (its footer's manifest
+// checksum). Reads are queued through
 // io::FileSystem (io_uring, O_DIRECT) a window at a time and decoded in
 // parallel. Every error names the file, and where it applies the item, chunk
 // and file offset.
@@ -11,6 +14,7 @@
 #define CKPT_SNAPSHOT_SHARD_READER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +39,10 @@ struct ShardReaderOptions {
   // size, 16 MiB by default), so queueing the next window never waits for the
   // disk.
   size_t read_window_bytes = 8 << 20;
+  // Where the shard's base shards are (format 3: chunks an incremental save
+  // left unchanged lie in earlier shards of the same rank). Default: beside the
+  // shard, named by ShardFileName with the base's step (SiblingShardPath).
+  std::function<absl::StatusOr<std::string>(uint64_t step)> base_path;
 };
 
 class ShardReader {
@@ -57,24 +65,43 @@ class ShardReader {
   // chunks that overlap.
   absl::Status ReadItemRange(absl::string_view name, uint64_t offset,
                              absl::Span<uint8_t> out);
-  // Checks every chunk; returns one error per bad chunk (empty when the shard
-  // is intact).
+  // Checks every chunk, those stored in base shards too; returns one error per
+  // bad chunk and one per base shard that is missing or not the one named
+  // (empty when the shard is intact).
   std::vector<absl::Status> VerifyAll();
+  // The path of base shard `index` (1-based, as ChunkInfo.base counts).
+  absl::StatusOr<std::string> BasePath(uint32_t index) const;
 
  private:
   struct Piece;  // one chunk to read and where its bytes go
-  ShardReader(std::string path, std::unique_ptr<io::ReadableFile> file,
+  // A file chunks are read from: the shard's own (0) or a base's.
+  struct Source {
+    std::string path;
+    std::unique_ptr<io::ReadableFile> file;
+    uint32_t version = 0;
+    uint64_t data_end = 0;  // where its chunks end (its manifest's offset)
+    absl::Status status;    // why it could not be opened
+  };
+  ShardReader(io::FileSystem* fs, std::string path,
+              std::unique_ptr<io::ReadableFile> file,
               const ShardReaderOptions& options);
   absl::Status LoadManifest();
-  // Reads and decodes `pieces`; stops at the first error unless `errors`
-  // collects them.
+  // Opens base `index` on first use and checks it is the file named.
+  Source& SourceOf(uint32_t index);
+  // Reads and decodes `pieces`, from whichever files hold them; stops at the
+  // first error unless `errors` collects them.
   absl::Status ReadPieces(std::vector<Piece>& pieces,
                           std::vector<absl::Status>* errors);
-  absl::Status DecodePiece(const Piece& piece, const uint8_t* chunk_bytes);
+  // Reads `pieces`, all stored in `source`.
+  absl::Status ReadFrom(Source& source, std::vector<Piece>& pieces,
+                        std::vector<absl::Status>* errors);
+  absl::Status DecodePiece(const Piece& piece, uint32_t version,
+                           const uint8_t* chunk_bytes);
   io::ThreadPool* pool();
 
+  io::FileSystem* const fs_;
   const std::string path_;
-  std::unique_ptr<io::ReadableFile> file_;
+  std::vector<Source> sources_;  // [0]: this shard; [k]: bases[k-1]
   const ShardReaderOptions options_;
   std::unique_ptr<io::ThreadPool> own_pool_;
   std::unique_ptr<io::BufferPool>

@@ -1,5 +1,6 @@
 #include "snapshot/shard_writer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -22,6 +23,10 @@ namespace {
 struct ChunkTask {
   ChunkHeader header;
   absl::Span<const uint8_t> raw;
+  // The base shard's chunk at the same place, if its item matches.
+  const proto::ChunkInfo* base_chunk = nullptr;
+  // Its raw bytes hash like the base chunk's: recorded, not written.
+  bool unchanged ABSL_GUARDED_BY(mu) = false;
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<EncodedChunk> result ABSL_GUARDED_BY(mu) =
@@ -32,6 +37,34 @@ int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The base's item that chunks of `item` (the manifest's item `index`) may be
+// stored in: same position, name, kind, dtype, shape and box, in a base of
+// the same job, rank, world size, chunk size and format. Null if none.
+const proto::Item* BaseItem(const ShardBase* base,
+                            const proto::ShardManifest& m, int index) {
+  if (base == nullptr) return nullptr;
+  const proto::ShardManifest& b = base->manifest;
+  if (b.format_version() != kFormatVersion || b.job() != m.job() ||
+      b.rank() != m.rank() || b.world_size() != m.world_size() ||
+      b.chunk_size() != m.chunk_size() || b.step() >= m.step() ||
+      index >= b.items_size()) {
+    return nullptr;
+  }
+  const proto::Item& item = m.items(index);
+  const proto::Item& old = b.items(index);
+  auto same = [](const auto& x, const auto& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end());
+  };
+  if (old.name() != item.name() || old.kind() != item.kind() ||
+      old.dtype() != item.dtype() || old.raw_size() != item.raw_size() ||
+      !same(old.global_shape(), item.global_shape()) ||
+      !same(old.box_offset(), item.box_offset()) ||
+      !same(old.box_length(), item.box_length())) {
+    return nullptr;
+  }
+  return &old;
 }
 
 }  // namespace
@@ -151,6 +184,23 @@ absl::StatusOr<proto::ShardManifest> ShardWriter::Commit() {
   return manifest_;
 }
 
+uint32_t ShardWriter::BaseIndex(uint32_t in_base) {
+  const ShardBase& base = *options_.base;
+  proto::BaseShard where;
+  if (in_base == 0) {
+    where.set_step(base.manifest.step());
+    where.set_manifest_xxh3(base.manifest_xxh3);
+  } else {
+    where = base.manifest.bases(static_cast<int>(in_base) - 1);
+  }
+  for (int i = 0; i < manifest_.bases_size(); ++i) {
+    if (manifest_.bases(i).step() == where.step())
+      return static_cast<uint32_t>(i + 1);
+  }
+  *manifest_.add_bases() = where;
+  return static_cast<uint32_t>(manifest_.bases_size());
+}
+
 absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   std::unique_ptr<io::ThreadPool> own_pool;
   io::ThreadPool* pool = options_.pool;
@@ -169,6 +219,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
                          ? static_cast<uint32_t>(DTypeSize(item.dtype()))
                          : 1;
     absl::Span<const uint8_t> data = data_[i];
+    const proto::Item* base_item = BaseItem(options_.base.get(), manifest_, i);
     uint32_t index = 0;
     for (uint64_t off = 0; off < data.size();
          off += options_.chunk_size, ++index) {
@@ -179,6 +230,13 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
       task->header.element_width = width;
       task->raw = data.subspan(
           off, std::min<uint64_t>(options_.chunk_size, data.size() - off));
+      if (base_item != nullptr && index < base_item->chunks_size()) {
+        const proto::ChunkInfo& old = base_item->chunks(index);
+        if (old.raw_offset() == off && old.raw_size() == task->raw.size() &&
+            old.element_width() == width) {
+          task->base_chunk = &old;
+        }
+      }
       tasks.push_back(std::move(task));
     }
   }
@@ -187,16 +245,31 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   // keeps the O_DIRECT writes from extending the file. The tail write extends
   // it, then Truncate trims.
   uint64_t bound = 0;
-  for (const auto& task : tasks)
-    bound += ChunkFootprint(kAlignment, task->raw.size());
+  for (const auto& task : tasks) {
+    // A chunk that may be unchanged is not reserved for (on a nearly full
+    // disk an increment must not fail for the space of a full save).
+    if (task->base_chunk == nullptr)
+      bound += ChunkFootprint(kAlignment, task->raw.size());
+  }
   RETURN_IF_ERROR(file->Allocate(bound));
 
   const CodecOptions codec = options_.codec;
   auto schedule = [&](ChunkTask* task) {
     pool->Schedule([task, codec, &buffers] {
       ChunkHeader header = task->header;
+      std::optional<uint64_t> hash;
+      if (task->base_chunk != nullptr) {
+        hash = Checksum(task->raw);
+        if (*hash == task->base_chunk->raw_xxh3()) {
+          absl::MutexLock l(&task->mu);
+          task->unchanged = true;
+          task->result = EncodedChunk();
+          task->done = true;
+          return;
+        }
+      }
       absl::StatusOr<EncodedChunk> encoded = EncodeChunk(
-          task->raw, header.element_width, codec, &buffers, &header);
+          task->raw, header.element_width, codec, &buffers, &header, hash);
       absl::MutexLock l(&task->mu);
       task->header = header;
       task->result = std::move(encoded);
@@ -216,15 +289,24 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   for (size_t t = 0; t < next_to_schedule; ++t) {
     ChunkTask* task = tasks[t].get();
     absl::StatusOr<EncodedChunk> encoded = absl::UnknownError("pending");
+    bool unchanged;
     {
       absl::MutexLock l(&task->mu);
       task->mu.Await(absl::Condition(&task->done));
       encoded = std::move(task->result);
+      unchanged = task->unchanged;
     }
     if (status.ok() && !encoded.ok()) status = encoded.status();
     if (!status.ok()) continue;
     if (next_to_schedule < tasks.size())
       schedule(tasks[next_to_schedule++].get());
+    if (unchanged) {
+      proto::ChunkInfo* info =
+          manifest_.mutable_items(task->header.item_index)->add_chunks();
+      *info = *task->base_chunk;
+      info->set_base(BaseIndex(task->base_chunk->base()));
+      continue;
+    }
     const ChunkHeader& h = task->header;
     proto::ChunkInfo* info =
         manifest_.mutable_items(h.item_index)->add_chunks();
@@ -257,6 +339,8 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   // The tail: manifest, zero padding, footer; together a multiple of the
   // alignment.
   manifest_.set_data_size(file_pos);
+  if (manifest_.bases_size() > 0)
+    manifest_.set_increments(options_.base->manifest.increments() + 1);
   std::string serialized;
   if (!manifest_.SerializeToString(&serialized)) {
     return absl::InternalError("manifest serialization failed");
@@ -276,6 +360,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   footer.manifest_xxh3 = Checksum(
       {reinterpret_cast<const uint8_t*>(serialized.data()), serialized.size()});
   footer.file_size = file_pos + tail_size;
+  manifest_xxh3_ = footer.manifest_xxh3;
   EncodeFooter(footer, tail.data() + tail_size - kFooterSize);
   RETURN_IF_ERROR(file->Write(file_pos, std::move(tail)));
   return file->Truncate(footer.file_size);

@@ -11,6 +11,7 @@
 #define CKPT_SNAPSHOT_SHARD_WRITER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,18 @@ struct TensorRef {
   absl::Span<const uint8_t> data;
 };
 
+// An earlier committed shard of the same job, rank and world size that this
+// one may store its unchanged chunks in (an incremental save): a chunk whose
+// item matches the base's item at the same position (name, kind, dtype,
+// shape, box) and whose raw bytes hash (XXH3-64) to those of the base's chunk
+// at the same index is recorded as stored where the base stores it, and not
+// written. The new shard then depends on the base's file (and on the files it
+// depends on) lying beside it.
+struct ShardBase {
+  proto::ShardManifest manifest;  // as the base's file holds it
+  uint64_t manifest_xxh3 = 0;     // the base's footer manifest checksum
+};
+
 struct ShardWriterOptions {
   uint32_t chunk_size = kDefaultChunkSize;
   CodecOptions codec;
@@ -60,6 +73,8 @@ struct ShardWriterOptions {
   // commit, which stalls the writes of the shard being persisted beside it.
   // When the rename fails, the shard goes to a new file.
   std::string recycle_from;
+  // Null: every chunk is stored in this shard.
+  std::shared_ptr<const ShardBase> base;
 };
 
 class ShardWriter {
@@ -75,10 +90,16 @@ class ShardWriter {
 
   // Writes and commits the shard; returns its manifest. Call at most once.
   absl::StatusOr<proto::ShardManifest> Commit();
+  // After Commit(): the footer's manifest checksum, the shard's identity as a
+  // base of later shards.
+  uint64_t manifest_xxh3() const { return manifest_xxh3_; }
 
  private:
   absl::Status AddItem(proto::Item item, absl::Span<const uint8_t> data);
   absl::Status WriteAll(io::WritableFile* file);
+  // The index (from 1) in manifest_.bases of the file that stores a chunk the
+  // base records in its bases[in_base - 1] (0: in the base's own file).
+  uint32_t BaseIndex(uint32_t in_base);
   absl::Status Fail(absl::Status status);
 
   io::FileSystem* const fs_;
@@ -88,6 +109,7 @@ class ShardWriter {
   proto::ShardManifest manifest_;
   std::vector<absl::Span<const uint8_t>> data_;  // per item
   bool committed_ = false;
+  uint64_t manifest_xxh3_ = 0;
 };
 
 }  // namespace ckpt::snapshot

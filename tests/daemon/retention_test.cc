@@ -127,6 +127,34 @@ TEST(RetentionTest, StepsThePeerTierMayStillCommitKeepTheirFiles) {
   EXPECT_EQ(Describe(plan), "1:Fx 2:Fx 3:Fx 4:Fx ");
 }
 
+TEST(RetentionTest, FilesThatKeptShardsStoreChunksInStay) {
+  // Steps 1..6 committed; 1 is a full save, 2..5 increments over it, 6 full.
+  // Step 5 (kept) stores chunks in 1 and 3; 3 stores chunks in 1 and 2.
+  std::vector<proto::CommitRecord> commits;
+  std::vector<proto::ShardRecord> shards;
+  for (uint64_t s = 1; s <= 6; ++s) {
+    commits.push_back(Commit(s, kDisk));
+    shards.push_back(Shard(s, kPersisted, true, false));
+  }
+  shards[2].add_base_steps(1);
+  shards[2].add_base_steps(2);
+  shards[4].add_base_steps(1);
+  shards[4].add_base_steps(3);
+  // Keeping 5 and 6 keeps 3 (named by 5), and so 2 (named by 3) and 1.
+  EXPECT_EQ(Describe(PlanRetention(commits, shards, {2, 1})), "4:Fx ");
+  // Keeping only 6 (a full save) drops every older file.
+  EXPECT_EQ(Describe(PlanRetention(commits, shards, {1, 1})),
+            "1:Fx 2:Fx 3:Fx 4:Fx 5:Fx ");
+  // A base pinned by a persist in flight stays, and so do its own bases.
+  RetentionPolicy pinned{1, 1};
+  pinned.pinned = {{0, 3}};
+  EXPECT_EQ(Describe(PlanRetention(commits, shards, pinned)), "4:Fx 5:Fx ");
+  // References are per rank: rank 1's step 3 does not keep rank 0's.
+  pinned.pinned = {{1, 3}};
+  EXPECT_EQ(Describe(PlanRetention(commits, shards, pinned)),
+            "1:Fx 2:Fx 3:Fx 4:Fx 5:Fx ");
+}
+
 TEST(RetentionTest, StepListCollapsesRuns) {
   EXPECT_EQ(StepList({}), "none");
   EXPECT_EQ(StepList({3, 4, 5, 6, 7, 9, 11, 12}), "3-7,9,11-12");

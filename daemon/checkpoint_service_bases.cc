@@ -1,0 +1,102 @@
+// CheckpointService: incremental saves. Each rank's last persisted shard is
+// the base of its next save, which stores only the chunks that changed and
+// records where the others lie (snapshot/FORMAT.md, format 3). A base in use
+// by a persist is pinned: garbage collection keeps its file, and keeps the
+// files of every base a kept shard names (RetentionPolicy::pinned and
+// ShardRecord.base_steps).
+#include "daemon/checkpoint_service.h"
+#include "daemon/describe.h"
+#include "io/logging.h"
+
+namespace ckpt::daemon {
+
+std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
+    const proto::ShardRecord& r) {
+  // Copies that leave the node hold every chunk themselves.
+  if (options_.full_every <= 1 || replicator_ != nullptr ||
+      shared_ != nullptr) {
+    return nullptr;
+  }
+  std::shared_ptr<const snapshot::ShardBase> base;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = bases_.find({r.job(), r.rank()});
+    if (it == bases_.end()) return nullptr;
+    base = it->second;
+  }
+  const proto::ShardManifest& m = base->manifest;
+  if (m.step() >= r.step() || m.world_size() != r.world_size() ||
+      m.increments() + 1 >= static_cast<uint32_t>(options_.full_every)) {
+    return nullptr;
+  }
+  // Under gc_mu_, so a collection either ran before (and the record shows
+  // whether the base's file is still there) or runs after and sees the pin.
+  absl::MutexLock gc(&gc_mu_);
+  absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+      catalog_->GetShard(r.job(), m.step(), r.rank());
+  if (!record.ok() || !record->has_value() ||
+      (*record)->state() != proto::SHARD_PERSISTED ||
+      (*record)->shard_path().empty()) {
+    CKPT_LOG_INFO("{}: base step {} is gone; this save stores every chunk",
+                  Describe(r.job(), r.step(), r.rank()), m.step());
+    return nullptr;
+  }
+  // Only a step committed on disk: what withdraws uncommitted steps (a rank
+  // resuming from an earlier one, a step saved again) never deletes a base.
+  absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
+      coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
+  if (!commit.ok() || !commit->has_value()) {
+    CKPT_LOG_INFO(
+        "{}: base step {} is not committed on disk; this save stores every "
+        "chunk",
+        Describe(r.job(), r.step(), r.rank()), m.step());
+    return nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  ++pinned_[{r.job(), r.rank(), m.step()}];
+  return base;
+}
+
+void CheckpointService::UnpinBase(
+    const proto::ShardRecord& r,
+    const std::shared_ptr<const snapshot::ShardBase>& base) {
+  if (base == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  auto it = pinned_.find({r.job(), r.rank(), base->manifest.step()});
+  if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+}
+
+void CheckpointService::RememberBase(const proto::ShardRecord& r,
+                                     proto::ShardManifest manifest,
+                                     uint64_t manifest_xxh3) {
+  if (options_.full_every <= 1) return;
+  auto base = std::make_shared<snapshot::ShardBase>();
+  base->manifest = std::move(manifest);
+  base->manifest_xxh3 = manifest_xxh3;
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<const snapshot::ShardBase>& slot =
+      bases_[{r.job(), r.rank()}];
+  // Persists of a rank run in step order; a retried older one does not
+  // replace a newer base.
+  if (slot == nullptr || slot->manifest.step() < r.step()) slot = base;
+}
+
+void CheckpointService::ForgetBases(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = bases_.begin(); it != bases_.end();) {
+    it = it->first.first == job ? bases_.erase(it) : std::next(it);
+  }
+}
+
+std::set<std::pair<uint32_t, uint64_t>> CheckpointService::PinnedBases(
+    const std::string& job) {
+  std::set<std::pair<uint32_t, uint64_t>> pinned;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, n] : pinned_) {
+    if (std::get<0>(key) == job)
+      pinned.insert({std::get<1>(key), std::get<2>(key)});
+  }
+  return pinned;
+}
+
+}  // namespace ckpt::daemon
