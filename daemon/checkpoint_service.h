@@ -214,8 +214,9 @@ class CheckpointService {
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
   // Incremental saves (checkpoint_service_bases.cc). The base `record` may
-  // store its unchanged chunks in: the rank's last persisted shard, pinned
-  // against garbage collection until UnpinBase; null for a full save.
+  // store its unchanged chunks in: the rank's newest persisted shard that is
+  // committed on disk (among its last few), pinned against garbage
+  // collection until UnpinBase; null for a full save.
   std::shared_ptr<const snapshot::ShardBase> PinBase(
       const proto::ShardRecord& record);
   void UnpinBase(const proto::ShardRecord& record,
@@ -334,9 +335,11 @@ class CheckpointService {
     absl::Time down_since = absl::InfinitePast();
   };
   std::map<std::string, JobHealth> health_ ABSL_GUARDED_BY(mu_);
-  // Each rank's last persisted shard: the base of its next incremental save.
+  // Each rank's newest persisted shards (kBaseCandidates at most, by step):
+  // the newest of them committed on disk is the base of its next save.
+  static constexpr size_t kBaseCandidates = 4;
   std::map<std::pair<std::string, uint32_t>,
-           std::shared_ptr<const snapshot::ShardBase>>
+           std::map<uint64_t, std::shared_ptr<const snapshot::ShardBase>>>
       bases_ ABSL_GUARDED_BY(mu_);
   // Bases in use by persists in flight: (job, rank, step), counted.
   std::map<std::tuple<std::string, uint32_t, uint64_t>, int> pinned_

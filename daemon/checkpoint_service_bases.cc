@@ -4,6 +4,8 @@
 // by a persist is pinned: garbage collection keeps its file, and keeps the
 // files of every base a kept shard names (RetentionPolicy::pinned and
 // ShardRecord.base_steps).
+#include <vector>
+
 #include "daemon/checkpoint_service.h"
 #include "daemon/describe.h"
 #include "io/logging.h"
@@ -17,44 +19,45 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
       shared_ != nullptr) {
     return nullptr;
   }
-  std::shared_ptr<const snapshot::ShardBase> base;
+  std::vector<std::shared_ptr<const snapshot::ShardBase>> candidates;
   {
     absl::MutexLock lock(&mu_);
     auto it = bases_.find({r.job(), r.rank()});
     if (it == bases_.end()) return nullptr;
-    base = it->second;
-  }
-  const proto::ShardManifest& m = base->manifest;
-  if (m.step() >= r.step() || m.world_size() != r.world_size() ||
-      m.increments() + 1 >= static_cast<uint32_t>(options_.full_every)) {
-    return nullptr;
+    for (auto c = it->second.rbegin(); c != it->second.rend(); ++c)
+      candidates.push_back(c->second);  // newest first
   }
   // Under gc_mu_, so a collection either ran before (and the record shows
   // whether the base's file is still there) or runs after and sees the pin.
   absl::MutexLock gc(&gc_mu_);
-  absl::StatusOr<absl::optional<proto::ShardRecord>> record =
-      catalog_->GetShard(r.job(), m.step(), r.rank());
-  if (!record.ok() || !record->has_value() ||
-      (*record)->state() != proto::SHARD_PERSISTED ||
-      (*record)->shard_path().empty()) {
-    CKPT_LOG_INFO("{}: base step {} is gone; this save stores every chunk",
-                  Describe(r.job(), r.step(), r.rank()), m.step());
-    return nullptr;
+  for (const std::shared_ptr<const snapshot::ShardBase>& base : candidates) {
+    const proto::ShardManifest& m = base->manifest;
+    if (m.step() >= r.step() || m.world_size() != r.world_size() ||
+        m.increments() + 1 >= static_cast<uint32_t>(options_.full_every)) {
+      continue;
+    }
+    absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+        catalog_->GetShard(r.job(), m.step(), r.rank());
+    if (!record.ok() || !record->has_value() ||
+        (*record)->state() != proto::SHARD_PERSISTED ||
+        (*record)->shard_path().empty()) {
+      continue;  // dropped meanwhile
+    }
+    // Only a step committed on disk: what withdraws uncommitted steps (a rank
+    // resuming from an earlier one, a step saved again) never deletes a
+    // base.
+    absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
+        coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
+    if (!commit.ok() || !commit->has_value()) continue;
+    absl::MutexLock lock(&mu_);
+    ++pinned_[{r.job(), r.rank(), m.step()}];
+    return base;
   }
-  // Only a step committed on disk: what withdraws uncommitted steps (a rank
-  // resuming from an earlier one, a step saved again) never deletes a base.
-  absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
-      coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
-  if (!commit.ok() || !commit->has_value()) {
-    CKPT_LOG_INFO(
-        "{}: base step {} is not committed on disk; this save stores every "
-        "chunk",
-        Describe(r.job(), r.step(), r.rank()), m.step());
-    return nullptr;
-  }
-  absl::MutexLock lock(&mu_);
-  ++pinned_[{r.job(), r.rank(), m.step()}];
-  return base;
+  CKPT_LOG_DEBUG(
+      "{}: none of the rank's last {} shards is committed on disk and may be "
+      "built on; this save stores every chunk",
+      Describe(r.job(), r.step(), r.rank()), candidates.size());
+  return nullptr;
 }
 
 void CheckpointService::UnpinBase(
@@ -74,11 +77,9 @@ void CheckpointService::RememberBase(const proto::ShardRecord& r,
   base->manifest = std::move(manifest);
   base->manifest_xxh3 = manifest_xxh3;
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<const snapshot::ShardBase>& slot =
-      bases_[{r.job(), r.rank()}];
-  // Persists of a rank run in step order; a retried older one does not
-  // replace a newer base.
-  if (slot == nullptr || slot->manifest.step() < r.step()) slot = base;
+  auto& mine = bases_[{r.job(), r.rank()}];
+  mine[r.step()] = std::move(base);
+  while (mine.size() > kBaseCandidates) mine.erase(mine.begin());
 }
 
 void CheckpointService::ForgetBases(const std::string& job) {

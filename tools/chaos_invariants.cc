@@ -50,6 +50,11 @@ void Chaos::CheckInvariants(
                                    m.m.data(), {global}, {m.offset},
                                    {o_.elements});
     }
+    if (s.ok()) {
+      s = ranks[r]->RegisterTensor("model/embed", proto::DTYPE_FLOAT32,
+                                   m.embed.data(), {global}, {m.offset},
+                                   {o_.elements});
+    }
     if (s.ok()) s = ranks[r]->RegisterBytes("rng", &rng[r]);
     if (!s.ok()) Violation(when + ": " + std::string(s.message()));
   }
@@ -65,6 +70,10 @@ void Chaos::CheckInvariants(
   };
   auto restores_exactly = [&](uint64_t step, std::optional<Promise> promised) {
     for (uint32_t r = 0; r < o_.ranks; ++r) {
+      // Every byte must come from the restore, the frozen ones too (an
+      // incremental save stores them in an earlier shard).
+      for (auto* v : {&models[r].w, &models[r].m, &models[r].embed})
+        std::fill(v->begin(), v->end(), -1.0f);
       absl::Status s = ranks[r]->Restore(step);
       if (!s.ok()) {
         if (promised.has_value() &&

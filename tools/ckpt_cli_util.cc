@@ -55,9 +55,15 @@ nlohmann::json ItemJson(const proto::Item& item) {
     j["box_length"] = std::vector<int64_t>(item.box_length().begin(),
                                            item.box_length().end());
   }
-  uint64_t stored = 0;
+  uint64_t stored = 0, in_bases = 0;
+  int chunks_in_bases = 0;
   std::map<std::string, int> codecs;
   for (const proto::ChunkInfo& c : item.chunks()) {
+    if (c.base() != 0) {  // unchanged since a base shard, stored there
+      in_bases += c.stored_size();
+      ++chunks_in_bases;
+      continue;
+    }
     stored += c.stored_size();
     std::string key = CodecName(c.codec());
     if (c.filter() == proto::FILTER_BYTE_SHUFFLE) key += "+shuffle";
@@ -67,6 +73,8 @@ nlohmann::json ItemJson(const proto::Item& item) {
   j["stored_size"] = stored;
   j["chunks"] = item.chunks_size();
   j["codecs"] = codecs;
+  j["chunks_in_bases"] = chunks_in_bases;
+  j["stored_in_bases"] = in_bases;
   return j;
 }
 

@@ -44,6 +44,15 @@ int Inspect(const std::string& path, bool json) {
   }
   j["raw_bytes"] = raw;
   j["stored_bytes"] = stored;
+  j["increments"] = m.increments();
+  j["bases"] = nlohmann::json::array();
+  for (uint32_t k = 1; k <= static_cast<uint32_t>(m.bases_size()); ++k) {
+    nlohmann::json bj;
+    bj["step"] = m.bases(static_cast<int>(k) - 1).step();
+    absl::StatusOr<std::string> base_path = (*reader)->BasePath(k);
+    if (base_path.ok()) bj["path"] = *base_path;
+    j["bases"].push_back(std::move(bj));
+  }
   if (json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -59,6 +68,14 @@ int Inspect(const std::string& path, bool json) {
       "  %d items, %lu raw bytes, %lu stored (ratio %.3f)\n", m.items_size(),
       static_cast<unsigned long>(raw), static_cast<unsigned long>(stored),
       raw == 0 ? 1.0 : static_cast<double>(stored) / static_cast<double>(raw));
+  if (m.bases_size() > 0) {
+    std::vector<uint64_t> steps;
+    for (const proto::BaseShard& b : m.bases()) steps.push_back(b.step());
+    std::printf(
+        "  incremental: save %u since the last full one; unchanged chunks "
+        "stay in steps %s\n",
+        m.increments(), absl::StrJoin(steps, ", ").c_str());
+  }
   for (const nlohmann::json& ij : j["items"]) {
     const proto::Item* item =
         *(*reader)->FindItem(ij["name"].get<std::string>());
@@ -69,11 +86,16 @@ int Inspect(const std::string& path, bool json) {
                            Dims(item->box_offset()), "+",
                            Dims(item->box_length()))
             : "bytes";
-    std::printf("  %-40s %-44s raw %10lu stored %10lu chunks %d %s\n",
-                item->name().c_str(), what.c_str(),
-                static_cast<unsigned long>(item->raw_size()),
-                static_cast<unsigned long>(ij["stored_size"].get<uint64_t>()),
-                item->chunks_size(), ij["codecs"].dump().c_str());
+    const int in_bases = ij["chunks_in_bases"].get<int>();
+    std::printf(
+        "  %-40s %-44s raw %10lu stored %10lu chunks %d %s%s\n",
+        item->name().c_str(), what.c_str(),
+        static_cast<unsigned long>(item->raw_size()),
+        static_cast<unsigned long>(ij["stored_size"].get<uint64_t>()),
+        item->chunks_size(), ij["codecs"].dump().c_str(),
+        in_bases == 0
+            ? ""
+            : absl::StrCat(" (", in_bases, " unchanged, in bases)").c_str());
   }
   return 0;
 }

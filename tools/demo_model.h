@@ -1,7 +1,9 @@
 // The demo's toy model: a deterministic, elementwise update of weights and a
-// momentum buffer, so the state after step T is the same however often training
-// was interrupted and resumed (and however it is sharded), and a reference can
-// be computed in one process.
+// momentum buffer beside a frozen embedding (as in fine-tuning: it never
+// changes, so incremental saves leave it where the last full save stored it),
+// so the state after step T is the same however often training was interrupted
+// and resumed (and however it is sharded), and a reference can be computed in
+// one process.
 //
 // Thread-safety: a model is used by one thread at a time.
 #ifndef CKPT_TOOLS_DEMO_MODEL_H_
@@ -17,12 +19,15 @@ namespace ckpt::demo {
 struct RankModel {
   int64_t offset = 0;  // this rank's first global element
   std::vector<float> w, m;
+  std::vector<float> embed;  // frozen
   uint64_t rng = 0;  // stands for the trainer's RNG / data-loader position
 
   RankModel(uint32_t rank, int64_t elements)
-      : offset(rank * elements), w(elements), m(elements) {
-    for (int64_t i = 0; i < elements; ++i)
+      : offset(rank * elements), w(elements), m(elements), embed(elements) {
+    for (int64_t i = 0; i < elements; ++i) {
       w[i] = static_cast<float>((offset + i) % 101) * 0.01f;
+      embed[i] = static_cast<float>((offset + i) % 89) * 0.125f - 5.0f;
+    }
     rng = 0x9e3779b97f4a7c15ull ^ rank;
   }
 
@@ -50,6 +55,7 @@ struct RankModel {
   std::string Serialize() const {
     std::string out(reinterpret_cast<const char*>(w.data()), w.size() * 4);
     out.append(reinterpret_cast<const char*>(m.data()), m.size() * 4);
+    out.append(reinterpret_cast<const char*>(embed.data()), embed.size() * 4);
     out += RngBytes();
     return out;
   }

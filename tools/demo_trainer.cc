@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
                                 model.m.data(), {global}, {model.offset},
                                 {elements});
   }
+  if (s.ok()) {
+    s = (*ckpt)->RegisterTensor("model/embed", proto::DTYPE_FLOAT32,
+                                model.embed.data(), {global}, {model.offset},
+                                {elements});
+  }
   if (s.ok()) s = (*ckpt)->RegisterBytes("rng", &rng);
   if (!s.ok()) {
     std::fprintf(stderr, "rank %u: %s\n", rank,

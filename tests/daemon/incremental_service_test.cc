@@ -1,0 +1,138 @@
+// ckptd's incremental saves: a rank's shard stores only the chunks that
+// changed since its last save, a full save comes every --full-every saves,
+// and garbage collection keeps the files kept shards store chunks in.
+#include <set>
+
+#include "daemon/checkpoint_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/file_system.h"
+#include "snapshot/shard_reader.h"
+#include "tests/daemon/service_util.h"
+#include "tests/test_util.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using testing::RankState;
+
+constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
+constexpr uint32_t kChunk = 64 << 10;
+
+class IncrementalServiceTest : public ::testing::Test {
+ protected:
+  ServiceOptions Options() {
+    ServiceOptions o;
+    o.data_dir = dir_.File("data");
+    o.staging.dir = dir_.File("staging");
+    o.staging.budget_bytes = 64 << 20;
+    o.staging.policy = FullPolicy::kSkip;
+    o.writer.chunk_size = kChunk;
+    o.keep_disk_steps = 1;
+    o.full_every = 4;
+    return o;
+  }
+  testing::TempDir dir_;
+};
+
+// Fine-tuning: only the first chunk of the weights changes from step to step.
+RankState StateAt(uint64_t step) {
+  RankState state(1, 0, 4 * kChunk / 4);  // four chunks of weights
+  state.weights[8] = static_cast<uint8_t>(step);
+  state.rng[0] = static_cast<uint8_t>(step);
+  return state;
+}
+
+bool OnDisk(CheckpointService* service, uint64_t step) {
+  return *io::DefaultFileSystem()->Exists(service->ShardPath("job", step, 0));
+}
+
+TEST_F(IncrementalServiceTest, SavesStoreWhatChangedAndKeepTheirBases) {
+  auto started = CheckpointService::Start(io::DefaultFileSystem(), Options());
+  ASSERT_TRUE(started.ok()) << started.status();
+  CheckpointService* service = started->get();
+  for (uint64_t step = 1; step <= 9; ++step) {
+    ASSERT_TRUE(StateAt(step).Stage(service, "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+    absl::StatusOr<proto::ShardRecord> r = service->GetShard("job", step, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // Steps 1, 5 and 9 are full (every fourth save); the others store the
+    // changed chunk and the byte item, and name the full save before them.
+    const bool full = step % 4 == 1;
+    const std::vector<uint64_t> bases(r->base_steps().begin(),
+                                      r->base_steps().end());
+    if (full) {
+      EXPECT_TRUE(bases.empty()) << "step " << step;
+      EXPECT_GT(r->stored_bytes(), 3 * kChunk) << "step " << step;
+    } else {
+      EXPECT_EQ(bases, std::vector<uint64_t>{(step - 1) / 4 * 4 + 1})
+          << "step " << step;
+      EXPECT_LT(r->stored_bytes(), 2 * kChunk) << "step " << step;
+    }
+    EXPECT_TRUE(StateAt(step).Check(r->shard_path()).ok()) << "step " << step;
+    // --keep-disk 1 keeps the newest step, and the full save it builds on.
+    for (uint64_t s = 1; s <= step; ++s) {
+      const bool kept = s == step || (!full && s == (step - 1) / 4 * 4 + 1);
+      EXPECT_EQ(OnDisk(service, s), kept) << "step " << s << " after " << step;
+    }
+  }
+  // A restart forgets the last shard: the next save is full.
+  started->reset();
+  started = CheckpointService::Start(io::DefaultFileSystem(), Options());
+  ASSERT_TRUE(started.ok()) << started.status();
+  service = started->get();
+  ASSERT_TRUE(StateAt(10).Stage(service, "job", 10, 0, 1).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 10, kDisk, absl::Seconds(30)).ok());
+  service->WaitIdle();
+  EXPECT_TRUE(service->GetShard("job", 10, 0)->base_steps().empty());
+}
+
+TEST_F(IncrementalServiceTest, FullEveryOneAndARollBackMakeFullSaves) {
+  ServiceOptions o = Options();
+  o.keep_disk_steps = 5;
+  auto started = CheckpointService::Start(io::DefaultFileSystem(), o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  CheckpointService* service = started->get();
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(StateAt(step).Stage(service, "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+  }
+  service->WaitIdle();
+  EXPECT_EQ(service->GetShard("job", 3, 0)->base_steps_size(), 1);
+  // Back to step 2, newer steps kept in an archive job: step 3 is copied
+  // there with the full save it stores chunks in, and reads alone.
+  absl::StatusOr<proto::RollbackRecord> back =
+      service->RollBack("job", 2, "", /*discard_newer=*/false);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_FALSE(back->archived_as().empty());
+  absl::StatusOr<proto::ShardRecord> archived =
+      service->GetShard(back->archived_as(), 3, 0);
+  ASSERT_TRUE(archived.ok()) << archived.status();
+  EXPECT_TRUE(StateAt(3).Check(archived->shard_path()).ok());
+  // The next save of the job does not build on the dropped step 3.
+  ASSERT_TRUE(StateAt(3).Stage(service, "job", 3, 0, 1).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 3, kDisk, absl::Seconds(30)).ok());
+  service->WaitIdle();
+  EXPECT_TRUE(service->GetShard("job", 3, 0)->base_steps().empty());
+  EXPECT_TRUE(StateAt(3).Check(service->ShardPath("job", 3, 0)).ok());
+  started->reset();
+
+  o.full_every = 1;
+  o.data_dir = dir_.File("data1");
+  started = CheckpointService::Start(io::DefaultFileSystem(), o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  service = started->get();
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(StateAt(step).Stage(service, "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+    EXPECT_TRUE(service->GetShard("job", step, 0)->base_steps().empty());
+  }
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
