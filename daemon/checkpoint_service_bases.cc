@@ -32,10 +32,12 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
   absl::MutexLock gc(&gc_mu_);
   for (const std::shared_ptr<const snapshot::ShardBase>& base : candidates) {
     const proto::ShardManifest& m = base->manifest;
-    if (m.step() >= r.step() || m.world_size() != r.world_size() ||
-        m.increments() + 1 >= static_cast<uint32_t>(options_.full_every)) {
-      continue;
-    }
+    if (m.step() >= r.step() || m.world_size() != r.world_size()) continue;
+    // The rank's chain is as long as allowed: a full save, not a fallback
+    // to an older base (which would keep that one, and rewrite what changed
+    // since it, for ever).
+    if (m.increments() + 1 >= static_cast<uint32_t>(options_.full_every))
+      break;
     absl::StatusOr<absl::optional<proto::ShardRecord>> record =
         catalog_->GetShard(r.job(), m.step(), r.rank());
     if (!record.ok() || !record->has_value() ||
