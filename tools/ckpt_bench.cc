@@ -126,12 +126,25 @@ int main(int argc, char** argv) {
   rec_cmd->add_option("--state-mib", recovery_mib, "the job's state, in MiB")
       ->check(CLI::Range(2, 1 << 16));
   rec_cmd->add_flag("--json", json, "print one JSON object");
+  std::string codec_data = "build/bench-data";
+  CLI::App* codec_cmd = app.add_subcommand(
+      "codec",
+      "real training state (tools/gen_training_state.py): stored size and "
+      "codec speed vs byte-shuffle + zstd -1, incremental saves, persist and "
+      "restore vs fio");
+  codec_cmd
+      ->add_option("--data", codec_data,
+                   "the generator's output directory (index.json)")
+      ->capture_default_str();
+  codec_cmd->add_option("--dir", dir, "directory on the disk to measure");
+  codec_cmd->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  if (*codec_cmd) return ckpt::bench::RunCodec(codec_data, dir, json);
   if (*save_cmd) {
     return ckpt::bench::RunSave(dir, sizes_mib, runs, warmup, json,
                                 save_snapshot == "fork");

@@ -1,8 +1,9 @@
 // ckpt-bench: what its subcommands share. Each subcommand lives in its own
 // file (ckpt_bench_io.cc, ckpt_bench_save.cc, ckpt_bench_torch.cc,
-// ckpt_bench_control_plane.cc, ckpt_bench_recovery.cc), the shared helpers in
-// ckpt_bench_common.cc, the command line in ckpt_bench.cc. Each Run* runs one
-// benchmark on the calling thread, prints its report (one JSON object with
+// ckpt_bench_control_plane.cc, ckpt_bench_recovery.cc, ckpt_bench_codec.cc),
+// the shared helpers in ckpt_bench_common.cc, the command line in
+// ckpt_bench.cc. Each Run* runs one benchmark on the calling thread, prints its
+// report (one JSON object with
 // --json) and returns the process's exit code.
 #ifndef CKPT_TOOLS_CKPT_BENCH_H_
 #define CKPT_TOOLS_CKPT_BENCH_H_
@@ -66,6 +67,13 @@ int RunControlPlane(const std::string& dir, std::string etcd, int ranks,
 // (detection, rendezvous, restore from peer replicas), against a plain TCP
 // copy of the same bytes.
 int RunRecovery(const std::string& dir, uint64_t state_mib, bool json);
+
+// `ckpt-bench codec`: real training state from gen_training_state.py in
+// `data`: ckpt's stored size and codec speed against byte-shuffle + zstd -1
+// (one core), bytes written by incremental saves (fine-tuning with ~90%
+// frozen, dense training), persist and restore (end of a chain) against fio
+// on `dir`.
+int RunCodec(const std::string& data, const std::string& dir, bool json);
 
 }  // namespace ckpt::bench
 

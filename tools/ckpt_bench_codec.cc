@@ -1,0 +1,347 @@
+// ckpt-bench codec: what ckpt stores for real training state (made by
+// tools/gen_training_state.py) against byte-shuffle + zstd -1 on the same
+// data, what incremental saves write, and persist and restore throughput
+// against fio in the same run.
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/aligned_buffer.h"
+#include "io/file_system.h"
+#include "nlohmann/json.hpp"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/dtype.h"
+#include "snapshot/filter.h"
+#include "snapshot/format.h"
+#include "snapshot/shard_reader.h"
+#include "snapshot/shard_writer.h"
+#include "tools/bench_stats.h"
+#include "tools/ckpt_bench.h"
+
+namespace ckpt::bench {
+
+namespace io = ckpt::io;
+namespace snapshot = ckpt::snapshot;
+namespace proto = ckpt::proto;
+
+using ckpt::tools::Seconds;
+
+namespace {
+
+struct Tensor {
+  std::string name;
+  proto::DType dtype;
+  std::vector<int64_t> shape;
+  absl::Span<const uint8_t> data;
+};
+
+// One snapshot of a run: its bytes (page aligned, as in a staging slot) and
+// the tensors in them.
+struct Snapshot {
+  uint64_t step = 0;
+  io::AlignedBuffer bytes;
+  std::vector<Tensor> tensors;
+  uint64_t raw() const {
+    uint64_t n = 0;
+    for (const Tensor& t : tensors) n += t.data.size();
+    return n;
+  }
+};
+
+[[noreturn]] void Die(const std::string& what) {
+  std::cerr << "ckpt-bench codec: " << what << "\n";
+  std::exit(1);
+}
+
+// The run's snapshots from `dir`/index.json; tensors whose name starts with
+// `skip` (if not empty) are left out.
+std::vector<Snapshot> LoadRun(const std::string& dir, const std::string& run,
+                              const std::string& skip = "") {
+  std::ifstream in(dir + "/index.json");
+  if (!in) {
+    Die(dir +
+        "/index.json is missing: make the data with "
+        "build/torch-venv/bin/python tools/gen_training_state.py --out " +
+        dir);
+  }
+  nlohmann::json index = nlohmann::json::parse(in);
+  if (!index["runs"].contains(run)) Die("index.json has no run " + run);
+  std::vector<Snapshot> out;
+  for (const nlohmann::json& s : index["runs"][run]) {
+    Snapshot snap;
+    snap.step = s["step"].get<uint64_t>();
+    const std::string path = dir + "/" + s["file"].get<std::string>();
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) Die("cannot read " + path);
+    const size_t size = static_cast<size_t>(f.tellg());
+    snap.bytes = io::AlignedBuffer(io::AlignUp(std::max<size_t>(size, 1)));
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(snap.bytes.data()),
+           static_cast<std::streamsize>(size));
+    for (const nlohmann::json& t : s["tensors"]) {
+      const std::string name = t["name"].get<std::string>();
+      if (!skip.empty() && name.rfind(skip, 0) == 0) continue;
+      const std::string dtype = t["dtype"].get<std::string>();
+      const uint64_t offset = t["offset"].get<uint64_t>();
+      const uint64_t bytes = t["bytes"].get<uint64_t>();
+      if (offset + bytes > size) Die(path + ": tensor " + name + " overflows");
+      snap.tensors.push_back(
+          {name,
+           dtype == "bfloat16" ? proto::DTYPE_BFLOAT16 : proto::DTYPE_FLOAT32,
+           t["shape"].get<std::vector<int64_t>>(),
+           snap.bytes.span().subspan(offset, bytes)});
+    }
+    out.push_back(std::move(snap));
+  }
+  if (out.empty()) Die("run " + run + " has no snapshots");
+  return out;
+}
+
+// Chunks of `chunk` bytes of every tensor, as the writer cuts them.
+template <typename F>
+void ForEachChunk(const Snapshot& s, uint32_t chunk, F f) {
+  for (const Tensor& t : s.tensors) {
+    for (size_t off = 0; off < t.data.size(); off += chunk) {
+      f(t, t.data.subspan(off, std::min<size_t>(chunk, t.data.size() - off)));
+    }
+  }
+}
+
+struct CodecResult {
+  uint64_t stored = 0;
+  double seconds = 0;
+};
+
+// The reference: byte-shuffle then zstd -1, per 4 MiB chunk, on this thread.
+CodecResult ZstdShuffle(const Snapshot& s) {
+  CodecResult r;
+  std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx(ZSTD_createCCtx(),
+                                                          ZSTD_freeCCtx);
+  std::vector<uint8_t> shuffled(snapshot::kDefaultChunkSize);
+  std::vector<uint8_t> out(ZSTD_compressBound(snapshot::kDefaultChunkSize));
+  auto start = std::chrono::steady_clock::now();
+  ForEachChunk(s, snapshot::kDefaultChunkSize,
+               [&](const Tensor& t, absl::Span<const uint8_t> raw) {
+                 snapshot::ByteShuffle(raw.data(), shuffled.data(), raw.size(),
+                                       snapshot::DTypeSize(t.dtype));
+                 size_t n =
+                     ZSTD_compressCCtx(cctx.get(), out.data(), out.size(),
+                                       shuffled.data(), raw.size(), 1);
+                 if (ZSTD_isError(n)) Die(ZSTD_getErrorName(n));
+                 r.stored += n;
+               });
+  r.seconds = Seconds(start);
+  return r;
+}
+
+// ckpt's chunk codec with its default options, on this thread.
+CodecResult Ckpt(const Snapshot& s) {
+  CodecResult r;
+  const snapshot::CodecOptions options;
+  io::BufferPool pool(snapshot::MaxEncodedSize(snapshot::kDefaultChunkSize), 2);
+  auto start = std::chrono::steady_clock::now();
+  ForEachChunk(
+      s, snapshot::kDefaultChunkSize,
+      [&](const Tensor& t, absl::Span<const uint8_t> raw) {
+        snapshot::ChunkHeader header;
+        absl::StatusOr<snapshot::EncodedChunk> e = snapshot::EncodeChunk(
+            raw, static_cast<uint32_t>(snapshot::DTypeSize(t.dtype)), options,
+            &pool, &header);
+        if (!e.ok()) Die(std::string(e.status().message()));
+        r.stored += header.stored_size;
+      });
+  r.seconds = Seconds(start);
+  return r;
+}
+
+struct Written {
+  uint64_t file_bytes = 0;
+  double seconds = 0;
+  std::shared_ptr<snapshot::ShardBase> as_base;
+};
+
+// Persists a snapshot as step `step` of rank 0 (over `base` when given),
+// through the writer's full pipeline: io_uring, O_DIRECT, fsync.
+Written Persist(const std::string& dir, uint64_t step, const Snapshot& s,
+                std::shared_ptr<const snapshot::ShardBase> base) {
+  snapshot::ShardWriterOptions options;
+  options.base = std::move(base);
+  const std::string path =
+      io::JoinPath(dir, snapshot::ShardFileName(step, 0, ".shard"));
+  auto start = std::chrono::steady_clock::now();
+  snapshot::ShardWriter writer(io::DefaultFileSystem(), path,
+                               {"bench", step, 0, 1}, options);
+  for (const Tensor& t : s.tensors) {
+    int64_t n =
+        static_cast<int64_t>(t.data.size() / snapshot::DTypeSize(t.dtype));
+    absl::Status st =
+        writer.AddTensor({t.name, t.dtype, {n}, {0}, {n}, t.data});
+    if (!st.ok()) Die(std::string(st.message()));
+  }
+  absl::StatusOr<proto::ShardManifest> m = writer.Commit();
+  if (!m.ok()) Die(std::string(m.status().message()));
+  Written w;
+  w.seconds = Seconds(start);
+  w.file_bytes = *io::DefaultFileSystem()->FileSize(path);
+  w.as_base = std::make_shared<snapshot::ShardBase>();
+  w.as_base->manifest = *std::move(m);
+  w.as_base->manifest_xxh3 = writer.manifest_xxh3();
+  return w;
+}
+
+// Reads every tensor of the shard of `step` back and checks it; returns the
+// seconds it took.
+double Restore(const std::string& dir, uint64_t step, const Snapshot& s) {
+  const std::string path =
+      io::JoinPath(dir, snapshot::ShardFileName(step, 0, ".shard"));
+  auto start = std::chrono::steady_clock::now();
+  auto reader = snapshot::ShardReader::Open(io::DefaultFileSystem(), path);
+  if (!reader.ok()) Die(std::string(reader.status().message()));
+  std::vector<uint8_t> back;
+  for (const Tensor& t : s.tensors) {
+    back.resize(t.data.size());
+    absl::Status st = (*reader)->ReadItem(t.name, absl::MakeSpan(back));
+    if (!st.ok()) Die(std::string(st.message()));
+    if (std::memcmp(back.data(), t.data.data(), back.size()) != 0)
+      Die(path + ": " + t.name + " reads back other bytes");
+  }
+  return Seconds(start);
+}
+
+// A chain: the run's first snapshot in full, then each next one over the
+// previous shard. Returns the bytes written per save.
+std::vector<Written> Chain(const std::string& dir,
+                           const std::vector<Snapshot>& run) {
+  if (absl::Status s = io::DefaultFileSystem()->CreateDirs(dir); !s.ok())
+    Die(std::string(s.message()));
+  std::vector<Written> out;
+  std::shared_ptr<const snapshot::ShardBase> base;
+  for (const Snapshot& s : run) {
+    out.push_back(Persist(dir, s.step, s, base));
+    base = out.back().as_base;
+  }
+  return out;
+}
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+}  // namespace
+
+int RunCodec(const std::string& data, const std::string& dir, bool json) {
+  if (absl::Status s = io::DefaultFileSystem()->CreateDirs(dir); !s.ok())
+    Die(std::string(s.message()));
+  // What trainers checkpoint: weights and optimizer state. Gradients are in
+  // the data for codec comparisons only.
+  const std::vector<Snapshot> fp32 = LoadRun(data, "dense_fp32");
+  const std::vector<Snapshot> bf16 = LoadRun(data, "dense_bf16");
+  const std::vector<Snapshot> frozen = LoadRun(data, "frozen90", "grad/");
+  const std::vector<Snapshot> dense = LoadRun(data, "dense_fp32", "grad/");
+
+  // 1. One full snapshot, one core: ckpt's codec against the reference.
+  const CodecResult ref32 = ZstdShuffle(fp32.back());
+  const CodecResult ckpt32 = Ckpt(fp32.back());
+  const CodecResult ref16 = ZstdShuffle(bf16.back());
+  const CodecResult ckpt16 = Ckpt(bf16.back());
+
+  // 2. Incremental saves: chains over the fine-tuning and the dense runs.
+  const std::string chain_dir = io::JoinPath(dir, "ckpt-bench-codec");
+  (void)std::system(("rm -rf '" + chain_dir + "'").c_str());
+  if (absl::Status s = io::DefaultFileSystem()->CreateDirs(chain_dir); !s.ok())
+    Die(std::string(s.message()));
+  const std::vector<Written> frozen_chain = Chain(chain_dir + "/f", frozen);
+  std::vector<double> frozen_after;
+  for (size_t i = 1; i < frozen_chain.size(); ++i) {
+    frozen_after.push_back(static_cast<double>(frozen_chain[i].file_bytes) /
+                           static_cast<double>(frozen_chain[0].file_bytes));
+  }
+  const std::vector<Written> dense_chain = Chain(chain_dir + "/d", dense);
+  std::vector<double> dense_after;
+  for (size_t i = 1; i < dense_chain.size(); ++i)
+    dense_after.push_back(static_cast<double>(dense_chain[i].file_bytes));
+  const double incremental_ratio_dense =
+      static_cast<double>(dense_chain[0].file_bytes) / Mean(dense_after);
+
+  // 3. Throughput against fio, same run: persisting a full snapshot of
+  // float state; restoring the end of the fine-tuning chain.
+  const uint64_t raw32 = fp32.back().raw();
+  const uint64_t fio_mib = std::max<uint64_t>(256, raw32 >> 20);
+  const unsigned iodepth = io::PosixFsOptions{}.queue_depth;
+  const std::string fio_file = io::JoinPath(dir, "ckpt-bench-fio.dat");
+  const double fio_write = Fio(fio_file, true, fio_mib, iodepth);
+  const Written full =
+      Persist(chain_dir, 1'000'000, fp32.back(), /*base=*/nullptr);
+  const double persist_mib_s =
+      static_cast<double>(raw32) / (1 << 20) / full.seconds;
+  const double fio_read = Fio(fio_file, false, fio_mib, iodepth);
+  (void)io::DefaultFileSystem()->Unlink(fio_file);
+  const Snapshot& last = frozen.back();
+  const double restore_mib_s = static_cast<double>(last.raw()) / (1 << 20) /
+                               Restore(chain_dir + "/f", last.step, last);
+  (void)std::system(("rm -rf '" + chain_dir + "'").c_str());
+
+  nlohmann::json j;
+  j["data"] = data;
+  j["snapshot_bytes_fp32"] = raw32;
+  j["snapshot_bytes_bf16"] = bf16.back().raw();
+  j["zstd_shuffle_stored_fp32"] = ref32.stored;
+  j["ckpt_stored_fp32"] = ckpt32.stored;
+  j["zstd_shuffle_stored_bf16"] = ref16.stored;
+  j["ckpt_stored_bf16"] = ckpt16.stored;
+  j["ratio_vs_zstd_shuffle_fp32"] =
+      static_cast<double>(ref32.stored) / static_cast<double>(ckpt32.stored);
+  j["ratio_vs_zstd_shuffle_bf16"] =
+      static_cast<double>(ref16.stored) / static_cast<double>(ckpt16.stored);
+  j["speed_vs_zstd_shuffle"] =
+      (ref32.seconds + ref16.seconds) / (ckpt32.seconds + ckpt16.seconds);
+  j["codec_mib_s_fp32"] =
+      static_cast<double>(raw32) / (1 << 20) / ckpt32.seconds;
+  j["frozen90_full_bytes"] = frozen_chain[0].file_bytes;
+  j["incremental_bytes_frozen90"] = Mean(frozen_after);
+  j["dense_full_bytes"] = dense_chain[0].file_bytes;
+  j["incremental_ratio_dense"] = incremental_ratio_dense;
+  j["fio_write_mib_s"] = fio_write;
+  j["persist_mib_s_float"] = persist_mib_s;
+  j["persist_vs_fio_float"] = persist_mib_s / fio_write;
+  j["fio_read_mib_s"] = fio_read;
+  j["restore_mib_s_incremental"] = restore_mib_s;
+  j["restore_vs_fio_incremental"] = restore_mib_s / fio_read;
+  j["chain_length"] = frozen.size();
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf(
+      "codec, one full fp32 snapshot (%.1f MiB): ckpt %.3f of raw, "
+      "shuffle+zstd-1 %.3f (ratio %.3f); bf16: ratio %.3f; speed vs "
+      "shuffle+zstd-1 %.2f\n",
+      raw32 / 1048576.0,
+      static_cast<double>(ckpt32.stored) / static_cast<double>(raw32),
+      static_cast<double>(ref32.stored) / static_cast<double>(raw32),
+      j["ratio_vs_zstd_shuffle_fp32"].get<double>(),
+      j["ratio_vs_zstd_shuffle_bf16"].get<double>(),
+      j["speed_vs_zstd_shuffle"].get<double>());
+  std::printf(
+      "incremental: fine-tuning (frozen) writes %.3f of a full save per "
+      "save; dense training %.2fx less than full\n",
+      Mean(frozen_after), incremental_ratio_dense);
+  std::printf(
+      "persist %.0f MiB/s vs fio write %.0f (%.2f); restore at the end of a "
+      "chain of %zu: %.0f MiB/s vs fio read %.0f (%.2f)\n",
+      persist_mib_s, fio_write, persist_mib_s / fio_write, frozen.size(),
+      restore_mib_s, fio_read, restore_mib_s / fio_read);
+  return 0;
+}
+
+}  // namespace ckpt::bench
