@@ -81,8 +81,7 @@ struct ServiceOptions {
   // Incremental saves: a rank's shard stores only the chunks that changed
   // since its previous persisted shard (the rest stay where that one stores
   // them), and every `full_every`-th save of a rank stores every chunk; 1:
-  // every save is full. While peer replication or the shared tier is on,
-  // every save is full (their copies hold every chunk themselves).
+  // every save is full. Copies that leave the node are self-contained.
   int full_every = 10;
 };
 
@@ -228,6 +227,8 @@ class CheckpointService {
   void ForgetBases(const std::string& job);
   // (rank, step) of the job's shards pinned as bases of persists in flight.
   std::set<std::pair<uint32_t, uint64_t>> PinnedBases(const std::string& job);
+  bool PinnedNow(const std::string& job, uint32_t rank, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pin_mu_);
   // Retention with the configured policy, after a persist or a memory commit.
   void CollectGarbage(const std::string& job);
   // Makes way for a new save of a step this rank saved before without the
@@ -258,8 +259,9 @@ class CheckpointService {
   void VoteLater(const proto::ShardRecord& shard, proto::Tier tier);
   // Drops the copies `actions` name (catalog first, in synced batches, then
   // slots and files); returns how many were applied, and the first error.
+  // Actions on files pinned meanwhile as bases lose their drop_file.
   std::pair<size_t, absl::Status> ApplyDrops(
-      const std::vector<RetentionAction>& actions);
+      std::vector<RetentionAction>& actions);
   // One line per collection that dropped something: which steps lost which
   // copies, and what each tier keeps.
   void LogDecisions(const std::string& job, const RetentionPlan& plan,
@@ -341,9 +343,12 @@ class CheckpointService {
   std::map<std::pair<std::string, uint32_t>,
            std::map<uint64_t, std::shared_ptr<const snapshot::ShardBase>>>
       bases_ ABSL_GUARDED_BY(mu_);
-  // Bases in use by persists in flight: (job, rank, step), counted.
+  // Bases in use by persists in flight: (job, rank, step), counted. Pinning
+  // (with its check that the base's record still names its file) and
+  // ApplyDrops' update of records are atomic under pin_mu_.
+  absl::Mutex pin_mu_ ABSL_ACQUIRED_AFTER(gc_mu_);
   std::map<std::tuple<std::string, uint32_t, uint64_t>, int> pinned_
-      ABSL_GUARDED_BY(mu_);
+      ABSL_GUARDED_BY(pin_mu_);
   Metrics metrics_;
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;

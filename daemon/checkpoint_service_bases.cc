@@ -3,7 +3,8 @@
 // records where the others lie (snapshot/FORMAT.md, format 3). A base in use
 // by a persist is pinned: garbage collection keeps its file, and keeps the
 // files of every base a kept shard names (RetentionPolicy::pinned and
-// ShardRecord.base_steps).
+// ShardRecord.base_steps). Persists never wait for a collection: pinning
+// and dropping records meet only under pin_mu_, briefly.
 #include <vector>
 
 #include "daemon/checkpoint_service.h"
@@ -14,11 +15,7 @@ namespace ckpt::daemon {
 
 std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
     const proto::ShardRecord& r) {
-  // Copies that leave the node hold every chunk themselves.
-  if (options_.full_every <= 1 || replicator_ != nullptr ||
-      shared_ != nullptr) {
-    return nullptr;
-  }
+  if (options_.full_every <= 1) return nullptr;
   std::vector<std::shared_ptr<const snapshot::ShardBase>> candidates;
   {
     absl::MutexLock lock(&mu_);
@@ -27,17 +24,23 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
     for (auto c = it->second.rbegin(); c != it->second.rend(); ++c)
       candidates.push_back(c->second);  // newest first
   }
-  // Under gc_mu_, so a collection either ran before (and the record shows
-  // whether the base's file is still there) or runs after and sees the pin.
-  absl::MutexLock gc(&gc_mu_);
   for (const std::shared_ptr<const snapshot::ShardBase>& base : candidates) {
     const proto::ShardManifest& m = base->manifest;
     if (m.step() >= r.step() || m.world_size() != r.world_size()) continue;
     // The rank's chain is as long as allowed: a full save, not a fallback
     // to an older base (which would keep that one, and rewrite what changed
     // since it, for ever).
-    if (m.increments() + 1 >= static_cast<uint32_t>(options_.full_every))
-      break;
+    if (m.increments() + 1 >= static_cast<uint32_t>(options_.full_every)) break;
+    // Only a step committed on disk: what withdraws uncommitted steps (a rank
+    // resuming from an earlier one, a step saved again) never deletes a
+    // base.
+    absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
+        coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
+    if (!commit.ok() || !commit->has_value()) continue;
+    // The record still names the file, checked and pinned under pin_mu_: a
+    // collection either dropped the file before (the record says so) or
+    // sees the pin when it drops records (ApplyDrops).
+    absl::MutexLock pins(&pin_mu_);
     absl::StatusOr<absl::optional<proto::ShardRecord>> record =
         catalog_->GetShard(r.job(), m.step(), r.rank());
     if (!record.ok() || !record->has_value() ||
@@ -45,13 +48,6 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
         (*record)->shard_path().empty()) {
       continue;  // dropped meanwhile
     }
-    // Only a step committed on disk: what withdraws uncommitted steps (a rank
-    // resuming from an earlier one, a step saved again) never deletes a
-    // base.
-    absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
-        coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
-    if (!commit.ok() || !commit->has_value()) continue;
-    absl::MutexLock lock(&mu_);
     ++pinned_[{r.job(), r.rank(), m.step()}];
     return base;
   }
@@ -66,7 +62,7 @@ void CheckpointService::UnpinBase(
     const proto::ShardRecord& r,
     const std::shared_ptr<const snapshot::ShardBase>& base) {
   if (base == nullptr) return;
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock pins(&pin_mu_);
   auto it = pinned_.find({r.job(), r.rank(), base->manifest.step()});
   if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
 }
@@ -94,12 +90,17 @@ void CheckpointService::ForgetBases(const std::string& job) {
 std::set<std::pair<uint32_t, uint64_t>> CheckpointService::PinnedBases(
     const std::string& job) {
   std::set<std::pair<uint32_t, uint64_t>> pinned;
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock pins(&pin_mu_);
   for (const auto& [key, n] : pinned_) {
     if (std::get<0>(key) == job)
       pinned.insert({std::get<1>(key), std::get<2>(key)});
   }
   return pinned;
+}
+
+bool CheckpointService::PinnedNow(const std::string& job, uint32_t rank,
+                                  uint64_t step) {
+  return pinned_.count({job, rank, step}) > 0;
 }
 
 }  // namespace ckpt::daemon

@@ -129,7 +129,7 @@ void CheckpointService::LogDecisions(const std::string& job,
 }
 
 std::pair<size_t, absl::Status> CheckpointService::ApplyDrops(
-    const std::vector<RetentionAction>& actions) {
+    std::vector<RetentionAction>& actions) {
   // Slots go back to the arena at once, where the next save is waiting for
   // one; files are unlinked after the loop (a large one takes a while).
   // The catalog is rewritten in batches, one sync each (a sync per shard
@@ -142,11 +142,19 @@ std::pair<size_t, absl::Status> CheckpointService::ApplyDrops(
   while (applied < actions.size()) {
     const size_t end = std::min(actions.size(), applied + kBatch);
     std::vector<proto::ShardRecord> put, forget;
+    // A file pinned as the base of a persist since the plan was made stays:
+    // the check and the records' update are atomic against PinBase.
+    absl::MutexLock pins(&pin_mu_);
     for (size_t i = applied; i < end; ++i) {
-      const RetentionAction& a = actions[i];
+      RetentionAction& a = actions[i];
+      if (a.drop_file &&
+          PinnedNow(a.shard.job(), a.shard.rank(), a.shard.step())) {
+        a.drop_file = false;
+      }
       proto::ShardRecord r = a.shard;
       if (a.drop_file) r.clear_shard_path();
       if (a.drop_slot) r.clear_slot_path();
+      if (!a.drop_file && !a.drop_slot) continue;
       (a.forget() ? forget : put).push_back(std::move(r));
     }
     // The catalog forgets first: a crash in between leaves unreferenced

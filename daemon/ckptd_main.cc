@@ -100,8 +100,7 @@ int main(int argc, char** argv) {
   app.add_option("--full-every", full_every,
                  "incremental saves: every Nth save of a rank stores every "
                  "chunk, the others only what changed since the rank's last "
-                 "save; 1: every save is full (always so with peers or a "
-                 "shared tier)")
+                 "save; 1: every save is full")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   double idle_ttl_s = 600;

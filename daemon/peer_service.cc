@@ -9,6 +9,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
+#include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
@@ -90,10 +91,15 @@ class PeerService final : public proto::CkptPeer::Service {
     resp->set_tier(copy->tier);
     resp->set_file_bytes(copy->bytes);
     if (req->with_items()) {
-      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
-          snapshot::ShardReader::Open(io::DefaultFileSystem(), copy->path);
-      if (!reader.ok()) return ToGrpc(reader.status());
-      *resp->mutable_items() = (*reader)->manifest().items();
+      absl::StatusOr<snapshot::SelfContained> view =
+          snapshot::OpenSelfContained(io::DefaultFileSystem(), copy->path);
+      if (!view.ok()) return ToGrpc(view.status());
+      proto::ShardManifest manifest;
+      if (!manifest.ParseFromString(view->manifest_bytes)) {
+        return ToGrpc(absl::DataLossError(
+            absl::StrCat(copy->path, ": manifest does not parse")));
+      }
+      *resp->mutable_items() = manifest.items();
     }
     return grpc::Status::OK;
   }
@@ -106,11 +112,11 @@ class PeerService final : public proto::CkptPeer::Service {
     if (!copy.ok()) return ToGrpc(copy.status());
     // Opened once: garbage collection unlinking it meanwhile does not cut
     // the transfer short.
-    absl::StatusOr<std::unique_ptr<io::ReadableFile>> file =
-        io::DefaultFileSystem()->NewReadableFile(copy->path, {});
-    if (!file.ok()) return ToGrpc(file.status());
-    absl::StatusOr<uint64_t> size = (*file)->Size();
-    if (!size.ok()) return ToGrpc(size.status());
+    absl::StatusOr<snapshot::SelfContained> view =
+        snapshot::OpenSelfContained(io::DefaultFileSystem(), copy->path);
+    if (!view.ok()) return ToGrpc(view.status());
+    std::unique_ptr<io::ReadableFile>* file = &view->file;
+    absl::StatusOr<uint64_t> size = view->size;
     proto::ShardPiece piece;
     piece.set_file_bytes(*size);
     for (uint64_t at = 0; at < *size && !ctx->IsCancelled();) {
@@ -139,18 +145,20 @@ class PeerService final : public proto::CkptPeer::Service {
     const ReplicaStore::Key key = KeyOf(req->shard());
     absl::StatusOr<Copy> copy = Best(key);
     if (!copy.ok()) return ToGrpc(copy.status());
-    absl::StatusOr<io::BulkServer::Ticket> ticket = bulk_->Offer(copy->path);
+    absl::StatusOr<snapshot::SelfContained> view =
+        snapshot::OpenSelfContained(io::DefaultFileSystem(), copy->path);
+    if (!view.ok()) return ToGrpc(view.status());
+    // A file is sent as it lies (sendfile); an incremental shard's view is
+    // read piece by piece.
+    absl::StatusOr<io::BulkServer::Ticket> ticket =
+        view->incremental ? bulk_->Offer(std::move(view->file), view->size)
+                          : bulk_->Offer(copy->path);
     if (!ticket.ok()) return ToGrpc(ticket.status());
-    if (req->with_manifest()) {
-      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
-          snapshot::ShardReader::Open(io::DefaultFileSystem(), copy->path);
-      if (!reader.ok()) return ToGrpc(reader.status());
-      if ((*reader)->file_size() != ticket->bytes) {
-        return ToGrpc(absl::AbortedError(
-            absl::StrCat(copy->path, " changed while it was offered")));
-      }
-      resp->set_manifest((*reader)->manifest_bytes());
+    if (view->size != ticket->bytes) {
+      return ToGrpc(absl::AbortedError(
+          absl::StrCat(copy->path, " changed while it was offered")));
     }
+    if (req->with_manifest()) resp->set_manifest(view->manifest_bytes);
     resp->set_tier(copy->tier);
     resp->set_file_bytes(ticket->bytes);
     resp->set_ticket(ticket->token);
@@ -204,8 +212,12 @@ class PeerService final : public proto::CkptPeer::Service {
     ASSIGN_OR_RETURN(absl::optional<std::string> own,
                      service_->LocalShardFile(key.job, key.step, key.rank));
     if (own.has_value()) {
-      ASSIGN_OR_RETURN(uint64_t bytes, io::DefaultFileSystem()->FileSize(*own));
-      return Copy{proto::TIER_LOCAL_DISK, *own, bytes};
+      // As it leaves the node: self-contained (an incremental save's chunks
+      // in its bases included).
+      ASSIGN_OR_RETURN(
+          snapshot::SelfContained view,
+          snapshot::OpenSelfContained(io::DefaultFileSystem(), *own));
+      return Copy{proto::TIER_LOCAL_DISK, *own, view.size};
     }
     return absl::NotFoundError(
         absl::StrCat("this node has no copy of ", Describe(key)));

@@ -19,6 +19,7 @@
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
 #include "snapshot/names.h"
+#include "snapshot/self_contained.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -312,11 +313,11 @@ std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
 
 bool Replicator::Holds(const proto::ShardRecord& shard,
                        const proto::PeerInfo& peer) {
-  absl::StatusOr<std::unique_ptr<io::ReadableFile>> file =
-      fs_->NewReadableFile(shard.shard_path(), {});
-  if (!file.ok()) return false;
-  absl::StatusOr<uint64_t> size = (*file)->Size();
-  if (!size.ok()) return false;
+  // What the peer holds is the shard's self-contained form.
+  absl::StatusOr<snapshot::SelfContained> view =
+      snapshot::OpenSelfContained(fs_, shard.shard_path());
+  if (!view.ok()) return false;
+  absl::StatusOr<uint64_t> size = view->size;
   auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -341,10 +342,16 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
     bulk = bulk_;
     address = address_;
   }
+  // Peers hold shards self-contained: an incremental save goes with its
+  // unchanged chunks, read from its bases.
+  ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                   snapshot::OpenSelfContained(fs_, shard.shard_path()));
   if (bulk != nullptr && !address.empty()) {
     // The fast path: the peer fetches the file as a bulk transfer.
     ASSIGN_OR_RETURN(io::BulkServer::Ticket ticket,
-                     bulk->Offer(shard.shard_path()));
+                     view.incremental
+                         ? bulk->Offer(std::move(view.file), view.size)
+                         : bulk->Offer(shard.shard_path()));
     auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(TransferDeadline(ticket.bytes)));
@@ -372,9 +379,12 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
     }
     // A peer without PullReplica: the bytes go over the stream below.
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<io::ReadableFile> file,
-                   fs_->NewReadableFile(shard.shard_path(), {}));
-  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  if (view.file == nullptr) {  // offered above to a peer that cannot pull
+    ASSIGN_OR_RETURN(view,
+                     snapshot::OpenSelfContained(fs_, shard.shard_path()));
+  }
+  std::unique_ptr<io::ReadableFile> file = std::move(view.file);
+  const uint64_t size = view.size;
   auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(TransferDeadline(size)));

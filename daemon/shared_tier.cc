@@ -16,6 +16,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
+#include "snapshot/self_contained.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -127,9 +128,12 @@ absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(shard.job()));
   const std::string path = PathOf(shard.job(), shard.step(), shard.rank());
   const std::string partial = path + ".partial";
-  ASSIGN_OR_RETURN(std::unique_ptr<io::ReadableFile> in,
-                   fs_->NewReadableFile(shard.shard_path(), {}));
-  ASSIGN_OR_RETURN(uint64_t size, in->Size());
+  // Self-contained: an incremental save's unchanged chunks come from its
+  // bases, so the copy stands alone on the shared tier.
+  ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                   snapshot::OpenSelfContained(fs_, shard.shard_path()));
+  std::unique_ptr<io::ReadableFile> in = std::move(view.file);
+  const uint64_t size = view.size;
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
   {
     ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> out,

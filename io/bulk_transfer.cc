@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -142,7 +143,9 @@ BulkServer::~BulkServer() {
   auto idle = [this]()
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return serving_ == 0; };
   mu_.Await(absl::Condition(&idle));
-  for (auto& [token, offered] : tickets_) ::close(offered.fd);
+  for (auto& [token, offered] : tickets_) {
+    if (offered.fd >= 0) ::close(offered.fd);
+  }
   tickets_.clear();
 }
 
@@ -160,14 +163,25 @@ absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
     ::close(fd);
     return io::ErrnoToStatus(err, "fstat " + path);
   }
+  return Issue(Offered{fd, static_cast<uint64_t>(st.st_size),
+                       absl::Now() + kTicketLife, nullptr});
+}
+
+absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(
+    std::unique_ptr<ReadableFile> file, uint64_t bytes) {
+  if (file == nullptr) return absl::InvalidArgumentError("no file to offer");
+  return Issue(Offered{-1, bytes, absl::Now() + kTicketLife, std::move(file)});
+}
+
+BulkServer::Ticket BulkServer::Issue(Offered offered) {
   Ticket t;
-  t.bytes = static_cast<uint64_t>(st.st_size);
+  t.bytes = offered.bytes;
   t.token.resize(kTicketBytes);
   absl::BitGen gen;
   for (char& c : t.token) c = static_cast<char>(absl::Uniform<uint8_t>(gen));
   absl::MutexLock lock(&mu_);
   Expire();
-  tickets_[t.token] = Offered{fd, t.bytes, absl::Now() + kTicketLife};
+  tickets_[t.token] = std::move(offered);
   return t;
 }
 
@@ -180,7 +194,7 @@ void BulkServer::Expire() {
   const absl::Time now = absl::Now();
   for (auto it = tickets_.begin(); it != tickets_.end();) {
     if (it->second.expires < now) {
-      ::close(it->second.fd);
+      if (it->second.fd >= 0) ::close(it->second.fd);
       it = tickets_.erase(it);
     } else {
       ++it;
@@ -214,40 +228,60 @@ void BulkServer::Serve(int connection) {
   pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   SetTimeouts(connection, kIoTimeoutS);
   std::string token(kTicketBytes, '\0');
-  int file = -1;
-  uint64_t bytes = kNoSuchTicket;
+  Offered offered{-1, kNoSuchTicket, absl::InfinitePast(), nullptr};
+  bool found = false;
   if (RecvAll(connection, token.data(), token.size())) {
     absl::MutexLock lock(&mu_);
     Expire();
     auto it = tickets_.find(token);
     if (it != tickets_.end()) {  // one use
-      file = it->second.fd;
-      bytes = it->second.bytes;
+      offered = std::move(it->second);
+      found = true;
       tickets_.erase(it);
     }
   }
   uint8_t header[8];
-  PutLe64(bytes, header);
-  if (SendAll(connection, header, sizeof header) && file >= 0) {
-    off_t at = 0;
-    while (static_cast<uint64_t>(at) < bytes) {
-      const ssize_t sent =
-          ::sendfile(connection, file, &at,
-                     static_cast<size_t>(std::min<uint64_t>(
-                         bytes - static_cast<uint64_t>(at), 1u << 30)));
-      if (sent < 0 && errno == EINTR) continue;
-      if (sent <= 0) {
-        CKPT_LOG_WARN("bulk transfer: sent {} of {} bytes: {}", at, bytes,
-                      sent < 0 ? std::strerror(errno) : "the file shrank");
-        break;
-      }
-    }
-  }
-  if (file >= 0) ::close(file);
+  PutLe64(offered.bytes, header);
+  if (SendAll(connection, header, sizeof header) && found)
+    Send(connection, offered);
+  if (offered.fd >= 0) ::close(offered.fd);
   absl::MutexLock lock(&mu_);
   connections_.erase(connection);
   ::close(connection);
   --serving_;
+}
+
+void BulkServer::Send(int connection, const Offered& offered) {
+  const uint64_t bytes = offered.bytes;
+  if (offered.fd < 0) {
+    std::vector<uint8_t> buffer(std::min<uint64_t>(bytes, 1u << 20));
+    for (uint64_t at = 0; at < bytes;) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(buffer.size(), bytes - at));
+      absl::Status read =
+          offered.file->Read(at, absl::MakeSpan(buffer.data(), n));
+      if (!read.ok() || !SendAll(connection, buffer.data(), n)) {
+        CKPT_LOG_WARN("bulk transfer: sent {} of {} bytes: {}", at, bytes,
+                      read.ok() ? "the receiver hung up" : read.ToString());
+        return;
+      }
+      at += n;
+    }
+    return;
+  }
+  off_t at = 0;
+  while (static_cast<uint64_t>(at) < bytes) {
+    const ssize_t sent =
+        ::sendfile(connection, offered.fd, &at,
+                   static_cast<size_t>(std::min<uint64_t>(
+                       bytes - static_cast<uint64_t>(at), 1u << 30)));
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0) {
+      CKPT_LOG_WARN("bulk transfer: sent {} of {} bytes: {}", at, bytes,
+                    sent < 0 ? std::strerror(errno) : "the file shrank");
+      return;
+    }
+  }
 }
 
 absl::StatusOr<std::unique_ptr<BulkStream>> BulkStream::Open(

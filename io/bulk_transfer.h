@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "io/file_system.h"
 
 namespace ckpt::io {
 
@@ -59,6 +60,10 @@ class BulkServer {
   };
   // Opens `path` and returns a ticket that sends it once.
   absl::StatusOr<Ticket> Offer(const std::string& path);
+  // A ticket that sends the first `bytes` bytes of `file` once (a file that is
+  // not one on disk: a shard's self-contained view), read piece by piece.
+  absl::StatusOr<Ticket> Offer(std::unique_ptr<ReadableFile> file,
+                               uint64_t bytes);
 
   // Tickets issued and not yet used or expired (for tests).
   size_t outstanding() const;
@@ -71,10 +76,14 @@ class BulkServer {
   void Expire() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Offered {
-    int fd;
+    int fd;  // -1: `file`
     uint64_t bytes;
     absl::Time expires;
+    std::shared_ptr<ReadableFile> file;
   };
+  Ticket Issue(Offered offered);
+  // Sends `offered`'s bytes (sendfile, or reads of its file).
+  static void Send(int connection, const Offered& offered);
 
   const int listener_;
   const int port_;

@@ -176,6 +176,18 @@ ShardReader::Source& ShardReader::SourceOf(uint32_t index) {
   return source;
 }
 
+absl::StatusOr<io::ReadableFile*> ShardReader::FileOf(uint32_t index) {
+  if (index > static_cast<uint32_t>(manifest_.bases_size()))
+    return absl::OutOfRangeError(absl::StrCat("no base shard ", index));
+  Source& source = SourceOf(index);
+  if (!source.status.ok()) {
+    return absl::Status(
+        source.status.code(),
+        absl::StrCat("shard ", path_, ": ", source.status.message()));
+  }
+  return source.file.get();
+}
+
 io::ThreadPool* ShardReader::pool() {
   if (options_.pool != nullptr) return options_.pool;
   if (own_pool_ == nullptr)

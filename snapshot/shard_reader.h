@@ -71,6 +71,10 @@ class ShardReader {
   std::vector<absl::Status> VerifyAll();
   // The path of base shard `index` (1-based, as ChunkInfo.base counts).
   absl::StatusOr<std::string> BasePath(uint32_t index) const;
+  // The file chunks with ChunkInfo.base == `index` lie in (0: this shard's),
+  // opened on first use and checked to be the one the manifest names; owned
+  // by the reader.
+  absl::StatusOr<io::ReadableFile*> FileOf(uint32_t index);
 
  private:
   struct Piece;  // one chunk to read and where its bytes go

@@ -17,6 +17,7 @@
 #include "io/file_system.h"
 #include "io/thread_pool.h"
 #include "snapshot/dtype.h"
+#include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
 #include "tests/test_util.h"
@@ -307,6 +308,54 @@ TEST(IncrementalTest, ABaseThatDoesNotMatchIsNotUsed) {
   absl::StatusOr<proto::ShardManifest> r = other_rank.Commit();
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->bases_size(), 0);
+}
+
+TEST(IncrementalTest, ASelfContainedViewStandsAloneAndReadsAtAnyOffset) {
+  std::mt19937_64 rng(testing::TestSeed());
+  testing::TempDir dir, elsewhere;
+  std::vector<Tensor> state = State(rng);
+  auto b1 = Save(PathOf(dir, 1), 1, state, nullptr);
+  state[0].data[3 * kChunk] ^= 1;
+  auto b2 = Save(PathOf(dir, 2), 2, state, b1);
+  state[4].data[0] ^= 1;
+  Save(PathOf(dir, 3), 3, state, b2);
+
+  absl::StatusOr<SelfContained> view =
+      OpenSelfContained(io::DefaultFileSystem(), PathOf(dir, 3));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(view->incremental);
+  std::vector<uint8_t> whole(view->size);
+  ASSERT_TRUE(view->file->Read(0, absl::MakeSpan(whole)).ok());
+  // Pieces at odd offsets and sizes read the same bytes.
+  for (uint64_t at = 0; at < view->size;) {
+    const size_t n = std::min<uint64_t>(1 + rng() % 9000, view->size - at);
+    std::vector<uint8_t> piece(n);
+    ASSERT_TRUE(view->file->Read(at, absl::MakeSpan(piece)).ok());
+    ASSERT_TRUE(std::equal(piece.begin(), piece.end(), whole.begin() + at))
+        << "at " << at;
+    at += n;
+  }
+  EXPECT_FALSE(
+      view->file->Read(view->size - 10, absl::MakeSpan(whole).first(11)).ok());
+  // Alone in another directory (a peer's replica), it is a full shard.
+  const std::string copy = elsewhere.File(ShardFileName(3, 0, ".ckpt"));
+  testing::WriteAll(copy, std::string(whole.begin(), whole.end()));
+  ExpectReadsBack(copy, state);
+  auto reader = ShardReader::Open(io::DefaultFileSystem(), copy);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->manifest().bases_size(), 0);
+  EXPECT_EQ((*reader)->manifest_bytes(), view->manifest_bytes);
+  // A shard with no bases is its own file.
+  absl::StatusOr<SelfContained> full =
+      OpenSelfContained(io::DefaultFileSystem(), PathOf(dir, 1));
+  ASSERT_TRUE(full.ok());
+  EXPECT_FALSE(full->incremental);
+  EXPECT_EQ(full->size, testing::ReadAll(PathOf(dir, 1)).size());
+  // Without its base, the view cannot be made, and says why.
+  ASSERT_EQ(std::remove(PathOf(dir, 1).c_str()), 0);
+  view = OpenSelfContained(io::DefaultFileSystem(), PathOf(dir, 3));
+  ASSERT_FALSE(view.ok());
+  EXPECT_THAT(view.status().message(), HasSubstr("base shard step 1"));
 }
 
 TEST(IncrementalTest, SiblingPathsFollowTheShardNames) {

@@ -1,0 +1,38 @@
+// A shard as one self-contained file. An incremental shard (format 3) stores
+// unchanged chunks in base shards beside it; what leaves the node (a peer's
+// replica, the shared tier, a shard streamed to a restore elsewhere) must
+// stand alone. OpenSelfContained presents such a shard as a read-only file in
+// which every chunk is stored: each chunk's bytes read verbatim from the file
+// that holds them (its header and checksums unchanged), the manifest rewritten
+// with the chunks back to back and no bases, and a new footer. A shard with no
+// bases is its own file. Readers and receivers check it like any shard file.
+//
+// Thread-safety: a view is used by one thread at a time.
+#ifndef CKPT_SNAPSHOT_SELF_CONTAINED_H_
+#define CKPT_SNAPSHOT_SELF_CONTAINED_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "io/file_system.h"
+
+namespace ckpt::snapshot {
+
+struct SelfContained {
+  std::unique_ptr<io::ReadableFile> file;
+  uint64_t size = 0;
+  // The manifest the file holds, serialized (what a stream's offer carries).
+  std::string manifest_bytes;
+  // The shard stores chunks in base shards (the file is a view).
+  bool incremental = false;
+};
+
+// Opens the shard at `path` (and its bases, checked to be the files it names)
+// as a self-contained file. Errors name the shard and the base.
+absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
+                                                const std::string& path);
+
+}  // namespace ckpt::snapshot
+
+#endif  // CKPT_SNAPSHOT_SELF_CONTAINED_H_
