@@ -60,6 +60,30 @@ TEST_F(BulkTransferTest, SendsTheOfferedFileOnceEvenIfItIsUnlinkedMeanwhile) {
   EXPECT_THAT(s.message(), HasSubstr("ticket is unknown"));
 }
 
+// A file that is not one on disk (an incremental shard's self-contained
+// view) is sent by reads of it, piece by piece.
+TEST_F(BulkTransferTest, SendsAnOfferedReadableFile) {
+  auto file = DefaultFileSystem()->NewReadableFile(path_, {});
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto ticket = server_->Offer(*std::move(file), contents_.size());
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_EQ(ticket->bytes, contents_.size());
+  std::string got(contents_.size(), '\0');
+  absl::Status s = Fetch(ticket->token, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(got == contents_);
+  EXPECT_EQ(server_->outstanding(), 0u);
+  // A file shorter than offered: the receiver gets an error, never a short
+  // success.
+  file = DefaultFileSystem()->NewReadableFile(path_, {});
+  ASSERT_TRUE(file.ok());
+  ticket = server_->Offer(*std::move(file), contents_.size() + 4096);
+  ASSERT_TRUE(ticket.ok());
+  std::string longer(contents_.size() + 4096, '\0');
+  EXPECT_FALSE(Fetch(ticket->token, &longer).ok());
+  EXPECT_FALSE(server_->Offer(nullptr, 1).ok());
+}
+
 TEST_F(BulkTransferTest, RefusesUnknownTicketsWrongSizesAndMissingFiles) {
   std::string got(contents_.size(), '\0');
   absl::Status s = Fetch(std::string(BulkServer::kTicketBytes, 'x'), &got);
