@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "io/aligned_buffer.h"
 #include "io/file_system.h"
+#include "snapshot/chunk_codec.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
 
@@ -50,9 +51,21 @@ struct SampleShard {
 
   io::AlignedBuffer aligned;  // items["page"], page aligned
 
-  absl::Status Write(io::FileSystem* fs, const std::string& path,
-                     uint64_t step) const {
+  // With `base_path`, an incremental save over the shard there: chunks that
+  // did not change are left where it stores them.
+  absl::Status Write(io::FileSystem* fs, const std::string& path, uint64_t step,
+                     const std::string& base_path = "") const {
     snapshot::ShardWriterOptions options;
+    if (!base_path.empty()) {
+      auto base = snapshot::ShardReader::Open(fs, base_path);
+      if (!base.ok()) return base.status();
+      auto b = std::make_shared<snapshot::ShardBase>();
+      b->manifest = (*base)->manifest();
+      b->manifest_xxh3 = snapshot::Checksum(absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>((*base)->manifest_bytes().data()),
+          (*base)->manifest_bytes().size()));
+      options.base = std::move(b);
+    }
     options.chunk_size = 8192;
     options.codec.min_in_place_bytes = 8192;
     snapshot::ShardWriter writer(fs, path, {"job", step, 0, 1}, options);

@@ -77,6 +77,37 @@ TEST_F(CliTest, VerifyExitsOneWithALinePerBadChunk) {
   EXPECT_EQ(nlohmann::json::parse(j.out)["errors"].size(), 2u);
 }
 
+// An incremental shard: inspect names its base, verify checks the chunks
+// stored there and names a missing base precisely.
+TEST_F(CliTest, IncrementalShardsShowTheirBaseAndAMissingOneIsNamed) {
+  const std::string base = dir_.File("00000000000000000005-0000000000.shard");
+  const std::string next = dir_.File("00000000000000000006-0000000000.shard");
+  ASSERT_TRUE(sample_->Write(io::DefaultFileSystem(), base, 5).ok());
+  testing::SampleShard changed(seed_);
+  changed.items["rng"][0] ^= 1;  // only the byte item changes
+  ASSERT_TRUE(changed.Write(io::DefaultFileSystem(), next, 6, base).ok());
+  Result human = RunCli("inspect " + next);
+  ASSERT_EQ(human.exit_code, 0) << human.out;
+  EXPECT_THAT(human.out, HasSubstr("unchanged chunks stay in steps 5"));
+  Result json = RunCli("inspect --json " + next);
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  nlohmann::json j = nlohmann::json::parse(json.out);
+  ASSERT_EQ(j["bases"].size(), 1u);
+  EXPECT_EQ(j["bases"][0]["step"], 5);
+  EXPECT_EQ(j["bases"][0]["path"], base);
+  EXPECT_EQ(j["increments"], 1);
+  Result ok = RunCli("verify " + next);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_THAT(ok.out, HasSubstr("10 chunks verified"));
+
+  ASSERT_EQ(std::remove(base.c_str()), 0);
+  Result bad = RunCli("verify " + next);
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_THAT(bad.out,
+              HasSubstr("base shard step 5 (" + base + ") is missing"));
+  EXPECT_THAT(bad.out, HasSubstr("\"w\""));
+}
+
 TEST_F(CliTest, VerifyDetectsSampledSingleByteFlips) {
   // Every byte is covered in-process by the corruption test; here a seeded
   // sample of positions (and the whole footer) through the real command.
