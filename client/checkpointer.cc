@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,8 @@ uint64_t ItemAlignment(uint64_t raw_size) {
 }  // namespace
 
 std::string DefaultSocketPath() {
+  const char* env = std::getenv("CKPT_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
   return absl::StrCat("/tmp/ckpt-", ::geteuid(), "/ckptd.sock");
 }
 

@@ -326,7 +326,8 @@ class Checkpointer {
   CheckpointerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
-// ckptd's default socket for the calling uid.
+// ckptd's default socket: $CKPT_SOCKET when set, else the calling uid's
+// /tmp/ckpt-<uid>/ckptd.sock.
 std::string DefaultSocketPath();
 
 }  // namespace ckpt::client

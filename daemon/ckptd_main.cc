@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -56,7 +57,12 @@ bool ParseBytes(std::string s, uint64_t* out) {
 
 int main(int argc, char** argv) {
   const std::string uid = std::to_string(::geteuid());
-  std::string socket_path = absl::StrCat("/tmp/ckpt-", uid, "/ckptd.sock");
+  // $CKPT_SOCKET, as trainers and ckpt read it, else the uid's default.
+  const char* socket_env = std::getenv("CKPT_SOCKET");
+  std::string socket_path =
+      socket_env != nullptr && socket_env[0] != '\0'
+          ? std::string(socket_env)
+          : absl::StrCat("/tmp/ckpt-", uid, "/ckptd.sock");
   std::string data_dir = absl::StrCat("/tmp/ckpt-", uid, "/data");
   std::string staging_dir = absl::StrCat("/dev/shm/ckpt-", uid, "-staging");
   std::string budget = "4G";

@@ -2,6 +2,9 @@
 the exceptions for bad use."""
 
 import ctypes
+import os
+import subprocess
+import sys
 import unittest
 
 import ckpt
@@ -76,6 +79,20 @@ class BindingTest(DaemonTestCase):
             ckpt.Checkpointer("nodaemon", socket=self.daemon.dir + "/absent.sock", rpc_timeout=2)
         self.assertIn("absent.sock does not exist (is ckptd running", str(e.exception))
         self.assertIsInstance(e.exception, ConnectionError)
+
+    def test_ckpt_socket_names_the_daemon_when_no_socket_is_given(self):
+        code = ("import ckpt; c = ckpt.Checkpointer('binding-env'); "
+                "print(ckpt.default_socket()); print(c.latest_committed()); c.close()")
+        env = dict(os.environ, CKPT_SOCKET=self.daemon.socket)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), [self.daemon.socket, "None"])
+        env["CKPT_SOCKET"] = self.daemon.dir + "/elsewhere.sock"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("elsewhere.sock does not exist", out.stderr)
 
     def test_a_daemon_gone_after_connect_raises_unavailable(self):
         with Daemon() as gone:
