@@ -97,8 +97,24 @@ int main(int argc, char** argv) {
                              : resume_tier == "shared" ? proto::TIER_SHARED
                                                        : proto::TIER_MEMORY;
   auto latest = (*ckpt)->LatestCommitted(resume);
-  if (latest.ok() && latest->has_value()) {
+  // The only copy of a shard may be on a node that is restarting (a replica
+  // on a peer killed while this rank's own node was lost): a restore that
+  // finds no live copy is tried again for a minute before the rank gives up.
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (latest.ok() && latest->has_value()) {
     s = (*ckpt)->Restore(**latest);
+    const bool unreachable = absl::IsNotFound(s) || absl::IsUnavailable(s);
+    if (s.ok() || !unreachable || std::chrono::steady_clock::now() > give_up)
+      break;
+    std::fprintf(
+        stderr,
+        "rank %u: restore of step %lu found no copy (%s); trying again\n", rank,
+        static_cast<unsigned long>(**latest), std::string(s.message()).c_str());
+    usleep(1000000);
+    latest = (*ckpt)->LatestCommitted(resume);
+  }
+  if (latest.ok() && latest->has_value()) {
     if (!s.ok() || !model.SetRng(rng)) {
       std::fprintf(stderr, "rank %u: restore of step %lu failed: %s\n", rank,
                    static_cast<unsigned long>(**latest),
