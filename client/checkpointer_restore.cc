@@ -36,9 +36,14 @@ absl::Status Checkpointer::Restore(uint64_t step) {
     req.set_fallbacks(report_.fallbacks);
     req.set_resume(!options_.read_only);
     proto::ReportRestoreResponse ignored;
+    // Resuming withdraws the rank's newer uncommitted shards one by one: a
+    // job that ran far past its last commit has hundreds (chaos seed
+    // 3734966263: 160 steps took longer than the usual deadline on a loaded
+    // machine).
     absl::Status reported =
         rpc_->Call(&proto::CkptDaemon::Stub::ReportRestore, req, &ignored,
-                   absl::StrCat("resuming from step ", step));
+                   absl::StrCat("resuming from step ", step),
+                   req.resume() ? absl::Minutes(5) : absl::ZeroDuration());
     if (req.resume()) return reported;
   }
   return restored;

@@ -44,4 +44,11 @@ absl::StatusOr<std::string> GetMetricsText(const std::string& socket_path) {
   return resp.text();
 }
 
+absl::StatusOr<proto::DescribeResponse> DescribeDaemon(
+    const std::string& socket_path, std::chrono::milliseconds timeout) {
+  return CallDaemon<proto::DescribeRequest, proto::DescribeResponse>(
+      socket_path, &proto::CkptDaemon::Stub::Describe, {},
+      "asking ckptd where its data is", timeout);
+}
+
 }  // namespace ckpt::client

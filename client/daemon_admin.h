@@ -52,6 +52,12 @@ absl::StatusOr<proto::RollBackResponse> RollBack(
 // The daemon's metrics, Prometheus text format.
 absl::StatusOr<std::string> GetMetricsText(const std::string& socket_path);
 
+// Where the daemon at `socket_path` keeps its tiers; Unavailable within
+// `timeout` when none answers there.
+absl::StatusOr<proto::DescribeResponse> DescribeDaemon(
+    const std::string& socket_path,
+    std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
 }  // namespace ckpt::client
 
 #endif  // CKPT_CLIENT_DAEMON_ADMIN_H_

@@ -414,3 +414,27 @@ void CheckpointService::WaitIdle() {
 }
 
 }  // namespace ckpt::daemon
+
+namespace ckpt::daemon {
+
+absl::Status CheckpointService::Liveness(absl::Duration stall) const {
+  const absl::Time now = absl::Now();
+  absl::MutexLock live(&live_mu_);
+  if (now - housekept_ > stall) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the housekeeping loop has not come round for ",
+                     absl::FormatDuration(now - housekept_),
+                     " (a lock held for that long, or a thread wedged)"));
+  }
+  for (const auto& [id, at] : persisting_) {
+    if (now - at > stall) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(Describe(id.job, id.step, id.rank),
+                       ": its persist has not written ", "a chunk for ",
+                       absl::FormatDuration(now - at), " (the disk hangs?)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::daemon

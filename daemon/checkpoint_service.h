@@ -176,6 +176,10 @@ class CheckpointService {
   // Blocks until no shard is queued or being persisted, no garbage
   // collection runs and the files it dropped are deleted.
   void WaitIdle();
+  // For a watchdog: an error naming what is stuck when the housekeeping loop
+  // has not come round, or a persist in flight has not written a chunk, for
+  // longer than `stall`.
+  absl::Status Liveness(absl::Duration stall) const;
   // Trainer sessions and saves per job (the local API's Attach).
   JobActivity* activity() { return &activity_; }
 
@@ -357,6 +361,11 @@ class CheckpointService {
   JobActivity activity_;
   // RetryFailedPersists: when each shard was last persisted again.
   std::map<SlotId, absl::Time> retried_ ABSL_GUARDED_BY(gc_mu_);
+  // Liveness: the last housekeeping round, and when each persist in flight
+  // last wrote a chunk.
+  mutable absl::Mutex live_mu_;
+  absl::Time housekept_ ABSL_GUARDED_BY(live_mu_) = absl::Now();
+  std::map<SlotId, absl::Time> persisting_ ABSL_GUARDED_BY(live_mu_);
   std::vector<std::thread> workers_;
   std::thread housekeeper_;  // Housekeeping
 };

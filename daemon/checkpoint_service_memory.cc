@@ -193,6 +193,10 @@ void CheckpointService::Housekeeping() {
   absl::Time swept = absl::Now();
   while (true) {
     {
+      absl::MutexLock live(&live_mu_);
+      housekept_ = absl::Now();
+    }
+    {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
                                std::min(kTick, sweep_every))) {

@@ -28,6 +28,15 @@ void CheckpointService::DeclareMetrics() {
                    seconds);
   metrics_.Declare("ckpt_compression_ratio", T::kGauge,
                    "stored/raw bytes of the last persisted shard");
+  metrics_.Declare("ckpt_persist_chunks_total", T::kCounter,
+                   "persisted chunks by what became of them: compressed, "
+                   "raw_chosen (the adaptive codec stored them raw so the "
+                   "disk need not wait for the compressor), "
+                   "raw_incompressible, unchanged (left in a base shard)");
+  metrics_.Declare("ckpt_codec_effort", T::kGauge,
+                   "the adaptive codec's effort: below 1 the fraction of "
+                   "chunks compressed, 1 all at --zstd-level, above 1 some "
+                   "at higher levels");
   metrics_.Declare("ckpt_disk_recycled_bytes", T::kGauge,
                    "bytes of retired shard files kept for the next persists "
                    "to write over");

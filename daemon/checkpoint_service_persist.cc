@@ -70,7 +70,11 @@ void CheckpointService::PersistLoop() {
         (*record)->state() == proto::SHARD_STAGED) {
       proto::ShardRecord& r = **record;
       absl::Status s = Persist(r);
-      if (!s.ok()) {
+      if (s.code() == absl::StatusCode::kCancelled) {
+        // The daemon is stopping: the shard stays staged for the next start.
+        CKPT_LOG_WARN("{}: persist stopped, the shard stays staged: {}",
+                      Describe(id.job, id.step, id.rank), s.ToString());
+      } else if (!s.ok()) {
         CKPT_LOG_ERROR("{}: persist failed: {}",
                        Describe(id.job, id.step, id.rank), s.ToString());
         metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
@@ -115,6 +119,23 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   snapshot::ShardWriterOptions writer_options = options_.writer;
   writer_options.recycle_from = recycler_->Take(r.slot_bytes());
   writer_options.base = PinBase(r);
+  const SlotId id{r.job(), r.step(), r.rank()};
+  writer_options.on_chunk = [this, &id] {
+    absl::MutexLock live(&live_mu_);
+    persisting_[id] = absl::Now();
+  };
+  {
+    absl::MutexLock live(&live_mu_);
+    persisting_[id] = absl::Now();
+  }
+  struct Done {
+    CheckpointService* service;
+    const SlotId& id;
+    ~Done() {
+      absl::MutexLock live(&service->live_mu_);
+      service->persisting_.erase(id);
+    }
+  } done{this, id};
   // The pin holds until the record naming the base is stored (or this fails).
   struct Unpin {
     CheckpointService* service;
@@ -188,6 +209,22 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
                static_cast<double>(reused));
   metrics_.Observe("ckpt_persist_seconds", job_label,
                    absl::ToDoubleSeconds(absl::Now() - start));
+  const snapshot::ShardWriteStats& chunks = writer.stats();
+  for (const auto& [what, count] :
+       {std::pair<const char*, uint64_t>{"compressed", chunks.compressed},
+        {"raw_chosen", chunks.raw_chosen},
+        {"raw_incompressible", chunks.raw_incompressible},
+        {"unchanged", chunks.unchanged}}) {
+    if (count > 0) {
+      metrics_.Add("ckpt_persist_chunks_total", {{"stored", what}},
+                   static_cast<double>(count));
+    }
+  }
+  double effort = 1.0;
+  if (options_.writer.governor != nullptr) {
+    effort = options_.writer.governor->stats().effort;
+    metrics_.Set("ckpt_codec_effort", {}, effort);
+  }
   if (raw > 0) {
     metrics_.Set("ckpt_compression_ratio", job_label,
                  static_cast<double>(stored) / static_cast<double>(raw));
@@ -200,13 +237,15 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   CKPT_LOG_INFO(
       "{}: persisted {} bytes ({} stored, {} unchanged in {} base shards) in "
       "{:.1f} ms, {:.0f} MiB/s (map {:.1f} ms, write+sync {:.1f} ms, "
-      "catalog+vote {:.1f} ms)",
+      "catalog+vote {:.1f} ms); chunks: {} compressed, {} raw by choice, {} "
+      "raw incompressible, {} unchanged; codec effort now {:.2f}",
       Describe(r.job(), r.step(), r.rank()), raw, stored, reused,
       r.base_steps_size(), seconds * 1e3,
       seconds > 0 ? raw / seconds / (1 << 20) : 0.0,
       absl::ToDoubleMilliseconds(mapped - start),
       absl::ToDoubleMilliseconds(written - mapped),
-      absl::ToDoubleMilliseconds(end - written));
+      absl::ToDoubleMilliseconds(end - written), chunks.compressed,
+      chunks.raw_chosen, chunks.raw_incompressible, chunks.unchanged, effort);
   return absl::OkStatus();
 }
 

@@ -2,20 +2,28 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/etcd_coordinator.h"
 #include "daemon/local_api.h"
 #include "daemon/metrics_server.h"
 #include "daemon/peer_service.h"
+#include "daemon/supervisor_notify.h"
 #include "io/logging.h"
 #include "nlohmann/json.hpp"
 
@@ -51,6 +59,55 @@ bool ParseBytes(std::string s, uint64_t* out) {
   if (!absl::SimpleAtoi(s, &v) || v == 0) return false;
   *out = v * mult;
   return true;
+}
+
+void Notify(const ckpt::daemon::SupervisorNotify& notify,
+            absl::string_view state) {
+  absl::Status s = notify.Send(state);
+  if (!s.ok()) CKPT_LOG_WARN("ckptd: {}", s.ToString());
+}
+
+// Pings the supervisor's watchdog twice per interval while the service is
+// live. Once something has been stuck for half the interval it stops, so the
+// supervisor kills and restarts the wedged daemon (which then adopts its
+// staged shards).
+void Watchdog(const ckpt::daemon::SupervisorNotify& notify,
+              const ckpt::daemon::CheckpointService& service,
+              absl::Notification& stop) {
+  const absl::Duration interval = *notify.watchdog();
+  bool pinging = true;
+  do {
+    absl::Status live = service.Liveness(interval / 2);
+    if (live.ok()) {
+      if (!pinging) CKPT_LOG_INFO("ckptd: live again; watchdog pings resume");
+      pinging = true;
+      Notify(notify, "WATCHDOG=1");
+    } else if (pinging) {
+      CKPT_LOG_ERROR(
+          "ckptd: watchdog pings stop, so the supervisor restarts "
+          "ckptd: {}",
+          live.ToString());
+      pinging = false;
+    }
+  } while (!stop.WaitForNotificationWithTimeout(interval / 4));
+}
+
+// Lets a stop take `timeout`, then makes the persists still in flight stop at
+// their next chunk; exits the process if even that hangs (a write stuck in
+// the kernel).
+void StopDeadline(absl::Duration timeout, std::atomic<bool>& cancel,
+                  absl::Notification& stopped) {
+  if (stopped.WaitForNotificationWithTimeout(timeout)) return;
+  CKPT_LOG_WARN(
+      "ckptd: persists still in flight after --stop-timeout {}: stopping "
+      "them; their shards stay staged for the next start",
+      absl::FormatDuration(timeout));
+  cancel.store(true);
+  if (stopped.WaitForNotificationWithTimeout(absl::Seconds(30))) return;
+  CKPT_LOG_ERROR(
+      "ckptd: still stopping 30 s later (a write hangs in the "
+      "kernel?): exiting now");
+  std::_Exit(1);
 }
 
 }  // namespace
@@ -129,6 +186,21 @@ int main(int argc, char** argv) {
                  "zstd level of the persisted chunks")
       ->check(CLI::Range(-7, 19))
       ->capture_default_str();
+  std::string codec = "adaptive";
+  app.add_option("--codec", codec,
+                 "adaptive: compress (byte-shuffle + zstd) as much as the "
+                 "disk's speed allows, storing chunks raw whenever the disk "
+                 "would otherwise wait for the compressor; zstd: compress "
+                 "every chunk that shrinks; none: store every chunk raw")
+      ->check(CLI::IsMember({"adaptive", "zstd", "none"}))
+      ->capture_default_str();
+  int zstd_max_level = 1;
+  app.add_option("--zstd-max-level", zstd_max_level,
+                 "adaptive codec: the highest zstd level it may raise chunks "
+                 "to while the disk is the bottleneck (at least --zstd-level; "
+                 "level 1 and this at 1 never raise it)")
+      ->check(CLI::Range(-7, 19))
+      ->capture_default_str();
   app.add_option("--node-id", node_id, "this node's name")
       ->capture_default_str();
   app.add_option("--metrics-address", metrics_address,
@@ -192,7 +264,47 @@ int main(int argc, char** argv) {
   app.add_flag("--fault-injection", fault_injection,
                "chaos testing: write through the fault-injecting file system "
                "and accept InjectFaults calls (never in production)");
-  CLI11_PARSE(app, argc, argv);
+  double stop_timeout_s = 60;
+  app.add_option("--stop-timeout", stop_timeout_s,
+                 "on SIGTERM, seconds to let the persists in flight finish; "
+                 "then they stop at their next chunk, their temporary files "
+                 "are removed and their shards stay staged for the next start")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  app.set_config("--config", "",
+                 "read settings from this TOML file: one `key = value` per "
+                 "long option (memory-budget = \"8G\", peer-replicas = 2, "
+                 "fault-injection = false); options on the command line win; "
+                 "unknown keys are refused")
+      ->check(CLI::ExistingFile);
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  bool print_config = false;
+  app.add_flag("--print-config", print_config,
+               "print the effective settings (defaults, --config file and "
+               "options) as a config file, then exit")
+      ->configurable(false);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {
+    // The one place CLI11's config errors become ours: name the file and key.
+    std::string what = e.what();
+    const std::string prefix = "INI was not able to parse ";
+    if (what.rfind(prefix, 0) == 0) {
+      what = absl::StrCat("unknown key \"", what.substr(prefix.size()),
+                          "\" (ckptd --print-config lists every key)");
+    }
+    std::fprintf(stderr, "ckptd: --config %s: %s\n",
+                 app["--config"]->as<std::string>().c_str(), what.c_str());
+    return 2;
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, or the error
+    return rc == 0 ? 0 : 2;
+  }
+  if (print_config) {
+    std::cout << app.config_to_str(/*default_also=*/true,
+                                   /*write_description=*/true);
+    return 0;
+  }
 
   ckpt::daemon::ServiceOptions options;
   options.data_dir = data_dir;
@@ -214,6 +326,19 @@ int main(int argc, char** argv) {
   options.persist_threads = persist_threads;
   options.recycle_files = recycle_files;
   options.writer.codec.zstd_level = zstd_level;
+  // Set when a stop runs out of time: the persists in flight then stop at
+  // their next chunk.
+  std::atomic<bool> cancel_persists{false};
+  options.writer.cancel = &cancel_persists;
+  if (codec == "none") {
+    options.writer.codec.codec = ckpt::proto::CODEC_NONE;
+  } else if (codec == "adaptive") {
+    const int max_level = std::max(zstd_max_level, zstd_level);
+    options.writer.governor = std::make_shared<ckpt::snapshot::CodecGovernor>(
+        ckpt::snapshot::CodecGovernorOptions{
+            .base_level = zstd_level,
+            .max_effort = 1.0 + (max_level - zstd_level)});
+  }
 
   if (!peer_address.empty()) {
     ckpt::daemon::ReplicationOptions& r = options.replication;
@@ -362,12 +487,30 @@ int main(int argc, char** argv) {
   CKPT_LOG_INFO(
       "ckptd: node {} ready: data {}, staging {} (budget {} bytes, policy {})",
       node_id, data_dir, staging_dir, options.staging.budget_bytes, policy);
+  const auto notify = ckpt::daemon::SupervisorNotify::FromEnvironment();
+  Notify(notify, absl::StrCat("READY=1\nSTATUS=serving ", socket_path));
+  absl::Notification stop;
+  std::thread watchdog;
+  if (notify.watchdog().has_value()) {
+    watchdog = std::thread([&notify, &stop, service = service->get()] {
+      Watchdog(notify, *service, stop);
+    });
+  }
   int sig = 0;
   sigwait(&signals, &sig);
   CKPT_LOG_INFO("ckptd: signal {}, shutting down", sig);
+  Notify(notify, "STOPPING=1\nSTATUS=finishing the persists in flight");
+  stop.Notify();
+  if (watchdog.joinable()) watchdog.join();
+  absl::Notification stopped;
+  std::thread deadline([&stopped, &cancel_persists, stop_timeout_s] {
+    StopDeadline(absl::Seconds(stop_timeout_s), cancel_persists, stopped);
+  });
   metrics.reset();
   server->reset();
   peers.reset();
   service->reset();
+  stopped.Notify();
+  deadline.join();
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/grpc_status.h"
@@ -218,6 +219,21 @@ class DaemonService final : public proto::CkptDaemon::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Describe(grpc::ServerContext*, const proto::DescribeRequest*,
+                        proto::DescribeResponse* resp) override {
+    const ServiceOptions& o = service_->options();
+    std::error_code ec;
+    auto absolute = [&ec](const std::string& p) {
+      return p.empty() ? p : std::filesystem::absolute(p, ec).string();
+    };
+    resp->set_data_dir(absolute(o.data_dir));
+    resp->set_staging_dir(absolute(o.staging.dir));
+    resp->set_replica_dir(absolute(o.replication.dir));
+    resp->set_shared_dir(absolute(o.shared.dir));
+    resp->set_node_id(o.replication.node_id);
+    return grpc::Status::OK;
+  }
+
   grpc::Status InjectFaults(grpc::ServerContext*,
                             const proto::InjectFaultsRequest* req,
                             proto::InjectFaultsResponse*) override {
@@ -237,9 +253,11 @@ class DaemonService final : public proto::CkptDaemon::Service {
       return ToGrpc(absl::InvalidArgumentError("errno values are positive"));
     }
     CKPT_LOG_WARN(
-        "ckptd: injecting disk faults: write errno {}, fsync errno {}",
-        req->write_errno(), req->fsync_errno());
+        "ckptd: injecting disk faults: write errno {}, fsync errno {}, "
+        "write throughput {} bytes/s (0: full speed)",
+        req->write_errno(), req->fsync_errno(), req->write_bytes_per_second());
     faults_->SetPersistentFaults(req->write_errno(), req->fsync_errno());
+    faults_->SetWriteThroughput(req->write_bytes_per_second());
     return grpc::Status::OK;
   }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "io/errno_status.h"
 #include "io/status_macros.h"
 
@@ -25,6 +26,7 @@ class FaultInjectionFs::File final : public WritableFile {
       : fs_(fs), base_(std::move(base)), inode_(inode) {}
 
   absl::Status Write(uint64_t offset, AlignedBuffer buffer) override {
+    fs_->Throttle(buffer.size());
     bool short_write = false;
     int err = 0;
     RETURN_IF_ERROR(fs_->OnWrite(inode_, path(), offset, buffer.span(),
@@ -39,6 +41,7 @@ class FaultInjectionFs::File final : public WritableFile {
   }
   absl::Status WriteBorrowed(uint64_t offset,
                              absl::Span<const uint8_t> bytes) override {
+    fs_->Throttle(bytes.size());
     bool short_write = false;
     int err = 0;
     RETURN_IF_ERROR(
@@ -49,6 +52,7 @@ class FaultInjectionFs::File final : public WritableFile {
     return ShortWrite(offset, err);
   }
   absl::Status Flush() override { return base_->Flush(); }
+  uint64_t PendingWriteBytes() override { return base_->PendingWriteBytes(); }
   absl::Status Allocate(uint64_t size) override {
     RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("fallocate ", path())));
     RETURN_IF_ERROR(fs_->PersistentWriteFault(path()));
@@ -233,6 +237,23 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFs::NewWritableFile(
 absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectionFs::NewReadableFile(
     const std::string& path, const FileOptions& options) {
   return base_->NewReadableFile(path, options);
+}
+
+void FaultInjectionFs::SetWriteThroughput(uint64_t bytes_per_second) {
+  absl::MutexLock l(&mu_);
+  write_bytes_per_second_ = bytes_per_second;
+}
+
+void FaultInjectionFs::Throttle(uint64_t bytes) {
+  uint64_t rate;
+  {
+    absl::MutexLock l(&mu_);
+    rate = write_bytes_per_second_;
+  }
+  if (rate > 0) {
+    absl::SleepFor(
+        absl::Seconds(static_cast<double>(bytes) / static_cast<double>(rate)));
+  }
 }
 
 absl::Status FaultInjectionFs::OnWrite(int inode, const std::string& path,

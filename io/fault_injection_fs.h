@@ -60,6 +60,9 @@ class FaultInjectionFs final : public FileSystem {
   // ENOSPC, EIO) and every fsync with `sync_err`; 0 turns that kind off. For
   // faults switched on and off while a daemon runs (ckptd --fault-injection).
   void SetPersistentFaults(int write_err, int sync_err);
+  // A slow disk: every Write and WriteBorrowed first sleeps for its size at
+  // this many bytes per second (0: full speed).
+  void SetWriteThroughput(uint64_t bytes_per_second);
   // Keeps no copies of file contents, for files too large to copy (a running
   // daemon's shards): SimulatePowerLoss() is then refused.
   void DisableDurabilityModel();
@@ -109,6 +112,8 @@ class FaultInjectionFs final : public FileSystem {
  private:
   class File;
   friend class File;
+  // Sleeps as long as a slow disk takes to write `bytes`.
+  void Throttle(uint64_t bytes);
 
   struct Inode {
     std::string durable;  // contents as of the last successful fsync
@@ -152,6 +157,7 @@ class FaultInjectionFs final : public FileSystem {
   int next_inode_ ABSL_GUARDED_BY(mu_) = 1;
 
   int writes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t write_bytes_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   int syncs_ ABSL_GUARDED_BY(mu_) = 0;
   int dir_syncs_ ABSL_GUARDED_BY(mu_) = 0;
   int mutations_ ABSL_GUARDED_BY(mu_) = 0;

@@ -66,6 +66,7 @@ absl::Status UringEngine::SubmitRead(int fd, const std::string* path,
 }
 
 absl::Status UringEngine::Submit(std::unique_ptr<Request> request) {
+  pending_bytes_ += request->length;
   while (in_flight_ >= options_.queue_depth || !retry_.empty()) {
     RETURN_IF_ERROR(ReapOne());
   }
@@ -137,8 +138,29 @@ absl::Status UringEngine::ReapOne() {
   } while (rc == -EINTR || rc == -EAGAIN);
   if (rc < 0) return ErrnoToStatus(-rc, "io_uring_wait_cqe");
   auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
-  int res = cqe->res;
+  const int res = cqe->res;
   io_uring_cqe_seen(&ring_, cqe);
+  return Handle(r, res);
+}
+
+absl::Status UringEngine::Poll() {
+  while (in_flight_ > 0) {
+    io_uring_cqe* cqe = nullptr;
+    if (io_uring_peek_cqe(&ring_, &cqe) != 0 || cqe == nullptr) break;
+    auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
+    const int res = cqe->res;
+    io_uring_cqe_seen(&ring_, cqe);
+    RETURN_IF_ERROR(Handle(r, res));
+  }
+  while (!retry_.empty() && in_flight_ < options_.queue_depth) {
+    Request* r = retry_.back();
+    retry_.pop_back();
+    RETURN_IF_ERROR(Push(r));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UringEngine::Handle(Request* r, int res) {
   --in_flight_;
   if (r->injected_error) res = -r->injected_errno;
 
@@ -173,6 +195,7 @@ absl::Status UringEngine::ReapOne() {
 void UringEngine::Complete(Request* r, absl::Status status) {
   std::unique_ptr<Request> owned(r);
   ++completed_;
+  pending_bytes_ -= owned->length;
   if (owned->done) owned->done(std::move(status));
 }
 

@@ -55,7 +55,12 @@ class UringEngine {
   // Waits until at least one request completed (its callback ran), or nothing
   // is in flight.
   absl::Status WaitAny();
+  // Runs the callbacks of requests that completed, without waiting.
+  absl::Status Poll();
   size_t in_flight() const { return in_flight_; }
+  // Bytes of requests submitted whose callbacks have not run yet (they may
+  // have completed in the kernel since the last Poll or wait).
+  uint64_t pending_bytes() const { return pending_bytes_; }
 
  private:
   struct Request;
@@ -63,12 +68,15 @@ class UringEngine {
   absl::Status Submit(std::unique_ptr<Request> request);
   absl::Status Push(Request* request);
   absl::Status ReapOne();
+  // Handles one completion queue entry (already taken from the ring).
+  absl::Status Handle(Request* request, int res);
   void Complete(Request* request, absl::Status status);
 
   UringEngineOptions options_;
   io_uring ring_;
   bool ring_ready_ = false;
   size_t in_flight_ = 0;
+  uint64_t pending_bytes_ = 0;
   uint64_t completed_ = 0;
   // Requests waiting for a free submission slot after a short completion or
   // EAGAIN.

@@ -27,6 +27,8 @@ struct ChunkTask {
   const proto::ChunkInfo* base_chunk = nullptr;
   // Its raw bytes hash like the base chunk's: recorded, not written.
   bool unchanged ABSL_GUARDED_BY(mu) = false;
+  // The governor chose to store it raw.
+  bool raw_chosen ABSL_GUARDED_BY(mu) = false;
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<EncodedChunk> result ABSL_GUARDED_BY(mu) =
@@ -254,8 +256,10 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   RETURN_IF_ERROR(file->Allocate(bound));
 
   const CodecOptions codec = options_.codec;
+  CodecGovernor* const governor =
+      codec.codec == proto::CODEC_NONE ? nullptr : options_.governor.get();
   auto schedule = [&](ChunkTask* task) {
-    pool->Schedule([task, codec, &buffers] {
+    pool->Schedule([task, codec, governor, &buffers] {
       ChunkHeader header = task->header;
       std::optional<uint64_t> hash;
       if (task->base_chunk != nullptr) {
@@ -268,9 +272,19 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
           return;
         }
       }
-      absl::StatusOr<EncodedChunk> encoded = EncodeChunk(
-          task->raw, header.element_width, codec, &buffers, &header, hash);
+      CodecOptions chunk_codec = codec;
+      bool raw_chosen = false;
+      if (governor != nullptr) {
+        const CodecChoice choice = governor->Choose();
+        raw_chosen = !choice.compress;
+        if (raw_chosen) chunk_codec.codec = proto::CODEC_NONE;
+        chunk_codec.zstd_level = choice.level;
+      }
+      absl::StatusOr<EncodedChunk> encoded =
+          EncodeChunk(task->raw, header.element_width, chunk_codec, &buffers,
+                      &header, hash);
       absl::MutexLock l(&task->mu);
+      task->raw_chosen = raw_chosen;
       task->header = header;
       task->result = std::move(encoded);
       task->done = true;
@@ -289,18 +303,30 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   for (size_t t = 0; t < next_to_schedule; ++t) {
     ChunkTask* task = tasks[t].get();
     absl::StatusOr<EncodedChunk> encoded = absl::UnknownError("pending");
-    bool unchanged;
+    bool unchanged, raw_chosen;
+    if (governor != nullptr && t > 0 && status.ok()) {
+      // What the writer finds tells the governor who is waiting for whom.
+      bool ready;
+      {
+        absl::MutexLock l(&task->mu);
+        ready = task->done;
+      }
+      governor->Observe(ready ? CodecGovernor::Signal::kAhead
+                              : governor->Waiting(file->PendingWriteBytes()));
+    }
     {
       absl::MutexLock l(&task->mu);
       task->mu.Await(absl::Condition(&task->done));
       encoded = std::move(task->result);
       unchanged = task->unchanged;
+      raw_chosen = task->raw_chosen;
     }
     if (status.ok() && !encoded.ok()) status = encoded.status();
     if (!status.ok()) continue;
     if (next_to_schedule < tasks.size())
       schedule(tasks[next_to_schedule++].get());
     if (unchanged) {
+      ++stats_.unchanged;
       proto::ChunkInfo* info =
           manifest_.mutable_items(task->header.item_index)->add_chunks();
       *info = *task->base_chunk;
@@ -308,6 +334,13 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
       continue;
     }
     const ChunkHeader& h = task->header;
+    if (h.codec != proto::CODEC_NONE) {
+      ++stats_.compressed;
+    } else if (raw_chosen) {
+      ++stats_.raw_chosen;
+    } else {
+      ++stats_.raw_incompressible;
+    }
     proto::ChunkInfo* info =
         manifest_.mutable_items(h.item_index)->add_chunks();
     info->set_file_offset(file_pos);
@@ -333,6 +366,11 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
     }
     file_pos += footprint;
     CKPT_KILL_POINT("shard.chunk_written");
+    if (options_.on_chunk) options_.on_chunk();
+    if (status.ok() && options_.cancel != nullptr &&
+        options_.cancel->load(std::memory_order_relaxed)) {
+      status = absl::CancelledError("cancelled: the daemon is stopping");
+    }
   }
   RETURN_IF_ERROR(status);
 

@@ -10,7 +10,9 @@
 #ifndef CKPT_SNAPSHOT_SHARD_WRITER_H_
 #define CKPT_SNAPSHOT_SHARD_WRITER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "io/thread_pool.h"
 #include "proto/manifest.pb.h"
 #include "snapshot/chunk_codec.h"
+#include "snapshot/codec_governor.h"
 #include "snapshot/format.h"
 
 namespace ckpt::snapshot {
@@ -75,6 +78,25 @@ struct ShardWriterOptions {
   std::string recycle_from;
   // Null: every chunk is stored in this shard.
   std::shared_ptr<const ShardBase> base;
+  // Decides per chunk between compressing (codec.codec, at the level it
+  // picks) and storing raw, from how the writes keep up. Null: every chunk is
+  // offered to the compressor at codec.zstd_level.
+  std::shared_ptr<CodecGovernor> governor;
+  // When it turns true, Commit() stops before the next chunk, removes the
+  // temporary file and returns Cancelled (a daemon stopping within its
+  // timeout). Must outlive Commit().
+  const std::atomic<bool>* cancel = nullptr;
+  // Called on the committing thread after each chunk is queued for writing:
+  // proof of progress for a watchdog.
+  std::function<void()> on_chunk;
+};
+
+// What became of a shard's chunks.
+struct ShardWriteStats {
+  uint64_t compressed = 0;          // stored compressed
+  uint64_t raw_chosen = 0;          // stored raw: the governor chose so
+  uint64_t raw_incompressible = 0;  // stored raw: compressing did not pay
+  uint64_t unchanged = 0;           // left in a base shard
 };
 
 class ShardWriter {
@@ -93,6 +115,8 @@ class ShardWriter {
   // After Commit(): the footer's manifest checksum, the shard's identity as a
   // base of later shards.
   uint64_t manifest_xxh3() const { return manifest_xxh3_; }
+  // After Commit().
+  const ShardWriteStats& stats() const { return stats_; }
 
  private:
   absl::Status AddItem(proto::Item item, absl::Span<const uint8_t> data);
@@ -110,6 +134,7 @@ class ShardWriter {
   std::vector<absl::Span<const uint8_t>> data_;  // per item
   bool committed_ = false;
   uint64_t manifest_xxh3_ = 0;
+  ShardWriteStats stats_;
 };
 
 }  // namespace ckpt::snapshot

@@ -5,11 +5,14 @@
 // 2 bad usage, 3 what was asked for does not exist (data directory, job, step).
 #include <unistd.h>
 
+#include <chrono>
 #include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "client/daemon_admin.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "tools/ckpt_cli.h"
@@ -29,11 +32,17 @@ int Main(int argc, char** argv) {
                              ? env_dir
                              : absl::StrCat("/tmp/ckpt-", ::getuid(), "/data");
   app.add_option("--data-dir", data_dir,
-                 "ckptd's data directory (env CKPT_DATA_DIR)")
+                 "ckptd's data directory (env CKPT_DATA_DIR); without it, the "
+                 "one of the ckptd at --socket, else this default (a stopped "
+                 "node)")
       ->capture_default_str();
 
   // Empty: the socket the data directory's ckptd recorded, else the default.
   std::string socket_path;
+  app.add_option("--socket", socket_path,
+                 "ckptd's socket (default: $CKPT_SOCKET, else "
+                 "/tmp/ckpt-$UID/ckptd.sock): without --data-dir, ckpt asks "
+                 "this daemon where its data is");
   std::string ls_job;
   CLI::App* ls = app.add_subcommand(
       "ls", "jobs, or the steps of JOB with their state per tier and sizes");
@@ -152,6 +161,17 @@ int Main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  if (app.count("--data-dir") == 0 && env_dir == nullptr) {
+    // ckpt finds ckptd: a running daemon says where its data is.
+    const std::string ask =
+        socket_path.empty() ? ckpt::client::DefaultSocketPath() : socket_path;
+    absl::StatusOr<ckpt::proto::DescribeResponse> daemon =
+        ckpt::client::DescribeDaemon(ask, std::chrono::seconds(3));
+    if (daemon.ok()) {
+      data_dir = daemon->data_dir();
+      socket_path = ask;
+    }
   }
   if (socket_path.empty()) socket_path = DaemonSocketOf(data_dir);
   if (*ls) return Ls(data_dir, socket_path, ls_job, json);

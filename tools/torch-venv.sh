@@ -9,11 +9,11 @@ VENV="${1:-build/torch-venv}"
 REQUIREMENTS=tools/torch-requirements.txt
 want=$(sed -n 's/^torch==//p' "$REQUIREMENTS")
 if [ -x "$VENV/bin/python" ] &&
-  [ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$want" ]; then
+  [ "$("$VENV/bin/python" -c 'import torch, kubernetes_validate; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$want" ]; then
   exit 0
 fi
 echo "torch-venv: installing torch $want into $VENV"
 rm -rf "$VENV"
 /usr/bin/python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQUIREMENTS"
-"$VENV/bin/python" -c 'import torch, torch.distributed.checkpoint; print("torch-venv: torch", torch.__version__)'
+"$VENV/bin/python" -c 'import torch, torch.distributed.checkpoint, kubernetes_validate; print("torch-venv: torch", torch.__version__)'

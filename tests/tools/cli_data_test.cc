@@ -306,6 +306,40 @@ TEST_F(CliDataTest, RestorePlanNamesTheSourceOfEveryPiece) {
   EXPECT_THAT(human.out, HasSubstr("r0 memory"));
 }
 
+// ckpt finds ckptd: with no --data-dir, every subcommand asks the daemon at
+// $CKPT_SOCKET (or --socket) where its data is. Without a daemon there, the
+// default data directory is used (here: one that does not exist).
+TEST_F(CliDataTest, EverySubcommandFindsTheDaemonThroughItsSocket) {
+  auto run = [&](const std::string& args) {
+    return RunProgram("env -u CKPT_DATA_DIR CKPT_SOCKET=" + daemon_->socket() +
+                          " " + CKPT_CLI,
+                      args);
+  };
+  for (const std::string& args :
+       {std::string("ls job --json"), std::string("inspect job 3 --json"),
+        std::string("verify job 3 --json"), std::string("status --json"),
+        std::string("restore-plan job 3 --world 1 --json"),
+        std::string("gc job --keep 10 --dry-run --json"),
+        "export job 3 --format safetensors " + dir_.File("found.st")}) {
+    Result r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out;
+  }
+  EXPECT_EQ(run("ls job --json").out, RunCli(Cli("ls job --json")).out);
+  // --socket too, before or after the subcommand.
+  Result before = RunProgram(std::string("env -u CKPT_DATA_DIR ") + CKPT_CLI,
+                             "--socket " + daemon_->socket() + " ls job");
+  EXPECT_EQ(before.exit_code, 0) << before.out;
+  Result after = RunProgram(std::string("env -u CKPT_DATA_DIR ") + CKPT_CLI,
+                            "ls job --socket " + daemon_->socket());
+  EXPECT_EQ(after.exit_code, 0) << after.out;
+  // No daemon at the socket: the default data directory, offline.
+  Result none = RunProgram(std::string("env -u CKPT_DATA_DIR CKPT_SOCKET=") +
+                               dir_.File("none.sock") + " HOME=" + dir_.path() +
+                               " " + CKPT_CLI,
+                           "ls job");
+  EXPECT_NE(none.exit_code, 0) << none.out;
+}
+
 TEST_F(CliDataTest, MissingThingsGetClearErrorsAndExitCodes) {
   Result job = RunCli(Cli("ls nope"));
   EXPECT_EQ(job.exit_code, 3) << job.out;

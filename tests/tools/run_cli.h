@@ -1,5 +1,5 @@
-// Runs the `ckpt` command as operators do: a real process, its exit code and
-// its output (stdout and stderr together).
+// Runs the `ckpt` command (or another program) as operators do: a real process,
+// its exit code and its output (stdout and stderr together).
 #ifndef CKPT_TESTS_TOOLS_RUN_CLI_H_
 #define CKPT_TESTS_TOOLS_RUN_CLI_H_
 
@@ -15,9 +15,11 @@ struct Result {
   std::string out;
 };
 
-inline Result RunCli(const std::string& args, const std::string& env = "") {
+// Runs `program args` through the shell, with `env` (VAR=value ...) before it.
+inline Result RunProgram(const std::string& program, const std::string& args,
+                         const std::string& env = "") {
   std::string cmd =
-      env + (env.empty() ? "" : " ") + CKPT_CLI + " " + args + " 2>&1";
+      env + (env.empty() ? "" : " ") + program + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   Result r{-1, ""};
   if (p == nullptr) return r;
@@ -27,6 +29,10 @@ inline Result RunCli(const std::string& args, const std::string& env = "") {
   int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+inline Result RunCli(const std::string& args, const std::string& env = "") {
+  return RunProgram(CKPT_CLI, args, env);
 }
 
 }  // namespace ckpt
