@@ -145,7 +145,11 @@ class Replicator {
   void Loop();
   // Pushes `p` to peers until K hold it; true when done (or hopeless: its
   // file is gone).
-  bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers);
+  // Peers found unreachable in this round are skipped for the rest of it
+  // (`unreachable`), so a backlog never waits seconds per shard on a peer
+  // that restarted elsewhere: the next round asks for the peer list again.
+  bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers,
+                 std::set<std::string>& unreachable);
   absl::Status Push(const proto::ShardRecord& shard,
                     const proto::PeerInfo& peer);
   struct Candidate {

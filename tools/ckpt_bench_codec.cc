@@ -195,10 +195,12 @@ Snapshot Tiled(const Snapshot& s, uint64_t min_bytes) {
 // through the writer's full pipeline: io_uring, O_DIRECT, fsync.
 Written Persist(const std::string& dir, uint64_t step, const Snapshot& s,
                 std::shared_ptr<const snapshot::ShardBase> base,
-                std::shared_ptr<snapshot::CodecGovernor> governor = nullptr) {
+                std::shared_ptr<snapshot::CodecGovernor> governor = nullptr,
+                bool raw = false) {
   snapshot::ShardWriterOptions options;
   options.base = std::move(base);
   options.governor = std::move(governor);
+  if (raw) options.codec.codec = proto::CODEC_NONE;
   const std::string path =
       io::JoinPath(dir, snapshot::ShardFileName(step, 0, ".shard"));
   auto start = std::chrono::steady_clock::now();
@@ -313,6 +315,8 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
     return static_cast<double>(big.raw()) / (1 << 20) / w.seconds;
   };
   const Written zstd_all = Persist(chain_dir, 1'000'000, big, nullptr);
+  const Written raw_all =
+      Persist(chain_dir, 999'999, big, nullptr, nullptr, /*raw=*/true);
   auto governor = std::make_shared<snapshot::CodecGovernor>(
       snapshot::CodecGovernorOptions{});
   std::vector<Written> adaptive;
@@ -355,6 +359,8 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   j["persist_vs_fio_float"] = persist_mib_s / fio_write;
   j["persist_first_vs_fio_float"] = mib_s(adaptive.front()) / fio_write;
   j["persist_zstd_all_vs_fio_float"] = mib_s(zstd_all) / fio_write;
+  j["persist_raw_vs_fio_float"] = mib_s(raw_all) / fio_write;
+  j["persist_vs_raw_float"] = persist_mib_s / mib_s(raw_all);
   j["persist_stored_fraction_float"] =
       static_cast<double>(full.file_bytes) / static_cast<double>(big.raw());
   j["persist_zstd_all_stored_fraction_float"] =
@@ -387,7 +393,8 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   std::printf(
       "persist %.0f MiB of floats: adaptive %.0f MiB/s (%.3f stored, %llu of "
       "%llu chunks compressed, effort %.2f), compressing all %.0f MiB/s "
-      "(%.3f stored), vs fio write %.0f (%.2f and %.2f)\n",
+      "(%.3f stored), raw %.0f MiB/s, vs fio write %.0f (%.2f, %.2f and "
+      "%.2f)\n",
       big.raw() / 1048576.0, persist_mib_s,
       j["persist_stored_fraction_float"].get<double>(),
       static_cast<unsigned long long>(full.chunks.compressed),
@@ -395,8 +402,9 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
                                       full.chunks.raw_chosen +
                                       full.chunks.raw_incompressible),
       governor->stats().effort, mib_s(zstd_all),
-      j["persist_zstd_all_stored_fraction_float"].get<double>(), fio_write,
-      persist_mib_s / fio_write, mib_s(zstd_all) / fio_write);
+      j["persist_zstd_all_stored_fraction_float"].get<double>(), mib_s(raw_all),
+      fio_write, persist_mib_s / fio_write, mib_s(zstd_all) / fio_write,
+      mib_s(raw_all) / fio_write);
   std::printf(
       "restore at the end of a chain of %zu: %.0f MiB/s vs fio read %.0f "
       "(%.2f)\n",
