@@ -165,6 +165,12 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   }
   ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
   const absl::Time written = absl::Now();
+  {
+    // The watchdog watches the disk; a slow coordinator (the vote below) is
+    // no reason to restart the daemon.
+    absl::MutexLock live(&live_mu_);
+    persisting_.erase(id);
+  }
   CKPT_KILL_POINT("service.after_shard_commit");
   // What this file stores, and what it leaves in its bases.
   uint64_t raw = 0, stored = 0, reused = 0;
