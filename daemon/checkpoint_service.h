@@ -177,8 +177,8 @@ class CheckpointService {
   // collection runs and the files it dropped are deleted.
   void WaitIdle();
   // For a watchdog: an error naming what is stuck when the housekeeping loop
-  // has not come round, or a persist in flight has not written a chunk, for
-  // longer than `stall`.
+  // has not come round for `stall` plus 2 s (its ticks are 0.5 s apart), or a
+  // persist in flight has not written a chunk for longer than `stall`.
   absl::Status Liveness(absl::Duration stall) const;
   // Trainer sessions and saves per job (the local API's Attach).
   JobActivity* activity() { return &activity_; }
