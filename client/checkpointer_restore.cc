@@ -72,6 +72,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   // states of different steps.
   proto::ListCommitsRequest list;
   list.set_job(options_.job);
+  list.set_step(step);
   proto::ListCommitsResponse commits;
   RETURN_IF_ERROR(
       rpc_->Call(&proto::CkptDaemon::Stub::ListCommits, list, &commits, what));

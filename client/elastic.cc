@@ -27,6 +27,7 @@ absl::StatusOr<Epoch> Rejoin(const RejoinOptions& options) {
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options.settle)));
   req.set_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options.timeout)));
+  req.set_resume_tier(options.resume_tier);
   const std::string socket =
       options.socket_path.empty() ? DefaultSocketPath() : options.socket_path;
   ASSIGN_OR_RETURN(
@@ -42,6 +43,7 @@ absl::StatusOr<Epoch> Rejoin(const RejoinOptions& options) {
   out.world_size = static_cast<uint32_t>(e.members_size());
   out.nccl_unique_id = e.unique_id();
   out.members.assign(e.members().begin(), e.members().end());
+  if (e.has_resume_step()) out.resume_step = e.resume_step();
   out.rank = static_cast<uint32_t>(
       std::find(out.members.begin(), out.members.end(), participant) -
       out.members.begin());

@@ -3,9 +3,11 @@
 // nodes). Survivors of a failure and replacement nodes call it; it returns
 // each one's new rank and world size and a fresh NCCL unique id they share.
 // The trainer then connects a Checkpointer with the new rank and world size
-// and restores the latest committed step (resharded if the world changed).
-// After a node loss that is LatestCommitted(TIER_PEER): newer steps may be
-// committed in memory, but the lost node's memory is gone. A committed step is
+// and restores the epoch's resume_step (resharded if the world changed): the
+// newest step committed at the resume tier when the epoch closed, the same for
+// every member. After a node loss that tier is the peer tier (the default):
+// newer steps may be committed in memory, but the lost node's memory is gone.
+// A committed step is
 // never replaced, so the new epoch must save under step ids no older epoch
 // used (e.g. epoch * 1000000 + iteration, with the iteration in a byte item).
 //
@@ -19,6 +21,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
+#include "proto/catalog.pb.h"
 
 namespace ckpt::client {
 
@@ -34,6 +38,10 @@ struct RejoinOptions {
   // joined for this long.
   absl::Duration settle = absl::Seconds(2);
   absl::Duration timeout = absl::Minutes(5);
+  // The epoch resumes from the newest step committed at this tier when it
+  // closes (every member should pass the same). After a node loss: the peer
+  // tier (or shared); a one-node job: memory or local disk.
+  proto::Tier resume_tier = proto::TIER_PEER;
 };
 
 struct Epoch {
@@ -42,6 +50,12 @@ struct Epoch {
   uint32_t world_size = 0;
   std::string nccl_unique_id;  // 128 bytes, the size of ncclUniqueId
   std::vector<std::string> members;
+  // The step every member restores (Checkpointer::Restore), fixed when the
+  // epoch closed; nullopt: nothing was committed at the resume tier then, the
+  // job starts afresh. Steps of the old epoch that commit later are not used:
+  // restoring the newest one instead could make members restore different
+  // steps.
+  absl::optional<uint64_t> resume_step;
 };
 
 absl::StatusOr<Epoch> Rejoin(const RejoinOptions& options);

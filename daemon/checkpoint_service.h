@@ -130,6 +130,9 @@ class CheckpointService {
   // Every commit record of the job still kept, by step then tier.
   absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job);
+  // The commit records of one step, fastest tier first (point lookups).
+  absl::StatusOr<std::vector<proto::CommitRecord>> ListStepCommits(
+      const std::string& job, uint64_t step);
   // A shard's record: this node's own, else (with peer replication on) a
   // verified copy fetched from a peer, whose `shard_path` is a local file,
   // else (with a shared tier) its copy there.

@@ -187,6 +187,18 @@ absl::StatusOr<std::vector<proto::CommitRecord>> CheckpointService::ListCommits(
   return coordinator_->ListCommits(job);
 }
 
+absl::StatusOr<std::vector<proto::CommitRecord>>
+CheckpointService::ListStepCommits(const std::string& job, uint64_t step) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  std::vector<proto::CommitRecord> out;
+  for (proto::Tier tier : kAllTiers) {
+    ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> c,
+                     coordinator_->GetCommit(job, step, tier));
+    if (c.has_value()) out.push_back(*std::move(c));
+  }
+  return out;
+}
+
 absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
     const std::string& job, uint64_t step, uint32_t rank) {
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,

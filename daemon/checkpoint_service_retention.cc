@@ -45,11 +45,16 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
   RetentionPolicy rules = policy;
   rules.peer_tier = replicator_ != nullptr;
   rules.pinned = PinnedBases(job);
+  ASSIGN_OR_RETURN(absl::optional<uint64_t> resume,
+                   coordinator_->ResumeStep(job));
+  if (resume.has_value()) rules.resume_steps.insert(*resume);
   RetentionPlan plan = PlanRetention(commits, shards, rules);
   if (dry_run) return plan;
   // Steps the peer and shared tiers still keep: their shards are there, so
-  // their commit records stay when this node drops its own copies.
-  const std::set<uint64_t> elsewhere = KeptElsewhere(commits);
+  // their commit records stay when this node drops its own copies. So do
+  // those of the step the job's epoch resumes from.
+  std::set<uint64_t> elsewhere = KeptElsewhere(commits);
+  if (resume.has_value()) elsewhere.insert(*resume);
   // A step this plan forgets entirely loses its commit records first, so a
   // listed commit always has its shards (a crash in between leaves shards no
   // commit names, which the next collection drops). If that fails, its shards

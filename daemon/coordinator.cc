@@ -109,9 +109,15 @@ absl::StatusOr<proto::Tier> ParseTier(absl::string_view name) {
 absl::StatusOr<proto::EpochRecord> Coordinator::Rendezvous(
     const std::string& job, const std::string& participant,
     uint32_t min_members, uint32_t max_members, absl::Duration settle,
-    absl::Duration timeout) {
+    absl::Duration timeout, proto::Tier resume_tier) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
   RETURN_IF_ERROR(snapshot::ValidateJobId(participant));
+  if (resume_tier == proto::TIER_UNSPECIFIED) resume_tier = proto::TIER_PEER;
+  if (!proto::Tier_IsValid(resume_tier)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous of job ", job, ": unknown resume tier ",
+                     static_cast<int>(resume_tier)));
+  }
   if (min_members == 0 || max_members < min_members) {
     return absl::InvalidArgumentError(
         absl::StrCat("rendezvous of job ", job, ": bounds [", min_members, ", ",
@@ -176,6 +182,11 @@ absl::StatusOr<proto::EpochRecord> Coordinator::Rendezvous(
       for (char& c : id) c = static_cast<char>(random());
       record.set_unique_id(id);
       record.set_closed_unix_micros(NowMicros());
+      ASSIGN_OR_RETURN(absl::optional<uint64_t> resume,
+                       LatestCommitted(job, resume_tier));
+      record.set_resume_tier(resume_tier);
+      record.set_has_resume_step(resume.has_value());
+      if (resume.has_value()) record.set_resume_step(*resume);
       ASSIGN_OR_RETURN(bool created, StoreCreate(prefix + "closed",
                                                  record.SerializeAsString()));
       if (created) {
@@ -191,6 +202,26 @@ absl::StatusOr<proto::EpochRecord> Coordinator::Rendezvous(
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
+}
+
+absl::StatusOr<absl::optional<uint64_t>> Coordinator::ResumeStep(
+    const std::string& job) {
+  ASSIGN_OR_RETURN(absl::optional<std::string> current,
+                   StoreGet(absl::StrCat("/ckpt/", job, "/epoch")));
+  uint64_t epoch = 0;
+  if (!current.has_value()) return absl::optional<uint64_t>();
+  if (!absl::SimpleAtoi(*current, &epoch)) {
+    return absl::DataLossError("the job's epoch record is not a number");
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%020" PRIu64 "/closed", epoch);
+  const std::string key = absl::StrCat("/ckpt/", job, "/epochs/", buf);
+  ASSIGN_OR_RETURN(absl::optional<std::string> closed, StoreGet(key));
+  if (!closed.has_value()) return absl::optional<uint64_t>();
+  ASSIGN_OR_RETURN(proto::EpochRecord record,
+                   ParseRecord<proto::EpochRecord>(key, *closed));
+  if (!record.has_resume_step()) return absl::optional<uint64_t>();
+  return absl::optional<uint64_t>(record.resume_step());
 }
 
 namespace {

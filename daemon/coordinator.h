@@ -70,15 +70,20 @@ class Coordinator {
   // Elastic restart: `participant` joins the job's next epoch. The epoch
   // closes once `max_members` joined, or once at least `min_members` joined
   // and nobody else did for `settle`; the closer writes the members (sorted:
-  // the rank order) and a fresh 128-byte NCCL unique id, created only if
+  // the rank order), a fresh 128-byte NCCL unique id and the step the epoch
+  // resumes from (the newest committed at `resume_tier` then), created only if
   // absent. A participant that arrives after an epoch closed without it joins
   // the one after. DeadlineExceeded after `timeout`.
-  absl::StatusOr<proto::EpochRecord> Rendezvous(const std::string& job,
-                                                const std::string& participant,
-                                                uint32_t min_members,
-                                                uint32_t max_members,
-                                                absl::Duration settle,
-                                                absl::Duration timeout);
+  absl::StatusOr<proto::EpochRecord> Rendezvous(
+      const std::string& job, const std::string& participant,
+      uint32_t min_members, uint32_t max_members, absl::Duration settle,
+      absl::Duration timeout, proto::Tier resume_tier = proto::TIER_PEER);
+
+  // The step the job's current epoch resumes from (its closed record's
+  // resume_step; nullopt: no epoch, or none to resume from). Retention keeps
+  // it on every tier while the epoch lasts: its members may still be
+  // restoring it while the old epoch's last steps commit.
+  absl::StatusOr<absl::optional<uint64_t>> ResumeStep(const std::string& job);
 
   // How many times this node took a new lease after losing one (etcd; 0 for
   // the embedded backend). Votes made while it had none failed: the service

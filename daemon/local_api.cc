@@ -86,7 +86,9 @@ class DaemonService final : public proto::CkptDaemon::Service {
   grpc::Status ListCommits(grpc::ServerContext*,
                            const proto::ListCommitsRequest* req,
                            proto::ListCommitsResponse* resp) override {
-    auto commits = service_->ListCommits(req->job());
+    auto commits = req->has_step()
+                       ? service_->ListStepCommits(req->job(), req->step())
+                       : service_->ListCommits(req->job());
     if (!commits.ok()) return ToGrpc(commits.status());
     for (proto::CommitRecord& c : *commits) *resp->add_commits() = std::move(c);
     return grpc::Status::OK;
@@ -175,7 +177,8 @@ class DaemonService final : public proto::CkptDaemon::Service {
     auto epoch = service_->coordinator()->Rendezvous(
         req->job(), req->participant(), req->min_members(), req->max_members(),
         absl::Milliseconds(req->settle_ms()),
-        absl::Milliseconds(std::min<uint32_t>(req->timeout_ms(), 3600000)));
+        absl::Milliseconds(std::min<uint32_t>(req->timeout_ms(), 3600000)),
+        req->resume_tier());
     if (!epoch.ok()) return ToGrpc(epoch.status());
     *resp->mutable_epoch() = *std::move(epoch);
     return grpc::Status::OK;

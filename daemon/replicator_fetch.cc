@@ -319,6 +319,17 @@ void Replicator::CollectGarbage(const std::string& job) {
   };
   const uint64_t newest = newest_first(steps);
   const uint64_t newest_on_peers = newest_first(on_peers);
+  // The step the job's epoch resumes from stays (see Coordinator::ResumeStep).
+  absl::StatusOr<absl::optional<uint64_t>> resume =
+      coordinator_->ResumeStep(job);
+  if (!resume.ok()) {
+    CKPT_LOG_WARN("replicas of job {}: {}", job, resume.status().ToString());
+    return;
+  }
+  if (resume->has_value()) {
+    on_peers.push_back(**resume);
+    steps.push_back(**resume);
+  }
   std::set<uint64_t> held, cached;
   for (const ReplicaStore::Entry& e : held_->List(job)) {
     const bool kept = e.key.step > newest_on_peers ||

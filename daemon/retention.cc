@@ -66,6 +66,7 @@ RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
     if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED)
       continue;
     const uint64_t step = r.step();
+    if (policy.resume_steps.count(step) > 0) continue;
     RetentionAction a;
     a.drop_file = !r.shard_path().empty() &&
                   step < plan.oldest_kept_disk_step && !peer_holds(step);

@@ -42,6 +42,9 @@ struct RetentionPolicy {
   // (rank, step) of shards that persists in flight store chunks in: their
   // files stay, like those of every base a kept shard names (base_steps).
   std::set<std::pair<uint32_t, uint64_t>> pinned;
+  // Steps an elastic epoch resumes from (Coordinator::ResumeStep): every copy
+  // stays.
+  std::set<uint64_t> resume_steps;
 };
 
 struct RetentionAction {

@@ -330,7 +330,8 @@ class PyCheckpointer {
 
 py::dict Rejoin(const std::string& job, uint32_t min_ranks, uint32_t max_ranks,
                 const std::string& participant, const std::string& socket,
-                double settle_s, double timeout_s) {
+                double settle_s, double timeout_s, const std::string& tier) {
+  const proto::Tier resume_tier = ParseTier(tier);
   absl::StatusOr<client::Epoch> epoch;
   {
     py::gil_scoped_release release;
@@ -340,7 +341,8 @@ py::dict Rejoin(const std::string& job, uint32_t min_ranks, uint32_t max_ranks,
                             .min_ranks = min_ranks,
                             .max_ranks = max_ranks,
                             .settle = Seconds(settle_s),
-                            .timeout = Seconds(timeout_s)});
+                            .timeout = Seconds(timeout_s),
+                            .resume_tier = resume_tier});
   }
   client::Epoch e = ValueOrRaise(std::move(epoch));
   py::dict d;
@@ -349,6 +351,9 @@ py::dict Rejoin(const std::string& job, uint32_t min_ranks, uint32_t max_ranks,
   d["world_size"] = e.world_size;
   d["nccl_unique_id"] = py::bytes(e.nccl_unique_id);
   d["members"] = e.members;
+  d["resume_step"] = e.resume_step.has_value()
+                         ? py::object(py::int_(*e.resume_step))
+                         : py::object(py::none());
   return d;
 }
 
@@ -373,9 +378,11 @@ PYBIND11_MODULE(_ckpt, m) {
         py::arg("min_ranks") = 1, py::arg("max_ranks") = 1,
         py::arg("participant") = "", py::arg("socket") = "",
         py::arg("settle") = 2.0, py::arg("timeout") = 300.0,
+        py::arg("tier") = "peer",
         "Elastic restart: joins the job's next epoch; returns its epoch, this "
-        "process's rank, the world size, the members and a 128-byte NCCL "
-        "unique id.");
+        "process's rank, the world size, the members, a 128-byte NCCL "
+        "unique id and resume_step: the newest step committed at `tier` when "
+        "the epoch closed, which every member restores (None: none).");
   m.def("default_socket", &ckpt::client::DefaultSocketPath,
         "ckptd's default socket for this uid.");
 

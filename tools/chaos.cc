@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -104,7 +105,10 @@ void Chaos::Violation(const std::string& what) {
 }
 
 void Chaos::Log(const std::string& line) {
-  std::ofstream(log_, std::ios::app) << "[ckpt-chaos] " << line << "\n";
+  char elapsed[32];
+  std::snprintf(elapsed, sizeof elapsed, "%.1f", SecondsSince(started_));
+  std::ofstream(log_, std::ios::app)
+      << "[ckpt-chaos +" << elapsed << " s] " << line << "\n";
 }
 
 }  // namespace ckpt::chaos

@@ -230,6 +230,7 @@ class Chaos {
   std::mt19937_64 check_rng_;  // which older steps are checked
   Oracle oracle_;
   const std::string log_, steps_file_;
+  const Clock::time_point started_ = Clock::now();  // for the log's times
   std::vector<Node> nodes_;
   std::unique_ptr<ckpt::tools::LocalEtcd> etcd_;  // several nodes
   std::vector<pid_t> ranks_;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "io/file_system.h"
 #include "io/unsynced_journal.h"
@@ -159,7 +160,13 @@ void Chaos::InjectOne() {
   }
   report_.recoveries++;
   report_.recover_s.push_back(SecondsSince(t0));
+  const Clock::time_point checked = Clock::now();
+  const size_t steps_before = checked_steps_;
   CheckInvariants(kind);
+  Log(absl::StrFormat(
+      "recovered in %.1f s; %d committed steps checked in %.1f s",
+      report_.recover_s.back(), checked_steps_ - steps_before,
+      SecondsSince(checked)));
 }
 
 bool Chaos::KillAt(Node& node, const std::string& kill_point) {

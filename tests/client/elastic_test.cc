@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/checkpointer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/client/daemon_process.h"
@@ -19,7 +20,7 @@ namespace {
 std::vector<absl::StatusOr<Epoch>> RejoinAll(
     const std::vector<std::string>& sockets,
     const std::vector<std::string>& participants, uint32_t min_ranks,
-    uint32_t max_ranks) {
+    uint32_t max_ranks, proto::Tier resume_tier = proto::TIER_PEER) {
   std::vector<absl::StatusOr<Epoch>> out(participants.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < participants.size(); ++i) {
@@ -30,7 +31,8 @@ std::vector<absl::StatusOr<Epoch>> RejoinAll(
                        .min_ranks = min_ranks,
                        .max_ranks = max_ranks,
                        .settle = absl::Milliseconds(500),
-                       .timeout = absl::Seconds(30)});
+                       .timeout = absl::Seconds(30),
+                       .resume_tier = resume_tier});
     });
   }
   for (auto& t : threads) t.join();
@@ -51,6 +53,7 @@ void ExpectOneEpoch(const std::vector<absl::StatusOr<Epoch>>& got,
     EXPECT_EQ(sorted[got[i]->rank], participants[i]);
     EXPECT_EQ(got[i]->nccl_unique_id.size(), 128u);
     EXPECT_EQ(got[i]->nccl_unique_id, got[0]->nccl_unique_id);
+    EXPECT_EQ(got[i]->resume_step, got[0]->resume_step);
   }
 }
 
@@ -78,6 +81,40 @@ TEST(ElasticTest, RanksOfOneNodeRendezvousEpochAfterEpoch) {
   EXPECT_EQ(alone.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(alone.status().message(),
               ::testing::HasSubstr("1 of at least 2"));
+}
+
+// The epoch fixes the step its members resume from when it closes: the newest
+// committed at the asked tier then, the same for every member.
+TEST(ElasticTest, EveryMemberResumesFromTheStepCommittedWhenTheEpochClosed) {
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  auto c = Checkpointer::Connect({"elastic", 0, 1, daemon.socket()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::string bytes = "state";
+  ASSERT_TRUE((*c)->RegisterBytes("state", &bytes).ok());
+  auto save = [&](uint64_t step) {
+    auto h = (*c)->SaveAsync(step);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(
+        (*h)->WaitCommitted(proto::TIER_MEMORY, absl::Seconds(30)).ok());
+  };
+  // Nothing committed yet: the epoch starts afresh.
+  const std::vector<std::string> members = {"r-a", "r-b"};
+  auto fresh = RejoinAll({daemon.socket()}, members, 2, 2, proto::TIER_MEMORY);
+  ExpectOneEpoch(fresh, members, 1);
+  EXPECT_EQ(fresh[0]->resume_step, absl::nullopt);
+  save(7);
+  auto second = RejoinAll({daemon.socket()}, members, 2, 2, proto::TIER_MEMORY);
+  ExpectOneEpoch(second, members, 2);
+  EXPECT_EQ(second[0]->resume_step, absl::optional<uint64_t>(7));
+  save(9);
+  auto third = RejoinAll({daemon.socket()}, members, 2, 2, proto::TIER_MEMORY);
+  ExpectOneEpoch(third, members, 3);
+  EXPECT_EQ(third[0]->resume_step, absl::optional<uint64_t>(9));
+  // One node has no peer tier: nothing to resume from there.
+  auto peer = RejoinAll({daemon.socket()}, members, 2, 2);
+  ExpectOneEpoch(peer, members, 4);
+  EXPECT_EQ(peer[0]->resume_step, absl::nullopt);
 }
 
 TEST(ElasticTest, RanksOnTwoNodesRendezvousThroughEtcd) {

@@ -1,16 +1,17 @@
 // An elastic trainer rank for the many-node test, run as its own process: it
 // joins the job's epoch (Rejoin), takes the box of a global float32 vector its
-// rank owns in that epoch, restores the newest step committed at tier peer
-// (resharded, from local copies and from peers) or starts from the initial
-// state, then trains (an elementwise, deterministic update) and saves every
-// iteration. When its daemon reports a lost node it leaves the loop and
-// rejoins, waiting for the members of its epoch that were on other nodes
-// (participant ids are "<node>-r<i>"); on SIGUSR1 (the job grows) it rejoins
-// and waits for the full world of 8 — the process is never restarted.
-// It trains up to the iteration written in LIMIT_FILE (read every iteration:
-// the test paces the job), then waits; SIGUSR2 makes it write its box to OUT
-// and exit 0 once it is at the limit. Each epoch it joins is appended to
-// OUT.status as "epoch E rank R world W restored S iteration I".
+// rank owns in that epoch, restores the epoch's resume step (the newest one
+// committed at tier peer when the epoch closed; resharded, from local copies
+// and from peers) or starts from the initial state, then trains (an
+// elementwise, deterministic update) and saves every iteration. When its daemon
+// reports a lost node it leaves the loop and rejoins, waiting for the members
+// of its epoch that were on other nodes (participant ids are "<node>-r<i>"); on
+// SIGUSR1 (the job grows) it rejoins and waits for the full world of 8 — the
+// process is never restarted. It trains up to the iteration written in
+// LIMIT_FILE (read every iteration: the test paces the job), then waits;
+// SIGUSR2 makes it write its box to OUT and exit 0 once it is at the limit.
+// Each epoch it joins is appended to OUT.status as "epoch E rank R world W
+// restored S iteration I".
 //
 // Save ids are epoch * 1000000 + iteration: unique per epoch, so a new epoch
 // never saves a step id an older epoch committed (a committed step is never
@@ -107,9 +108,13 @@ int main(int argc, char** argv) {
     if (!s.ok()) return fail("watch", s);
     uint64_t iteration = 0;
     std::shared_ptr<client::SaveHandle> last_save;
-    auto latest = (*ckpt)->RestoreLatest(proto::TIER_PEER);
-    if (!latest.ok()) return fail("restore", latest.status());
-    if (latest->has_value()) {
+    // Every member restores the step the epoch resumes from (the newest one
+    // committed at the peer tier when it closed).
+    const absl::optional<uint64_t> resumed = epoch->resume_step;
+    if (resumed.has_value()) {
+      if (absl::Status r = (*ckpt)->Restore(*resumed); !r.ok()) {
+        return fail(absl::StrCat("restore of step ", *resumed), r);
+      }
       if (!absl::SimpleAtoi(iteration_bytes, &iteration)) {
         return fail("restore", absl::DataLossError("bad iteration item"));
       }
@@ -118,9 +123,8 @@ int main(int argc, char** argv) {
         w[i] = testing::ElasticInitial(offset + i);
     }
     status << "epoch " << epoch->epoch << " rank " << epoch->rank << " world "
-           << epoch->world_size << " restored "
-           << (latest->has_value() ? **latest : 0) << " iteration " << iteration
-           << std::endl;
+           << epoch->world_size << " restored " << resumed.value_or(0)
+           << " iteration " << iteration << std::endl;
     while (!lost && !grow) {
       if (iteration >= limit()) {
         if (finish) {

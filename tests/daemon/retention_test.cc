@@ -70,6 +70,21 @@ TEST(RetentionTest, KeepsTheNewestDiskCommitsAndMemoryCommits) {
   EXPECT_EQ(Describe(plan), "1:FSx 2:FSx 3:S 4:S ");
 }
 
+// The step an elastic epoch resumes from keeps every copy: its members may
+// still be restoring it while newer steps commit.
+TEST(RetentionTest, TheStepAnEpochResumesFromKeepsEveryCopy) {
+  std::vector<proto::CommitRecord> commits;
+  std::vector<proto::ShardRecord> shards;
+  for (uint64_t s = 1; s <= 4; ++s) {
+    commits.push_back(Commit(s, kMem));
+    commits.push_back(Commit(s, kDisk));
+    shards.push_back(Shard(s, kPersisted, true, true));
+  }
+  RetentionPolicy policy{2, 1};
+  policy.resume_steps = {2};
+  EXPECT_EQ(Describe(PlanRetention(commits, shards, policy)), "1:FSx 3:S ");
+}
+
 TEST(RetentionTest, ThePreviousMemoryCommitStaysUntilANewerOne) {
   RetentionPlan plan = PlanRetention(
       {Commit(1, kMem), Commit(1, kDisk), Commit(2, kMem)},

@@ -55,7 +55,9 @@ class RejoinTest(unittest.TestCase):
                     state = {"w": torch.zeros(12)}
                     c = ckpt.torch.Checkpointer(state, job="el", socket=daemon.socket,
                                                 rank=0, world_size=1, rng=False)
-                    epoch = c.rejoin(2, 3, participant=name, settle=0.5, timeout=30)
+                    epoch = c.rejoin(2, 3, participant=name, settle=0.5, timeout=30,
+                                     tier="disk")
+                    self.assertEqual(epoch["resume_step"], 5)
                     self.assertEqual(c.restore(), 5)
                     results[name] = (epoch, state["w"].clone())
                 except Exception as e:  # reported below

@@ -52,6 +52,7 @@ class Checkpointer:
                            if world_size is None else int(world_size))
         self.socket = socket or ""
         self.rng = rng
+        self._resume = None  # the epoch of the last rejoin(), until restore()
         self._binding = NativeBinding(job, self.rank, self.world_size,
                                       self.socket, rpc_timeout, host_snapshot,
                                       device)
@@ -85,14 +86,20 @@ class Checkpointer:
         return self._native().list_committed(tier)
 
     def restore(self, step=None, tier="disk", strict=True):
-        """Loads step `step` (default: the latest committed at `tier`) into the
+        """Loads step `step` (default: the latest committed at `tier`; right
+        after rejoin(), the epoch's resume_step) into the
         state in place and returns it; returns None when the job has no
         committed step. Tensors (also DTensors' local shards, and the tensors
         of nested state dicts such as get_state_dict's) are filled in place;
         a tensor saved with another global shape or dtype is an error that
         names it. With `strict`, the state and the checkpoint must have the
         same keys and tensors, as load_state_dict(strict=True) wants."""
-        if step is None:
+        resume, self._resume = self._resume, None
+        if step is None and resume is not None:
+            step = resume["resume_step"]
+            if step is None:
+                return None
+        elif step is None:
             step = self.latest_committed(tier)
             if step is None:
                 return None
@@ -131,13 +138,17 @@ class Checkpointer:
         return native.lost_nodes() if native is not None else []
 
     def rejoin(self, min_ranks, max_ranks, participant=None, settle=2.0,
-               timeout=300.0):
+               timeout=300.0, tier="peer"):
         """Elastic restart without restarting the process: joins the job's
         next epoch, takes the rank and world size it assigns, and returns the
-        epoch (a dict with epoch, rank, world_size, members, nccl_unique_id).
-        Call restore() next: it reshards when the world size changed."""
+        epoch (a dict with epoch, rank, world_size, members, nccl_unique_id and
+        resume_step: the newest step committed at `tier` when the epoch
+        closed, the same for every member). Call restore() next: without a
+        step it restores resume_step (None: nothing to resume from), and it
+        reshards when the world size changed."""
         epoch = _ckpt.rejoin(self.job, min_ranks, max_ranks, participant or "",
-                             self.socket, settle, timeout)
+                             self.socket, settle, timeout, tier)
+        self._resume = epoch
         self.rank, self.world_size = epoch["rank"], epoch["world_size"]
         self._binding.forget()
         self._binding.rank, self._binding.world_size = self.rank, self.world_size
