@@ -24,8 +24,9 @@ int main(int argc, char** argv) {
       "that nothing committed is lost"};
   Options o;
   o.seed = std::random_device{}();
-  o.ckptd = Sibling("../daemon/ckptd");
-  o.trainer = Sibling("ckpt-demo-trainer");
+  // The build tree's layout, else the installed one.
+  o.ckptd = Sibling({"../daemon/ckptd", "ckptd"});
+  o.trainer = Sibling({"ckpt-demo-trainer", "../lib/ckpt/ckpt-demo-trainer"});
   app.add_option("--dir", o.dir,
                  "working directory (default: a new temporary one)");
   app.add_option("--nodes", o.nodes,

@@ -120,7 +120,7 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
     n.dir = dir + "/" + id;
     n.staging =
         absl::StrCat("/dev/shm/ckpt-bench-recovery-", ::getpid(), "-", id);
-    n.pid = ckpt::tools::Spawn({ckpt::tools::Sibling("../daemon/ckptd"),
+    n.pid = ckpt::tools::Spawn({ckpt::tools::Sibling({"../daemon/ckptd", "ckptd"}),
                                 "--socket",
                                 n.socket(),
                                 "--data-dir",

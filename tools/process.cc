@@ -44,6 +44,14 @@ std::string Sibling(const std::string& relative) {
   return (self.parent_path() / relative).lexically_normal().string();
 }
 
+std::string Sibling(std::initializer_list<std::string> candidates) {
+  for (const std::string& c : candidates) {
+    std::error_code ec;
+    if (std::filesystem::exists(Sibling(c), ec)) return Sibling(c);
+  }
+  return Sibling(*candidates.begin());
+}
+
 int FreeLoopbackPort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
 
 // The path of `relative` taken from this executable's directory.
 std::string Sibling(const std::string& relative);
+// The first of `candidates` (relative as above) that exists, else the first:
+// a tool finds its companions in the build tree and when installed.
+std::string Sibling(std::initializer_list<std::string> candidates);
 
 // A loopback TCP port nobody listens on now (for a local etcd).
 int FreeLoopbackPort();
