@@ -77,6 +77,14 @@ std::string RollbackKey(const std::string& job, int64_t unix_micros) {
   return absl::StrCat("/ckpt/", job, "/rollbacks/",
                       Pad(static_cast<uint64_t>(unix_micros), 20));
 }
+bool StepOfKey(absl::string_view key, uint64_t* step) {
+  constexpr absl::string_view kSteps = "/steps/";
+  const size_t at = key.find(kSteps);
+  if (at == absl::string_view::npos) return false;
+  const absl::string_view digits = key.substr(at + kSteps.size(), 20);
+  return digits.size() == 20 && absl::SimpleAtoi(digits, step);
+}
+
 std::string StepsPrefix(const std::string& job) {
   return absl::StrCat("/ckpt/", job, "/steps/");
 }

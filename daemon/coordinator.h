@@ -14,6 +14,7 @@
 #define CKPT_DAEMON_COORDINATOR_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,10 @@ class Coordinator {
   // Every commit record of the job, by step then tier.
   virtual absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job) = 0;
+  // The steps newer than `after` that some rank voted reached `tier` (a
+  // replicator that fell behind follows the steps the others replicated).
+  virtual absl::StatusOr<std::set<uint64_t>> StepsVotedAt(
+      const std::string& job, proto::Tier tier, uint64_t after) = 0;
   // Takes back `rank`'s vote for a step that is not committed at any tier (its
   // shard is being replaced by a new save of the same step). Refused with
   // AlreadyExists once the step is committed anywhere: a commit never reverts.
@@ -119,6 +124,8 @@ std::string LatestKey(const std::string& job, proto::Tier tier);
 std::string RollbackKey(const std::string& job, int64_t unix_micros);
 // "/ckpt/<job>/steps/"
 std::string StepsPrefix(const std::string& job);
+// The step of a key under StepsPrefix; false if it is none.
+bool StepOfKey(absl::string_view key, uint64_t* step);
 // Every tier, fastest first.
 inline constexpr proto::Tier kAllTiers[] = {
     proto::TIER_MEMORY, proto::TIER_PEER, proto::TIER_LOCAL_DISK,

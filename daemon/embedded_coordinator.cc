@@ -110,6 +110,25 @@ EmbeddedCoordinator::ListCommits(const std::string& job) {
   return out;
 }
 
+absl::StatusOr<std::set<uint64_t>> EmbeddedCoordinator::StepsVotedAt(
+    const std::string& job, proto::Tier tier, uint64_t after) {
+  ASSIGN_OR_RETURN(auto entries,
+                   store_->Scan(absl::StrCat("/ckpt/", job, "/steps/")));
+  std::set<uint64_t> out;
+  for (const auto& [key, bytes] : entries) {
+    const size_t votes = key.find("/votes/");
+    if (votes == std::string::npos) continue;
+    uint64_t step = 0;
+    ASSIGN_OR_RETURN(proto::VoteRecord vote,
+                     ParseRecord<proto::VoteRecord>(key, bytes));
+    if (!StepOfKey(key, &step) || step <= after) continue;
+    for (int t : vote.tiers()) {
+      if (t == tier) out.insert(step);
+    }
+  }
+  return out;
+}
+
 absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
                                                uint64_t step, uint32_t rank) {
   absl::MutexLock lock(&mu_);  // no vote can commit the step meanwhile

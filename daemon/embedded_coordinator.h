@@ -29,6 +29,9 @@ class EmbeddedCoordinator final : public Coordinator {
       const std::string& job, proto::Tier tier) override;
   absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job) override;
+  absl::StatusOr<std::set<uint64_t>> StepsVotedAt(const std::string& job,
+                                                  proto::Tier tier,
+                                                  uint64_t after) override;
   absl::Status WithdrawVote(const std::string& job, uint64_t step,
                             uint32_t rank) override;
   absl::Status ForgetStep(const std::string& job, uint64_t step) override;

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,9 @@ class EtcdCoordinator final : public Coordinator {
       const std::string& job, proto::Tier tier) override;
   absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job) override;
+  absl::StatusOr<std::set<uint64_t>> StepsVotedAt(const std::string& job,
+                                                  proto::Tier tier,
+                                                  uint64_t after) override;
   absl::Status WithdrawVote(const std::string& job, uint64_t step,
                             uint32_t rank) override;
   absl::Status ForgetStep(const std::string& job, uint64_t step) override;

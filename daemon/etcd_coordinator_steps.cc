@@ -202,6 +202,33 @@ absl::StatusOr<std::vector<proto::CommitRecord>> EtcdCoordinator::ListCommits(
   return out;
 }
 
+absl::StatusOr<std::set<uint64_t>> EtcdCoordinator::StepsVotedAt(
+    const std::string& job, proto::Tier tier, uint64_t after) {
+  // The steps after `after` only: a replicator asks about its backlog.
+  etcdserverpb::RangeRequest req;
+  req.set_key(StepPrefix(job, after + 1));
+  req.set_range_end(PrefixEnd(StepsPrefix(job)));
+  etcdserverpb::RangeResponse r;
+  grpc::ClientContext context;
+  RETURN_IF_ERROR(
+      etcd_ops::EtcdError(kv_->Range(Prepare(&context), req, &r),
+                          absl::StrCat("reading the votes of job ", job)));
+  std::set<uint64_t> out;
+  for (const etcdserverpb::KeyValue& kv : r.kvs()) {
+    uint64_t step = 0;
+    if (kv.key().find("/votes/") == std::string::npos ||
+        !StepOfKey(kv.key(), &step)) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(proto::VoteRecord vote,
+                     ParseRecord<proto::VoteRecord>(kv.key(), kv.value()));
+    for (int t : vote.tiers()) {
+      if (t == tier) out.insert(step);
+    }
+  }
+  return out;
+}
+
 absl::Status EtcdCoordinator::WithdrawVote(const std::string& job,
                                            uint64_t step, uint32_t rank) {
   const int64_t lease = lease_id();

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/random/random.h"
@@ -13,6 +15,8 @@
 #include "absl/strings/str_format.h"
 #include "daemon/describe.h"
 #include "daemon/grpc_status.h"
+#include "daemon/replication_backlog.h"
+#include "daemon/retention.h"
 #include "io/bulk_transfer.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -65,6 +69,8 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
                    "shard-file bytes pushed to peers and verified there");
   metrics->Declare("ckpt_replication_failures_total", T::kCounter,
                    "pushes to a peer that failed (the next peer is tried)");
+  metrics->Declare("ckpt_replication_skipped_steps_total", T::kCounter,
+                   "steps a replicator behind skipped for a newer one");
   metrics->Declare("ckpt_replication_pending_shards", T::kGauge,
                    "persisted shards held by fewer than K peers");
   metrics->Declare("ckpt_replica_bytes", T::kGauge,
@@ -185,6 +191,7 @@ void Replicator::Loop() {
       }
     }
     std::vector<Pending> left;
+    if (peers.ok()) work = ThinBacklog(std::move(work), &left);
     std::set<std::string> unreachable;
     for (Pending& p : work) {
       if (!peers.ok()) {
@@ -202,6 +209,54 @@ void Replicator::Loop() {
                 std::make_move_iterator(pending_.end()));
     pending_ = std::move(left);
   }
+}
+
+std::vector<Replicator::Pending> Replicator::ThinBacklog(
+    std::vector<Pending> work, std::vector<Pending>* later) {
+  std::map<std::string, std::set<uint64_t>> steps;  // job -> waiting steps
+  for (const Pending& p : work) steps[p.shard.job()].insert(p.shard.step());
+  std::map<std::string, BacklogChoice> choices;
+  for (auto& [job, waiting] : steps) {
+    if (waiting.size() <= kBacklogSteps) continue;
+    // Shards of steps committed at the tier already are pushed again (a
+    // peer that held them left): they stay out of the choice.
+    absl::StatusOr<absl::optional<uint64_t>> latest =
+        coordinator_->LatestCommitted(job, proto::TIER_PEER);
+    if (!latest.ok()) continue;
+    const uint64_t after = latest->value_or(0);
+    if (latest->has_value()) {
+      waiting.erase(waiting.begin(), waiting.upper_bound(after));
+    }
+    absl::StatusOr<std::set<uint64_t>> voted =
+        coordinator_->StepsVotedAt(job, proto::TIER_PEER, after);
+    if (!voted.ok()) continue;
+    BacklogChoice choice = ChooseFromBacklog(waiting, *voted, kBacklogSteps);
+    if (!choice.thinned) continue;
+    CKPT_LOG_INFO(
+        "replication of job {} is {} steps behind: pushing step {}{}, "
+        "skipping steps {}",
+        job, waiting.size(), choice.push,
+        voted->count(choice.push) > 0 ? " (other ranks replicated it)" : "",
+        StepList(choice.dropped));
+    metrics_->Add("ckpt_replication_skipped_steps_total", {{"job", job}},
+                  static_cast<double>(choice.dropped.size()));
+    choices[job] = std::move(choice);
+  }
+  if (choices.empty()) return work;
+  std::vector<Pending> now;
+  for (Pending& p : work) {
+    auto it = choices.find(p.shard.job());
+    if (it == choices.end()) {
+      now.push_back(std::move(p));
+    } else if (it->second.dropped.count(p.shard.step()) > 0) {
+      continue;
+    } else if (it->second.later.count(p.shard.step()) > 0) {
+      later->push_back(std::move(p));
+    } else {
+      now.push_back(std::move(p));
+    }
+  }
+  return now;
 }
 
 absl::StatusOr<std::vector<proto::PeerInfo>> Replicator::Peers() {

@@ -150,6 +150,12 @@ class Replicator {
   // that restarted elsewhere: the next round asks for the peer list again.
   bool Replicate(Pending& p, const std::vector<proto::PeerInfo>& peers,
                  std::set<std::string>& unreachable);
+  // A backlog of more than kBacklogSteps steps of a job is thinned
+  // (replication_backlog.h): returns what to push this round; shards of
+  // newer steps go to `later`, those of older ones are dropped.
+  static constexpr size_t kBacklogSteps = 4;
+  std::vector<Pending> ThinBacklog(std::vector<Pending> work,
+                                   std::vector<Pending>* later);
   absl::Status Push(const proto::ShardRecord& shard,
                     const proto::PeerInfo& peer);
   struct Candidate {

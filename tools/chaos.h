@@ -83,7 +83,7 @@ struct Options {
   uint32_t nodes = 1;
   uint32_t ranks = 2;
   int64_t elements = 16384;
-  int step_ms = -1;  // default: 10 ms on one node, 50 ms on several
+  int step_ms = -1;  // default: 10 ms on one node, 150 ms on several
   uint64_t seed = 0;
   int faults = 30;
   double duration_s = 0;

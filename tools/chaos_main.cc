@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
                  "float32 elements per rank per tensor")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 26));
   app.add_option("--step-ms", o.step_ms,
-                 "simulated compute per step (default 10 on one node, 50 on "
-                 "several: each vote is then an etcd transaction)")
+                 "simulated compute per step (default 10 on one node, 150 on "
+                 "several: each vote is then an etcd transaction, and faster "
+                 "saves saturate etcd on a small machine)")
       ->check(CLI::Range(0, 10000));
   app.add_option("--seed", o.seed, "the fault schedule (printed)");
   app.add_option("--faults", o.faults, "faults to inject; 0: until --duration")
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
   // libckpt's warnings about tiers it fell back from are expected here (the
   // harness restores steps the daemon is collecting); violations are reported.
   spdlog::set_level(spdlog::level::err);
-  if (o.step_ms < 0) o.step_ms = o.nodes == 1 ? 10 : 50;
+  if (o.step_ms < 0) o.step_ms = o.nodes == 1 ? 10 : 150;
   if (o.faults == 0 && o.duration_s == 0) {
     std::fprintf(stderr, "ckpt-chaos: give --faults or --duration\n");
     return 2;

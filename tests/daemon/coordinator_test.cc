@@ -57,6 +57,21 @@ TEST_F(CoordinatorTest, CommitsWhenEveryRankVotedThatTier) {
   EXPECT_GT((*commit)->committed_unix_micros(), 0);
 }
 
+// A replicator behind asks which steps after its latest peer commit others
+// replicated.
+TEST_F(CoordinatorTest, StepsVotedAtATierAfterAStep) {
+  Vote(3, 0, 2, {kMem, proto::TIER_PEER});
+  Vote(5, 1, 2, {kMem});
+  Vote(7, 1, 2, {proto::TIER_PEER});
+  Vote(12, 0, 2, {proto::TIER_PEER});
+  auto all = coordinator_->StepsVotedAt("job", proto::TIER_PEER, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre(3, 7, 12));
+  EXPECT_THAT(*coordinator_->StepsVotedAt("job", proto::TIER_PEER, 7),
+              ElementsAre(12));
+  EXPECT_THAT(*coordinator_->StepsVotedAt("job", kMem, 3), ElementsAre(5));
+}
+
 TEST_F(CoordinatorTest, CommitsSurviveAReopenAndLatestNeverGoesBackward) {
   Vote(5, 0, 1, {kMem});
   Vote(3, 0, 1, {kMem});  // an older step committed late

@@ -81,6 +81,21 @@ TEST_F(EtcdCoordinatorTest, CommitsOnlyWhenEveryRankOfTheWorldVoted) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(EtcdCoordinatorTest, StepsVotedAtATierAfterAStep) {
+  auto a = Node("node-a"), b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Vote("job", 3, 0, 2, {kMem, proto::TIER_PEER}).ok());
+  ASSERT_TRUE(b->Vote("job", 5, 1, 2, {kMem}).ok());
+  ASSERT_TRUE(b->Vote("job", 7, 1, 2, {proto::TIER_PEER}).ok());
+  ASSERT_TRUE(a->Vote("job", 12, 0, 2, {proto::TIER_PEER}).ok());
+  ASSERT_TRUE(a->Vote("other", 9, 0, 2, {proto::TIER_PEER}).ok());
+  auto all = b->StepsVotedAt("job", proto::TIER_PEER, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre(3, 7, 12));
+  EXPECT_THAT(*a->StepsVotedAt("job", proto::TIER_PEER, 7), ElementsAre(12));
+  EXPECT_THAT(*a->StepsVotedAt("job", kMem, 3), ElementsAre(5));
+}
+
 TEST_F(EtcdCoordinatorTest, TheLatestStepNeverGoesBackward) {
   auto a = Node("node-a");
   ASSERT_TRUE(a);
