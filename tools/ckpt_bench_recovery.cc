@@ -120,28 +120,29 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
     n.dir = dir + "/" + id;
     n.staging =
         absl::StrCat("/dev/shm/ckpt-bench-recovery-", ::getpid(), "-", id);
-    n.pid = ckpt::tools::Spawn({ckpt::tools::Sibling({"../daemon/ckptd", "ckptd"}),
-                                "--socket",
-                                n.socket(),
-                                "--data-dir",
-                                n.dir + "/data",
-                                "--staging-dir",
-                                n.staging,
-                                "--memory-budget",
-                                absl::StrCat(state_mib * 2 + 64, "M"),
-                                "--replica-budget",
-                                absl::StrCat(state_mib * 2 + 64, "M"),
-                                "--coordinator",
-                                "etcd://" + etcd,
-                                "--lease-ttl",
-                                "2",
-                                "--node-id",
-                                id,
-                                "--peer-address",
-                                "127.0.0.1:0",
-                                "--peer-replicas",
-                                "1"},
-                               n.dir + ".log");
+    n.pid =
+        ckpt::tools::Spawn({ckpt::tools::Sibling({"../daemon/ckptd", "ckptd"}),
+                            "--socket",
+                            n.socket(),
+                            "--data-dir",
+                            n.dir + "/data",
+                            "--staging-dir",
+                            n.staging,
+                            "--memory-budget",
+                            absl::StrCat(state_mib * 2 + 64, "M"),
+                            "--replica-budget",
+                            absl::StrCat(state_mib * 2 + 64, "M"),
+                            "--coordinator",
+                            "etcd://" + etcd,
+                            "--lease-ttl",
+                            "2",
+                            "--node-id",
+                            id,
+                            "--peer-address",
+                            "127.0.0.1:0",
+                            "--peer-replicas",
+                            "1"},
+                           n.dir + ".log");
     nodes.push_back(n);
   }
   auto cleanup = [&] {

@@ -42,6 +42,16 @@ std::string Describe(const RetentionPlan& plan) {
   return out;
 }
 
+// Steps 1..n committed in memory and on disk, each with its file and slot.
+void CommittedSteps(uint64_t n, std::vector<proto::CommitRecord>* commits,
+                    std::vector<proto::ShardRecord>* shards) {
+  for (uint64_t s = 1; s <= n; ++s) {
+    commits->push_back(Commit(s, kMem));
+    commits->push_back(Commit(s, kDisk));
+    shards->push_back(Shard(s, kPersisted, true, true));
+  }
+}
+
 TEST(RetentionTest, NothingGoesBeforeADiskCommit) {
   RetentionPlan plan = PlanRetention(
       {Commit(1, kMem), Commit(2, kMem)},
@@ -53,11 +63,7 @@ TEST(RetentionTest, NothingGoesBeforeADiskCommit) {
 TEST(RetentionTest, KeepsTheNewestDiskCommitsAndMemoryCommits) {
   std::vector<proto::CommitRecord> commits;
   std::vector<proto::ShardRecord> shards;
-  for (uint64_t s = 1; s <= 4; ++s) {
-    commits.push_back(Commit(s, kMem));
-    commits.push_back(Commit(s, kDisk));
-    shards.push_back(Shard(s, kPersisted, true, true));
-  }
+  CommittedSteps(4, &commits, &shards);
   // Step 5 is committed in memory only and still being persisted; step 6 is
   // persisted but not committed anywhere yet.
   commits.push_back(Commit(5, kMem));
@@ -75,11 +81,7 @@ TEST(RetentionTest, KeepsTheNewestDiskCommitsAndMemoryCommits) {
 TEST(RetentionTest, TheStepAnEpochResumesFromKeepsEveryCopy) {
   std::vector<proto::CommitRecord> commits;
   std::vector<proto::ShardRecord> shards;
-  for (uint64_t s = 1; s <= 4; ++s) {
-    commits.push_back(Commit(s, kMem));
-    commits.push_back(Commit(s, kDisk));
-    shards.push_back(Shard(s, kPersisted, true, true));
-  }
+  CommittedSteps(4, &commits, &shards);
   RetentionPolicy policy{2, 1};
   policy.resume_steps = {2};
   EXPECT_EQ(Describe(PlanRetention(commits, shards, policy)), "1:FSx 3:S ");
