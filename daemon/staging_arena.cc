@@ -245,9 +245,7 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
 
 absl::Status StagingArena::Release(const SlotId& id) {
   constexpr size_t kMaxFreeSlots = 4;
-  // Probed before the lock (it opens the file); a reader that opens the slot
-  // after the probe finds the name gone once it is renamed, and falls back.
-  const bool read = fs_->InUse(SlotPath(id)).value_or(false);
+  std::string unlink = SlotPath(id);
   {
     absl::MutexLock lock(&mu_);
     auto it = slots_.find(id);
@@ -259,22 +257,30 @@ absl::Status StagingArena::Release(const SlotId& id) {
     std::shared_ptr<io::MappedFile> map = std::move(it->second.map);
     slots_.erase(it);
     used_ -= bytes;
-    if (!read && free_.size() < kMaxFreeSlots) {
+    if (free_.size() < kMaxFreeSlots) {
       // Renamed under the lock (a tmpfs rename never waits for a device): an
       // Allocate racing with this release must find the slot, or it would pay
       // for a fresh one whose pages the trainer's copy then has to clear.
       std::string keep_as =
           io::JoinPath(FreeDir(), absl::StrCat(next_free_id_++, kSlotSuffix));
       if (fs_->Rename(SlotPath(id), keep_as).ok()) {
-        free_.emplace(bytes, FreeSlot{keep_as, std::move(map)});
-        free_bytes_ += bytes;
-        return absl::OkStatus();
+        // Probed after the rename, never before: a reader (a restore, ckpt
+        // verify) that locked the slot before this probe is seen here, and
+        // one that locks it after finds its name gone (io::LockForReading)
+        // and falls back. Probed first, a reader locking in between would go
+        // on reading a slot that the next save writes over.
+        if (!fs_->InUse(keep_as).value_or(true)) {
+          free_.emplace(bytes, FreeSlot{keep_as, std::move(map)});
+          free_bytes_ += bytes;
+          return absl::OkStatus();
+        }
+        unlink = std::move(keep_as);  // the reader keeps its pages
       }
     }
   }
-  absl::Status s = fs_->Unlink(SlotPath(id));
+  absl::Status s = fs_->Unlink(unlink);
   if (!s.ok() && s.code() != absl::StatusCode::kNotFound) {
-    CKPT_LOG_WARN("releasing staging slot {}: {}", SlotPath(id), s.ToString());
+    CKPT_LOG_WARN("releasing staging slot {}: {}", unlink, s.ToString());
   }
   return absl::OkStatus();
 }

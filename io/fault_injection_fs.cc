@@ -354,8 +354,20 @@ absl::Status FaultInjectionFs::HardLink(const std::string& existing,
   return absl::OkStatus();
 }
 
+void FaultInjectionFs::BeforeRename(
+    std::function<void(const std::string& from)> hook) {
+  absl::MutexLock l(&mu_);
+  before_rename_ = std::move(hook);
+}
+
 absl::Status FaultInjectionFs::Rename(const std::string& from,
                                       const std::string& to) {
+  std::function<void(const std::string&)> hook;
+  {
+    absl::MutexLock l(&mu_);
+    hook = before_rename_;
+  }
+  if (hook) hook(from);
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(BeginMutation(absl::StrCat("rename ", from, " to ", to)));

@@ -20,6 +20,7 @@
 #define CKPT_IO_FAULT_INJECTION_FS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -75,6 +76,11 @@ class FaultInjectionFs final : public FileSystem {
   // for ApplyPowerLossPlan() once the process is dead. Needs the journal
   // model.
   absl::StatusOr<std::string> CutPower();
+  // Runs `hook(from)` before every rename reaches the base file system, with
+  // no lock held: another process's step (a reader locking the file) lands
+  // between the caller's checks and its rename, the interleaving a race test
+  // needs.
+  void BeforeRename(std::function<void(const std::string& from)> hook);
 
   // Reverts every touched directory to its durable state and clears the fault
   // schedule.
@@ -150,6 +156,7 @@ class FaultInjectionFs final : public FileSystem {
 
   FileSystem* const base_;
   mutable absl::Mutex mu_;
+  std::function<void(const std::string&)> before_rename_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> current_ ABSL_GUARDED_BY(mu_);  // path -> inode
   std::map<std::string, std::map<std::string, int>> durable_dirs_
       ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "daemon/staging_arena.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/fault_injection_fs.h"
 #include "io/file_system.h"
 #include "tests/test_util.h"
 
@@ -222,6 +224,47 @@ TEST_F(StagingArenaTest, MappingIsKeptAcrossReuse) {
   EXPECT_EQ((*map)->data(), data) << "not mapped again";
   EXPECT_EQ((*map)->data()[100], 42);
   EXPECT_FALSE(arena->Map({"job", 1, 0}).ok()) << "released slots are gone";
+}
+
+// A reader (a restore) holds a slot against reuse whichever moment of the
+// release it locks at: up to the rename that retires the slot, the slot is not
+// kept for the next save; opened before but locked after it, the reader
+// learns that the name is gone and falls back instead of reading a slot that
+// the next save writes over.
+TEST_F(StagingArenaTest, ASlotBeingReadIsNeverHandedToTheNextSave) {
+  io::FaultInjectionFs fs(io::DefaultFileSystem());
+  auto opened = StagingArena::Open(
+      &fs, StagingOptions{dir_.File("staging"), 1 << 20, FullPolicy::kSkip,
+                          absl::Seconds(5)});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  StagingArena& arena = **opened;
+  ASSERT_TRUE(arena.Allocate({"job", 1, 0}, 8192).ok());
+  const std::string path = arena.SlotPath({"job", 1, 0});
+  // The reader locks just before the slot is renamed: after any check the
+  // release could make before its rename.
+  std::unique_ptr<io::MappedFile> reader;
+  fs.BeforeRename([&](const std::string& from) {
+    if (from != path || reader != nullptr) return;
+    auto mapped = io::DefaultFileSystem()->MapFile(path, {.writable = false});
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    reader = *std::move(mapped);
+  });
+  ASSERT_TRUE(arena.Release({"job", 1, 0}).ok());
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(arena.free_bytes(), 0u) << "read: not kept for reuse";
+  EXPECT_EQ(reader->size(), 8192u) << "the reader keeps its pages";
+  reader.reset();
+  fs.BeforeRename(nullptr);
+
+  ASSERT_TRUE(arena.Allocate({"job", 2, 0}, 8192).ok());
+  const std::string second = arena.SlotPath({"job", 2, 0});
+  const int fd = ::open(second.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(arena.Release({"job", 2, 0}).ok());
+  EXPECT_EQ(arena.free_bytes(), 8192u) << "not locked yet: kept for reuse";
+  EXPECT_EQ(io::LockForReading(fd, second).code(), absl::StatusCode::kNotFound)
+      << "a reader that locks after the release must not read the slot";
+  ::close(fd);
 }
 
 TEST_F(StagingArenaTest, RefusesBadNamesAndPlantedSymlinks) {
