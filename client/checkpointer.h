@@ -83,6 +83,13 @@ struct CheckpointerOptions {
   // reuses slot files, so a steady job maps and pins each slot once.
   int mapped_slots = 4;
   HostSnapshot host_snapshot = HostSnapshot::kCopy;
+  // kCopy of host tensors: hash each chunk right after it is copied into the
+  // slot, while it is in the cache (StagedItem.chunk_xxh3), so that ckptd's
+  // persist of a chunk stored raw only writes it, and a restore from the
+  // memory tier checks its copy before the step is persisted. It adds the
+  // hashing (XXH3, several GB/s per copy thread) to the copy the trainer waits
+  // for. CKPT_HASH_ON_COPY=0 turns it off.
+  bool hash_on_copy = true;
   // A checkpointer that only reads (a probe of a tool or a library reading a
   // step's items): its restores leave the rank's newer shards alone. A
   // trainer's restore (the default) is where it resumes, and withdraws the
@@ -245,15 +252,18 @@ class Checkpointer {
   // Restore from a slot into host memory: copies every registered item
   // (`sources`: their places in the slot) chunk by chunk on several threads,
   // checking each chunk where it landed against the raw checksum of the
-  // persisted manifest (`reader`; null when the shard is not persisted yet).
+  // persisted manifest (`reader`), or when it is null (not persisted yet)
+  // against the hashes the saving client took (StagedItem.chunk_xxh3).
   absl::Status CopyAndVerify(
       const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
       const snapshot::ShardReader* reader);
   // Checks the slot's items against the raw chunk checksums of the persisted
-  // manifest.
+  // manifest (`reader`), or when it is null (not persisted yet) against the
+  // hashes the saving client took as it copied them (items without: not
+  // checked).
   absl::Status VerifySlot(const uint8_t* slot,
                           const std::vector<const proto::StagedItem*>& sources,
-                          const snapshot::ShardReader& reader) const;
+                          const snapshot::ShardReader* reader) const;
   // Restore minus the report to the daemon.
   absl::Status RestoreFrom(uint64_t step);
   // RestoreFrom's restore of this rank's own shard, as saved, from the copies

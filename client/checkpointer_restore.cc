@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
@@ -216,8 +217,8 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
       // Checked after the copy, not before: the slot is the daemon's, and one
       // retention released meanwhile may already hold another save's bytes.
       // What was copied is good only if the slot still verifies now.
-      if (usable.ok() && reader != nullptr) {
-        usable = VerifySlot((*slot)->data(), sources, *reader);
+      if (usable.ok()) {
+        usable = VerifySlot((*slot)->data(), sources, reader.get());
       }
       if (usable.ok()) {
         report_.memory_bytes += copied;
@@ -414,10 +415,10 @@ absl::Status Checkpointer::OpenSavedRankOnce(SavedRank& saved,
       usable = absl::DataLossError(
           absl::StrCat("staging slot ", shard.slot_path(), " is short"));
     }
-    if (usable.ok() && saved.reader != nullptr) {
+    if (usable.ok()) {
       std::vector<const proto::StagedItem*> all;
       for (const proto::StagedItem& s : shard.items()) all.push_back(&s);
-      usable = VerifySlot((*slot)->data(), all, *saved.reader);
+      usable = VerifySlot((*slot)->data(), all, saved.reader.get());
     }
     if (usable.ok()) {
       saved.slot = *std::move(slot);
@@ -447,70 +448,80 @@ absl::Status Checkpointer::OpenSavedRankOnce(SavedRank& saved,
 absl::Status Checkpointer::CopyAndVerify(
     const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
     const snapshot::ShardReader* reader) {
+  // What each copied run must hash to: the persisted manifest's chunk
+  // checksum, else the hash the saving client computed as it copied the run
+  // into the slot (StagedItem.chunk_xxh3). Neither (a device tensor's save not
+  // persisted yet): nothing to check.
   struct Unit {
     const uint8_t* src;
     uint8_t* dst;
     uint64_t bytes;
-    const proto::Item* item;  // null: not persisted yet, nothing to check
+    std::optional<uint64_t> xxh3;
+    const proto::StagedItem* staged;
     int chunk;
   };
   std::vector<Unit> units;
   uint64_t total = 0;
   for (size_t i = 0; i < items_.size(); ++i) {
-    const uint8_t* src = slot + sources[i]->slot_offset();
-    const uint64_t n = sources[i]->item().raw_size();
+    const proto::StagedItem& staged = *sources[i];
+    const uint8_t* src = slot + staged.slot_offset();
+    const uint64_t n = staged.item().raw_size();
     const proto::Item* item = nullptr;
     if (reader != nullptr) {
-      ASSIGN_OR_RETURN(item, reader->FindItem(sources[i]->item().name()));
+      ASSIGN_OR_RETURN(item, reader->FindItem(staged.item().name()));
       if (item->raw_size() != n) {
         return absl::DataLossError(absl::StrCat(
             "item \"", item->name(), "\" has ", n, " bytes in the slot but ",
             item->raw_size(), " in ", reader->path()));
       }
     }
-    if (!items_[i].is_tensor()) {
-      items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
-      if (item != nullptr) {
-        std::vector<absl::Status> bad = snapshot::VerifyRawItem(
-            absl::MakeConstSpan(
-                reinterpret_cast<const uint8_t*>(items_[i].bytes->data()), n),
-            *item, /*max_errors=*/1);
-        if (!bad.empty()) return bad.front();
+    uint8_t* dst;
+    if (items_[i].is_tensor()) {
+      dst = static_cast<uint8_t*>(items_[i].tensor);
+      total += n;
+    } else {
+      items_[i].bytes->resize(n);
+      dst = reinterpret_cast<uint8_t*>(items_[i].bytes->data());
+    }
+    if (item != nullptr) {
+      for (int c = 0; c < item->chunks_size(); ++c) {
+        const proto::ChunkInfo& chunk = item->chunks(c);
+        if (chunk.raw_offset() > n ||
+            chunk.raw_size() > n - chunk.raw_offset()) {
+          return absl::DataLossError(absl::StrCat(
+              "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
+        }
+        units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
+                         chunk.raw_size(), chunk.raw_xxh3(), &staged, c});
       }
       continue;
     }
-    auto* dst = static_cast<uint8_t*>(items_[i].tensor);
-    total += n;
-    if (item == nullptr) {
-      for (uint64_t off = 0; off < n; off += uint64_t{4} << 20) {
-        units.push_back({src + off, dst + off,
-                         std::min<uint64_t>(uint64_t{4} << 20, n - off),
-                         nullptr, 0});
-      }
-      continue;
-    }
-    for (int c = 0; c < item->chunks_size(); ++c) {
-      const proto::ChunkInfo& chunk = item->chunks(c);
-      if (chunk.raw_offset() > n || chunk.raw_size() > n - chunk.raw_offset()) {
-        return absl::DataLossError(absl::StrCat(
-            "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
-      }
-      units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
-                       chunk.raw_size(), item, c});
+    const bool hashed = staged.chunk_xxh3_size() > 0 &&
+                        staged.chunk_size() > 0 &&
+                        static_cast<uint64_t>(staged.chunk_xxh3_size()) ==
+                            (n + staged.chunk_size() - 1) / staged.chunk_size();
+    const uint64_t piece = hashed ? staged.chunk_size() : uint64_t{4} << 20;
+    int c = 0;
+    for (uint64_t off = 0; off < n; off += piece, ++c) {
+      units.push_back({src + off, dst + off, std::min(piece, n - off),
+                       hashed ? std::optional<uint64_t>(staged.chunk_xxh3(c))
+                              : std::nullopt,
+                       &staged, c});
     }
   }
   std::vector<absl::Status> results(units.size());
   ParallelFor(units.size(), CopyThreadsFor(total), [&](size_t u) {
     const Unit& unit = units[u];
     std::memcpy(unit.dst, unit.src, unit.bytes);
-    if (unit.item == nullptr) return;
-    if (snapshot::Checksum(absl::MakeConstSpan(unit.dst, unit.bytes)) !=
-        unit.item->chunks(unit.chunk).raw_xxh3()) {
-      results[u] = absl::DataLossError(absl::StrCat(
-          "item \"", unit.item->name(), "\" chunk ", unit.chunk,
-          ": the copy from the staging slot does not match the checksum in ",
-          reader->path()));
+    if (!unit.xxh3.has_value() || snapshot::Checksum(absl::MakeConstSpan(
+                                      unit.dst, unit.bytes)) == *unit.xxh3) {
+      return;
     }
+    results[u] = absl::DataLossError(absl::StrCat(
+        "item \"", unit.staged->item().name(), "\" chunk ", unit.chunk,
+        ": the copy from the staging slot does not match ",
+        reader != nullptr ? "the checksum in " + reader->path()
+                          : std::string("the hash taken when it was saved")));
   });
   for (absl::Status& s : results) {
     if (!s.ok()) return s;
@@ -520,7 +531,7 @@ absl::Status Checkpointer::CopyAndVerify(
 
 absl::Status Checkpointer::VerifySlot(
     const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
-    const snapshot::ShardReader& reader) const {
+    const snapshot::ShardReader* reader) const {
   // Items are checked on several threads: hashing a large slot on one core
   // would be most of a restore from memory.
   std::vector<absl::Status> results(sources.size());
@@ -529,25 +540,43 @@ absl::Status Checkpointer::VerifySlot(
     total += staged->item().raw_size();
   ParallelFor(sources.size(), CopyThreadsFor(total), [&](size_t i) {
     const proto::StagedItem* staged = sources[i];
+    const uint64_t n = staged->item().raw_size();
+    if (reader == nullptr) {
+      // Not persisted: the hashes the saving client took, if it took any.
+      const uint64_t size = staged->chunk_size();
+      if (size == 0 || staged->chunk_xxh3_size() == 0) return;
+      int c = 0;
+      for (uint64_t off = 0; off < n && c < staged->chunk_xxh3_size();
+           off += size, ++c) {
+        if (snapshot::Checksum(absl::MakeConstSpan(
+                slot + staged->slot_offset() + off, std::min(size, n - off))) !=
+            staged->chunk_xxh3(c)) {
+          results[i] = absl::DataLossError(absl::StrCat(
+              "the staging slot's item \"", staged->item().name(), "\" chunk ",
+              c, " differs from the hash taken when it was saved"));
+          return;
+        }
+      }
+      return;
+    }
     absl::StatusOr<const proto::Item*> item =
-        reader.FindItem(staged->item().name());
+        reader->FindItem(staged->item().name());
     if (!item.ok()) {
       results[i] = item.status();
       return;
     }
-    if ((*item)->raw_size() != staged->item().raw_size()) {
-      results[i] = absl::DataLossError(
-          absl::StrCat("item \"", (*item)->name(), "\" has ",
-                       staged->item().raw_size(), " bytes in the slot but ",
-                       (*item)->raw_size(), " in ", reader.path()));
+    if ((*item)->raw_size() != n) {
+      results[i] = absl::DataLossError(absl::StrCat(
+          "item \"", (*item)->name(), "\" has ", n, " bytes in the slot but ",
+          (*item)->raw_size(), " in ", reader->path()));
       return;
     }
     std::vector<absl::Status> bad = snapshot::VerifyRawItem(
-        absl::MakeConstSpan(slot + staged->slot_offset(), (*item)->raw_size()),
-        **item, /*max_errors=*/1);
+        absl::MakeConstSpan(slot + staged->slot_offset(), n), **item,
+        /*max_errors=*/1);
     if (!bad.empty()) {
       results[i] = absl::DataLossError(
-          absl::StrCat("the staging slot differs from ", reader.path(), ": ",
+          absl::StrCat("the staging slot differs from ", reader->path(), ": ",
                        bad.front().message()));
     }
   });

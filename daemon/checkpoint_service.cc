@@ -19,7 +19,8 @@ namespace {
 // Checks the trainer's description of a slot before the daemon trusts any
 // offset in it.
 absl::Status ValidateItems(const std::vector<proto::StagedItem>& items,
-                           uint64_t slot_bytes, const std::string& what) {
+                           uint64_t slot_bytes, uint32_t chunk_size,
+                           const std::string& what) {
   std::set<std::string> names;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const proto::StagedItem& staged : items) {
@@ -57,6 +58,24 @@ absl::Status ValidateItems(const std::vector<proto::StagedItem>& items,
     if (item.chunks_size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": item \"", item.name(), "\" must not carry chunks"));
+    }
+    // Hashes the client computed as it copied: one per chunk of the size the
+    // daemon gave it (BeginStageResponse.chunk_size), or none.
+    if (staged.chunk_xxh3_size() != 0) {
+      const uint64_t expected =
+          staged.chunk_size() == 0
+              ? 0
+              : (item.raw_size() + staged.chunk_size() - 1) /
+                    staged.chunk_size();
+      if (staged.chunk_size() != chunk_size ||
+          static_cast<uint64_t>(staged.chunk_xxh3_size()) != expected) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": item \"", item.name(), "\" carries ",
+                         staged.chunk_xxh3_size(), " chunk hashes of ",
+                         staged.chunk_size(), "-byte chunks; ", item.raw_size(),
+                         " bytes in ", chunk_size, "-byte chunks need ",
+                         (item.raw_size() + chunk_size - 1) / chunk_size));
+      }
     }
     if (item.raw_size() > 0)
       ranges.emplace_back(staged.slot_offset(), item.raw_size());
@@ -328,7 +347,8 @@ absl::Status CheckpointService::StageComplete(
     return absl::FailedPreconditionError(
         absl::StrCat(what, " has no slot being staged"));
   }
-  RETURN_IF_ERROR(ValidateItems(items, record->slot_bytes(), what));
+  RETURN_IF_ERROR(ValidateItems(items, record->slot_bytes(),
+                                options_.writer.chunk_size, what));
   record->set_state(proto::SHARD_STAGED);
   record->set_staged_unix_micros(NowMicros());
   for (const proto::StagedItem& item : items) *record->add_items() = item;

@@ -149,6 +149,13 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
     const proto::Item& item = staged.item();
     absl::Span<const uint8_t> data(slot->data() + staged.slot_offset(),
                                    item.raw_size());
+    // The client's hashes, of the chunks this writer makes (StageComplete
+    // checked their size and count).
+    absl::Span<const uint64_t> known;
+    if (staged.chunk_size() == writer_options.chunk_size) {
+      known = absl::MakeConstSpan(staged.chunk_xxh3().data(),
+                                  staged.chunk_xxh3_size());
+    }
     if (item.kind() == proto::ITEM_KIND_TENSOR) {
       RETURN_IF_ERROR(
           writer.AddTensor({item.name(), item.dtype(),
@@ -158,9 +165,9 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
                                                  item.box_offset().end()),
                             std::vector<int64_t>(item.box_length().begin(),
                                                  item.box_length().end()),
-                            data}));
+                            data, known}));
     } else {
-      RETURN_IF_ERROR(writer.AddBytes(item.name(), data));
+      RETURN_IF_ERROR(writer.AddBytes(item.name(), data, known));
     }
   }
   ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());

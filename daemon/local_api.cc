@@ -43,6 +43,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
     if (!slot.ok()) return ToGrpc(slot.status());
     resp->set_slot_path(slot->path);
     resp->set_slot_bytes(slot->bytes);
+    resp->set_chunk_size(service_->options().writer.chunk_size);
     return grpc::Status::OK;
   }
 

@@ -25,6 +25,8 @@ struct ChunkTask {
   absl::Span<const uint8_t> raw;
   // The base shard's chunk at the same place, if its item matches.
   const proto::ChunkInfo* base_chunk = nullptr;
+  // The raw bytes' hash, when the caller knew it.
+  std::optional<uint64_t> known_xxh3;
   // Its raw bytes hash like the base chunk's: recorded, not written.
   bool unchanged ABSL_GUARDED_BY(mu) = false;
   // The governor chose to store it raw.
@@ -101,19 +103,21 @@ absl::Status ShardWriter::AddTensor(const TensorRef& t) {
         absl::StrCat("tensor \"", t.name, "\": box needs ", size,
                      " bytes, data has ", t.data.size()));
   }
-  return AddItem(std::move(item), t.data);
+  return AddItem(std::move(item), t.data, t.chunk_xxh3);
 }
 
 absl::Status ShardWriter::AddBytes(absl::string_view name,
-                                   absl::Span<const uint8_t> data) {
+                                   absl::Span<const uint8_t> data,
+                                   absl::Span<const uint64_t> chunk_xxh3) {
   proto::Item item;
   item.set_name(std::string(name));
   item.set_kind(proto::ITEM_KIND_BYTES);
-  return AddItem(std::move(item), data);
+  return AddItem(std::move(item), data, chunk_xxh3);
 }
 
 absl::Status ShardWriter::AddItem(proto::Item item,
-                                  absl::Span<const uint8_t> data) {
+                                  absl::Span<const uint8_t> data,
+                                  absl::Span<const uint64_t> chunk_xxh3) {
   if (committed_)
     return absl::FailedPreconditionError("shard writer already committed");
   RETURN_IF_ERROR(ValidateItemName(item.name()));
@@ -123,9 +127,20 @@ absl::Status ShardWriter::AddItem(proto::Item item,
           "item \"", item.name(), "\" is already in shard ", path_));
     }
   }
+  const uint64_t chunks =
+      options_.chunk_size == 0
+          ? 0
+          : (data.size() + options_.chunk_size - 1) / options_.chunk_size;
+  if (!chunk_xxh3.empty() && chunk_xxh3.size() != chunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("item \"", item.name(), "\": ", chunk_xxh3.size(),
+                     " chunk hashes given for ", chunks, " chunks of ",
+                     options_.chunk_size, " bytes"));
+  }
   item.set_raw_size(data.size());
   *manifest_.add_items() = std::move(item);
   data_.push_back(data);
+  known_xxh3_.push_back(chunk_xxh3);
   return absl::OkStatus();
 }
 
@@ -232,6 +247,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
       task->header.element_width = width;
       task->raw = data.subspan(
           off, std::min<uint64_t>(options_.chunk_size, data.size() - off));
+      if (!known_xxh3_[i].empty()) task->known_xxh3 = known_xxh3_[i][index];
       if (base_item != nullptr && index < base_item->chunks_size()) {
         const proto::ChunkInfo& old = base_item->chunks(index);
         if (old.raw_offset() == off && old.raw_size() == task->raw.size() &&
@@ -261,9 +277,9 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   auto schedule = [&](ChunkTask* task) {
     pool->Schedule([task, codec, governor, &buffers] {
       ChunkHeader header = task->header;
-      std::optional<uint64_t> hash;
+      std::optional<uint64_t> hash = task->known_xxh3;
       if (task->base_chunk != nullptr) {
-        hash = Checksum(task->raw);
+        if (!hash.has_value()) hash = Checksum(task->raw);
         if (*hash == task->base_chunk->raw_xxh3()) {
           absl::MutexLock l(&task->mu);
           task->unchanged = true;

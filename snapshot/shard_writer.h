@@ -47,6 +47,11 @@ struct TensorRef {
   std::vector<int64_t> box_offset;
   std::vector<int64_t> box_length;
   absl::Span<const uint8_t> data;
+  // XXH3-64 of each chunk_size run of `data` from its start, when known
+  // already (a client hashed them as it copied them into the staging slot):
+  // a chunk stored raw is then written without being read by a hash. Empty:
+  // the writer hashes. Like `data`, must outlive Commit().
+  absl::Span<const uint64_t> chunk_xxh3 = {};
 };
 
 // An earlier committed shard of the same job, rank and world size that this
@@ -108,7 +113,9 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   absl::Status AddTensor(const TensorRef& tensor);
-  absl::Status AddBytes(absl::string_view name, absl::Span<const uint8_t> data);
+  // `chunk_xxh3` as in TensorRef.
+  absl::Status AddBytes(absl::string_view name, absl::Span<const uint8_t> data,
+                        absl::Span<const uint64_t> chunk_xxh3 = {});
 
   // Writes and commits the shard; returns its manifest. Call at most once.
   absl::StatusOr<proto::ShardManifest> Commit();
@@ -119,7 +126,8 @@ class ShardWriter {
   const ShardWriteStats& stats() const { return stats_; }
 
  private:
-  absl::Status AddItem(proto::Item item, absl::Span<const uint8_t> data);
+  absl::Status AddItem(proto::Item item, absl::Span<const uint8_t> data,
+                       absl::Span<const uint64_t> chunk_xxh3);
   absl::Status WriteAll(io::WritableFile* file);
   // The index (from 1) in manifest_.bases of the file that stores a chunk the
   // base records in its bases[in_base - 1] (0: in the base's own file).
@@ -131,7 +139,8 @@ class ShardWriter {
   const std::string temp_path_;
   const ShardWriterOptions options_;
   proto::ShardManifest manifest_;
-  std::vector<absl::Span<const uint8_t>> data_;  // per item
+  std::vector<absl::Span<const uint8_t>> data_;         // per item
+  std::vector<absl::Span<const uint64_t>> known_xxh3_;  // per item
   bool committed_ = false;
   uint64_t manifest_xxh3_ = 0;
   ShardWriteStats stats_;

@@ -219,6 +219,9 @@ class Chaos {
   // --- the end ------------------------------------------------------------
 
   void Finish();
+  // Why rank `rank` ended with another state than the reference: the first
+  // of its resumes whose logged state differs from the reference's, if any.
+  std::string ExplainResumes(uint32_t rank);
 
   int Print();
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -165,10 +166,10 @@ void Chaos::Finish() {
     std::string got((std::istreambuf_iterator<char>(in)),
                     std::istreambuf_iterator<char>());
     if (got != oracle_.Expected(r, end)) {
-      Violation(absl::StrCat("rank ", r,
-                             " ended with another state than an "
-                             "uninterrupted run of ",
-                             end, " steps"));
+      Violation(absl::StrCat(
+          "rank ", r, " ended with another state than an uninterrupted run of ",
+          end, " steps", got.empty() ? " (it wrote none)" : "", "; ",
+          ExplainResumes(r)));
     }
     std::ifstream stats(absl::StrCat(o_.dir, "/out/stats-rank-", r, ".txt"));
     uint64_t saves = 0;
@@ -181,6 +182,32 @@ void Chaos::Finish() {
     Violation(absl::StrCat("the last step ", end,
                            " is not the latest committed on disk"));
   }
+}
+
+std::string Chaos::ExplainResumes(uint32_t rank) {
+  // The trainer logs "rank R: resumed from committed step S (state H)".
+  std::ifstream in(log_);
+  const std::string prefix = absl::StrCat("rank ", rank, ": resumed from ");
+  std::string line;
+  int resumes = 0;
+  while (std::getline(in, line)) {
+    unsigned long step = 0, digest = 0;
+    unsigned int r = 0;
+    if (line.rfind(prefix, 0) != 0 ||
+        std::sscanf(line.c_str(),
+                    "rank %u: resumed from committed step %lu (state %lx)", &r,
+                    &step, &digest) != 3) {
+      continue;
+    }
+    ++resumes;
+    if (demo::Digest(oracle_.Expected(rank, step)) != digest) {
+      return absl::StrCat("its restore of committed step ", step,
+                          " returned another state than was saved (resume ",
+                          resumes, " in ", log_, ")");
+    }
+  }
+  return absl::StrCat("each of its ", resumes,
+                      " restores returned the state saved; see ", log_);
 }
 
 bool Chaos::AmongNewest(Checkpointer* c, proto::Tier tier, size_t keep,

@@ -61,6 +61,15 @@ struct RankModel {
   }
 };
 
+// A digest of a serialized state (FNV-1a), for logs: a trainer prints the
+// digest of the state it resumed with, and ckpt-chaos compares it with its
+// reference's to find a restore that returned other bytes than were saved.
+inline uint64_t Digest(const std::string& state) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : state) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace ckpt::demo
 
 #endif  // CKPT_TOOLS_DEMO_MODEL_H_

@@ -123,8 +123,11 @@ int main(int argc, char** argv) {
     }
     resumed_from = **latest;
     start = resumed_from + 1;
-    std::printf("rank %u: resumed from committed step %lu\n", rank,
-                static_cast<unsigned long>(resumed_from));
+    std::printf(
+        "rank %u: resumed from committed step %lu (state %016lx)\n", rank,
+        static_cast<unsigned long>(resumed_from),
+        static_cast<unsigned long>(ckpt::demo::Digest(model.Serialize())));
+    std::fflush(stdout);
   }
 
   std::vector<double> stalls;

@@ -22,6 +22,7 @@
 #include "io/file_system.h"
 #include "io/kill_point.h"
 #include "proto/daemon.grpc.pb.h"
+#include "snapshot/chunk_codec.h"
 #include "tests/client/daemon_process.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
@@ -331,6 +332,56 @@ TEST(CheckpointerTest, ACorruptMemoryCopyFallsBackToTheVerifiedFile) {
   t.Fill(99, 0);
   ASSERT_TRUE(t.ckpt->Restore(3).ok());
   EXPECT_EQ(t.w, saved) << "restored from the shard file, not the bad slot";
+}
+
+// The saving client hashes each chunk as it copies it into the slot: the
+// hashes travel with the staged items (the persist of a raw chunk then only
+// writes), and before the step is persisted they are what a restore from the
+// memory tier checks its copy against.
+TEST(CheckpointerTest, ChunksHashedAsTheyAreCopiedGuardTheMemoryCopy) {
+  testing::DaemonProcess daemon({"--fault-injection"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  // 9 MiB: chunks of 4, 4 and 1 MiB.
+  Trainer t(daemon.socket(), 0, 1, int64_t{9} << 18);
+  ASSERT_TRUE(t.ckpt);
+  ASSERT_TRUE(InjectFaults(daemon.socket(), ENOSPC, 0).ok());  // memory only
+  t.Fill(5, 0);
+  const std::vector<float> saved = t.w;
+  auto save = t.ckpt->SaveAsync(5);
+  ASSERT_TRUE(save.ok()) << save.status();
+  ASSERT_TRUE((*save)->WaitCommitted(kMem).ok());
+  auto shard = t.ckpt->DescribeShard(5);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_TRUE(shard->shard_path().empty()) << "not persisted";
+  ASSERT_EQ(shard->items_size(), 2);
+  const proto::StagedItem& w = shard->items(0);
+  ASSERT_EQ(w.item().name(), "model/w");
+  ASSERT_EQ(w.chunk_size(), 4u << 20);
+  ASSERT_EQ(w.chunk_xxh3_size(), 3);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(saved.data());
+  for (int c = 0; c < 3; ++c) {
+    const uint64_t off = static_cast<uint64_t>(c) << 22;
+    const uint64_t n =
+        std::min<uint64_t>(uint64_t{4} << 20, saved.size() * 4 - off);
+    EXPECT_EQ(w.chunk_xxh3(c),
+              snapshot::Checksum(absl::MakeConstSpan(bytes + off, n)))
+        << "chunk " << c;
+  }
+  EXPECT_EQ(shard->items(1).chunk_xxh3_size(), 1) << "byte items too";
+  t.Fill(77, 0);
+  ASSERT_TRUE(t.ckpt->Restore(5).ok());
+  EXPECT_EQ(t.w, saved);
+  // A bit flips in the slot's second chunk: with no shard file to fall back
+  // to, the restore says so instead of handing the trainer bad state.
+  {
+    auto slot = io::DefaultFileSystem()->MapFile(shard->slot_path(), {});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    (*slot)->data()[w.slot_offset() + (uint64_t{5} << 20)] ^= 0x10;
+  }
+  absl::Status bad = t.ckpt->Restore(5);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  EXPECT_THAT(bad.message(), HasSubstr("chunk 1"));
+  EXPECT_THAT(bad.message(), HasSubstr("hash taken when it was saved"));
 }
 
 TEST(CheckpointerTest, RestoresFromDiskOnceTheMemoryCopyIsGone) {

@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
+#include "snapshot/chunk_codec.h"
 #include "snapshot/dtype.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_stream.h"
@@ -204,6 +205,63 @@ TEST(ShardWriterTest, RefusesBadInputWithClearErrors) {
   EXPECT_EQ(bad_job.Commit().status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(*io::DefaultFileSystem()->Exists(dir.File("y.shard")));
+}
+
+// Chunk hashes the caller already knows (a client took them as it copied) are
+// what the manifest records: the writer does not hash those chunks again. A
+// wrong one is not silently right: the read that checks it fails.
+TEST(ShardWriterTest, KnownChunkHashesAreRecordedAndCheckedOnRead) {
+  testing::TempDir dir;
+  ShardWriterOptions options;
+  options.chunk_size = 4096;
+  options.codec.codec = proto::CODEC_NONE;
+  std::vector<uint8_t> data(3 * 4096 - 100);
+  for (size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<uint8_t>(i * 7);
+  std::vector<uint64_t> hashes;
+  for (size_t off = 0; off < data.size(); off += 4096) {
+    hashes.push_back(Checksum(absl::MakeConstSpan(
+        data.data() + off, std::min<size_t>(4096, data.size() - off))));
+  }
+  const int64_t n = static_cast<int64_t>(data.size());
+  {
+    ShardWriter writer(io::DefaultFileSystem(), dir.File("a.shard"),
+                       {"j", 1, 0, 1}, options);
+    EXPECT_THAT(writer
+                    .AddTensor({"t",
+                                proto::DTYPE_UINT8,
+                                {n},
+                                {0},
+                                {n},
+                                data,
+                                absl::MakeConstSpan(hashes).subspan(1)})
+                    .message(),
+                HasSubstr("2 chunk hashes given for 3 chunks"));
+    ASSERT_TRUE(
+        writer.AddTensor({"t", proto::DTYPE_UINT8, {n}, {0}, {n}, data, hashes})
+            .ok());
+    auto manifest = writer.Commit();
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    for (int c = 0; c < 3; ++c)
+      EXPECT_EQ(manifest->items(0).chunks(c).raw_xxh3(), hashes[c]);
+    auto reader =
+        ShardReader::Open(io::DefaultFileSystem(), dir.File("a.shard"));
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::vector<uint8_t> back(data.size());
+    ASSERT_TRUE((*reader)->ReadItem("t", absl::MakeSpan(back)).ok());
+    EXPECT_EQ(back, data);
+  }
+  std::vector<uint64_t> wrong = hashes;
+  wrong[1] ^= 1;
+  ShardWriter writer(io::DefaultFileSystem(), dir.File("b.shard"),
+                     {"j", 1, 0, 1}, options);
+  ASSERT_TRUE(writer.AddBytes("b", data, wrong).ok());
+  ASSERT_TRUE(writer.Commit().ok());
+  auto reader = ShardReader::Open(io::DefaultFileSystem(), dir.File("b.shard"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<uint8_t> back(data.size());
+  EXPECT_EQ((*reader)->ReadItem("b", absl::MakeSpan(back)).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(ShardReaderTest, MissingItemsAndBadRangesNameTheShard) {

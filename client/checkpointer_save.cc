@@ -1,0 +1,382 @@
+// The save path of Checkpointer: the slot layout, the copy into the staging
+// slot (by the copier thread, a fork, or the device's stream) and the
+// hand-over to ckptd, in save order. See client/checkpointer.h.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "client/checkpointer_internal.h"
+#include "client/parallel_copy.h"
+#include "io/errno_status.h"
+#include "io/file_system.h"
+#include "io/kill_point.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/daemon.grpc.pb.h"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/format.h"
+#include "snapshot/names.h"
+
+namespace ckpt::client {
+
+namespace {
+
+// Items start cache-line aligned in the slot, and page aligned from
+// snapshot::kMinInPlaceBytes on: ckptd then writes their chunks to disk from
+// the slot itself, with O_DIRECT and no copy.
+constexpr uint64_t kItemAlignment = 64;
+uint64_t ItemAlignment(uint64_t raw_size) {
+  return raw_size >= snapshot::kMinInPlaceBytes ? snapshot::kAlignment
+                                                : kItemAlignment;
+}
+
+// Hashes each `chunk_size` run of a staged item's bytes at `data` into
+// `staged` (nothing when the daemon gave no chunk size).
+void HashChunks(const uint8_t* data, uint32_t chunk_size,
+                proto::StagedItem* staged) {
+  if (chunk_size == 0) return;
+  staged->set_chunk_size(chunk_size);
+  staged->clear_chunk_xxh3();
+  const uint64_t n = staged->item().raw_size();
+  for (uint64_t off = 0; off < n; off += chunk_size) {
+    staged->add_chunk_xxh3(snapshot::Checksum(absl::MakeConstSpan(
+        data + off, std::min<uint64_t>(chunk_size, n - off))));
+  }
+}
+
+}  // namespace
+
+void SaveHandle::Copied(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  copied_ = true;
+  copy_status_ = std::move(status);
+}
+
+void SaveHandle::Finish(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (!copied_) {
+    copied_ = true;
+    copy_status_ = status;
+  }
+  done_ = true;
+  status_ = std::move(status);
+}
+
+absl::Status SaveHandle::WaitStaged() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&copied_));
+  return copy_status_;
+}
+
+absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
+                                       absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    RETURN_IF_ERROR(status_);
+  }
+  proto::WaitCommittedRequest req;
+  req.set_job(job_);
+  req.set_step(step_);
+  req.set_tier(tier);
+  req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+  proto::WaitCommittedResponse resp;
+  absl::Status s = rpc_->Call(
+      &proto::CkptDaemon::Stub::WaitCommitted, req, &resp,
+      absl::StrCat("waiting for step ", step_, " to commit"), timeout);
+  if (!s.ok()) failures_->Record(s);
+  return s;
+}
+
+bool Checkpointer::ShouldFork(const std::vector<HostRegion>& regions) {
+  if (host_snapshot_ != HostSnapshot::kFork || regions.empty() ||
+      !device_->host_resident() || device_->queues_copies()) {
+    return false;
+  }
+  if (!inspected_) {
+    absl::StatusOr<ForkInspection> inspection = Inspect(regions);
+    if (!inspection.ok()) {
+      absl::MutexLock lock(&mu_);
+      stats_.fork_refused = inspection.status().ToString();
+      return false;
+    }
+    inspection_ = *std::move(inspection);
+    inspected_ = true;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.fork_refused = inspection_.unsafe;
+  stats_.huge_page_share = inspection_.huge_page_share;
+  return inspection_.unsafe.empty();
+}
+
+absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
+    uint64_t step) {
+  if (copier_.joinable())
+    copier_.join();  // one copy at a time: slots are filled in order
+  // The slot layout (see ItemAlignment); byte items are sized now.
+  std::vector<proto::StagedItem> layout;
+  uint64_t offset = 0;
+  for (Registered& r : items_) {
+    if (r.bytes != nullptr) r.item.set_raw_size(r.bytes->size());
+    proto::StagedItem staged;
+    *staged.mutable_item() = r.item;
+    offset = io::AlignUp(offset, ItemAlignment(r.item.raw_size()));
+    staged.set_slot_offset(offset);
+    offset = io::AlignUp(offset + r.item.raw_size(), kItemAlignment);
+    layout.push_back(std::move(staged));
+  }
+  proto::BeginStageRequest req;
+  req.mutable_shard()->set_job(options_.job);
+  req.mutable_shard()->set_step(step);
+  req.mutable_shard()->set_rank(options_.rank);
+  req.set_world_size(options_.world_size);
+  req.set_bytes(offset);
+  proto::BeginStageResponse resp;
+  absl::Status s = rpc_->Call(&proto::CkptDaemon::Stub::BeginStage, req, &resp,
+                              absl::StrCat("saving step ", step));
+  if (!s.ok()) {
+    failures_->Record(s);
+    return s;
+  }
+  CKPT_KILL_POINT("client.after_begin_stage");
+  std::vector<HostRegion> regions;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
+    regions.push_back(
+        {items_[i].tensor, items_[i].item.raw_size(), layout[i].slot_offset()});
+  }
+  // A fork writes the slot file through a descriptor: the slot is not mapped
+  // here (mapping a fresh 1 GiB slot costs 0.1-0.3 s of page-table work).
+  const bool fork = ShouldFork(regions);
+  int fd = -1;
+  std::shared_ptr<MappedSlot> slot;
+  uint8_t* base = nullptr;
+  if (fork) {
+    fd = ::open(resp.slot_path().c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return Abandon(step, io::ErrnoToStatus(errno, resp.slot_path()));
+    }
+  } else {
+    absl::StatusOr<std::shared_ptr<MappedSlot>> mapped =
+        MapSlot(resp.slot_path(), resp.slot_bytes());
+    if (!mapped.ok()) return Abandon(step, mapped.status());
+    slot = *std::move(mapped);
+    base = slot->file->data();
+  }
+  // The chunk size ckptd's shards use: what the copy hashes runs of.
+  const uint32_t chunk_size =
+      options_.hash_on_copy && !fork ? resp.chunk_size() : 0;
+  // Byte items are captured now: the caller may change them as soon as
+  // SaveAsync returns.
+  std::vector<HostRegion> byte_items;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].bytes == nullptr) continue;
+    if (fork) {
+      byte_items.push_back({items_[i].bytes->data(), items_[i].bytes->size(),
+                            layout[i].slot_offset()});
+    } else {
+      std::memcpy(base + layout[i].slot_offset(), items_[i].bytes->data(),
+                  items_[i].bytes->size());
+      HashChunks(base + layout[i].slot_offset(), chunk_size, &layout[i]);
+    }
+  }
+  if (fork) {
+    if (const int err = WriteRegions(fd, byte_items); err != 0) {
+      ::close(fd);
+      return Abandon(step, io::ErrnoToStatus(err, resp.slot_path()));
+    }
+  }
+  auto copy_tensors = [this, base,
+                       chunk_size](std::vector<proto::StagedItem>& layout) {
+    if (device_->host_resident() && !device_->queues_copies()) {
+      // Host tensors: plain memory copies, spread over several threads, each
+      // chunk hashed right after it is copied (the daemon then only writes).
+      std::vector<CopyRegion> copies;
+      size_t total = 0;
+      for (size_t i = 0; i < items_.size(); ++i) {
+        if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
+        const uint64_t n = items_[i].item.raw_size();
+        CopyRegion copy{items_[i].tensor, base + layout[i].slot_offset(), n};
+        if (chunk_size > 0) {
+          layout[i].set_chunk_size(chunk_size);
+          layout[i].mutable_chunk_xxh3()->Resize(
+              static_cast<int>((n + chunk_size - 1) / chunk_size), 0);
+          copy.chunk_xxh3 = layout[i].mutable_chunk_xxh3()->mutable_data();
+          copy.chunk_size = chunk_size;
+        }
+        copies.push_back(copy);
+        total += n;
+      }
+      ParallelHostCopy(copies, CopyThreadsFor(total));
+      for (size_t i = 0; i < copies.size(); ++i) {
+        CKPT_KILL_POINT("client.item_copied");
+      }
+      return absl::OkStatus();
+    }
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
+      RETURN_IF_ERROR(device_->CopyToHost(items_[i].tensor,
+                                          base + layout[i].slot_offset(),
+                                          items_[i].item.raw_size()));
+      CKPT_KILL_POINT("client.item_copied");
+    }
+    return absl::OkStatus();
+  };
+  // A device with streams gets its copies queued here, before SaveAsync
+  // returns, so that the trainer's next kernels can be ordered after them; the
+  // copier thread only waits. The CPU device copies on the copier thread.
+  std::shared_ptr<kernels::Event> copied;
+  if (device_->queues_copies()) {
+    absl::Status queued = device_->WaitForStream(options_.compute_stream);
+    if (queued.ok()) queued = copy_tensors(layout);
+    absl::StatusOr<std::unique_ptr<kernels::Event>> event =
+        queued.ok() ? device_->RecordEvent()
+                    : absl::StatusOr<std::unique_ptr<kernels::Event>>(queued);
+    if (event.ok() && options_.order_compute_stream) {
+      queued = device_->StreamWaitEvent(options_.compute_stream, **event);
+    }
+    if (!event.ok()) queued = event.status();
+    if (!queued.ok()) {
+      // Copies already queued may still be writing into the slot: let them
+      // finish before the daemon gets it back.
+      (void)device_->Synchronize();
+      return Abandon(step, queued);
+    }
+    copied = *std::move(event);
+  }
+  auto handle = std::shared_ptr<SaveHandle>(
+      new SaveHandle(rpc_, failures_, options_.job, step));
+  copier_ =
+      std::thread([this, handle, step, layout = std::move(layout), slot, copied,
+                   copy_tensors, fork, fd, regions = std::move(regions),
+                   slot_path = resp.slot_path()]() mutable {
+        absl::Status status;
+        bool forked = false;
+        if (fork) {
+          // The fork runs here: the child dies with the thread that forked it,
+          // and this one lives until the child is done.
+          absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
+              ForkedCopy::Start(fd, regions);
+          if (child.ok()) {
+            forked = true;
+            handle->Copied(absl::OkStatus());  // captured: training may go on
+            CKPT_KILL_POINT("client.forked");
+            status = (*child)->Wait();
+            if (status.ok()) CKPT_KILL_POINT("client.item_copied");
+          } else {
+            // No fork (out of memory, say): the same bytes, written here.
+            CKPT_LOG_WARN("saving step {}: writing instead of forking: {}",
+                          step, child.status().ToString());
+            const int err = WriteRegions(fd, regions);
+            status =
+                err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, slot_path);
+            handle->Copied(status);
+          }
+          ::close(fd);
+        } else {
+          status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
+          handle->Copied(status);
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          if (copied == nullptr && !regions.empty()) {
+            ++(forked ? stats_.saves_forked : stats_.saves_copied);
+          }
+        }
+        // The hand-over runs on its own thread, in save order, so the next
+        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+        handover_->Schedule(
+            [this, handle, step, layout = std::move(layout), status]() mutable {
+              HandOver(handle, step, layout, std::move(status));
+            });
+      });
+  return handle;
+}
+
+void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,
+                            uint64_t step,
+                            const std::vector<proto::StagedItem>& layout,
+                            absl::Status status) {
+  proto::ShardKey key;
+  key.set_job(options_.job);
+  key.set_step(step);
+  key.set_rank(options_.rank);
+  CKPT_KILL_POINT("client.before_stage_complete");
+  if (status.ok()) {
+    proto::StageCompleteRequest done;
+    *done.mutable_shard() = key;
+    for (const auto& staged : layout) *done.add_items() = staged;
+    proto::StageCompleteResponse ok;
+    status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done, &ok,
+                        absl::StrCat("staging step ", step));
+  } else {
+    proto::AbortStageRequest abort;
+    *abort.mutable_shard() = key;
+    proto::AbortStageResponse ignored;
+    (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort, &ignored,
+                     "abort");
+  }
+  CKPT_KILL_POINT("client.after_stage_complete");
+  if (!status.ok()) failures_->Record(status);
+  handle->Finish(status);
+}
+
+absl::Status Checkpointer::Abandon(uint64_t step, absl::Status status) {
+  status = absl::Status(status.code(), absl::StrCat("saving step ", step, ": ",
+                                                    status.message()));
+  // In save order with the hand-overs before it; the abort gives the slot back.
+  auto handle = std::shared_ptr<SaveHandle>(
+      new SaveHandle(rpc_, failures_, options_.job, step));
+  handover_->Schedule(
+      [this, handle, step, status] { HandOver(handle, step, {}, status); });
+  return status;
+}
+
+absl::StatusOr<std::shared_ptr<Checkpointer::MappedSlot>> Checkpointer::MapSlot(
+    const std::string& path, uint64_t bytes) {
+  io::FileSystem* fs = io::DefaultFileSystem();
+  ASSIGN_OR_RETURN(io::FileId id, fs->GetFileId(path));
+  // Slots the daemon deleted are dropped first: their memory would live on in
+  // our mapping, outside the daemon's budget.
+  std::shared_ptr<MappedSlot> found;
+  for (auto it = mapped_.begin(); it != mapped_.end();) {
+    absl::StatusOr<bool> linked = (*it)->file->Linked();
+    if (!linked.ok() || !*linked) {
+      it = mapped_.erase(it);
+      continue;
+    }
+    if ((*it)->file->id() == id && (*it)->file->size() == bytes) {
+      found = *it;
+      it = mapped_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  if (found != nullptr) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.slots_reused;
+  } else {
+    auto slot = std::make_shared<MappedSlot>();
+    ASSIGN_OR_RETURN(slot->file, fs->MapFile(path, {.populate = true}));
+    if (slot->file->size() != bytes || !(slot->file->id() == id)) {
+      return absl::DataLossError(
+          absl::StrCat("staging slot ", path, " changed while being mapped (",
+                       slot->file->size(), " bytes, expected ", bytes, ")"));
+    }
+    ASSIGN_OR_RETURN(slot->pin,
+                     device_->RegisterHost(slot->file->data(), bytes));
+    found = std::move(slot);
+    absl::MutexLock lock(&mu_);
+    ++stats_.slots_mapped;
+  }
+  mapped_.insert(mapped_.begin(), found);
+  if (mapped_.size() > static_cast<size_t>(options_.mapped_slots)) {
+    mapped_.resize(options_.mapped_slots);
+  }
+  return found;
+}
+
+}  // namespace ckpt::client
