@@ -77,14 +77,14 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
     return absl::InvalidArgumentError(absl::StrCat(
         "mapped_slots must be at least 1, not ", options.mapped_slots));
   }
-  if (const char* hash = std::getenv("CKPT_HASH_ON_COPY");
+  if (const char* hash = std::getenv("CKPT_HASH_STAGED");
       hash != nullptr && *hash != '\0') {
     const std::string h = hash;
     if (h != "0" && h != "1") {
       return absl::InvalidArgumentError(
-          absl::StrCat("CKPT_HASH_ON_COPY is \"", h, "\"; it must be 0 or 1"));
+          absl::StrCat("CKPT_HASH_STAGED is \"", h, "\"; it must be 0 or 1"));
     }
-    options.hash_on_copy = h == "1";
+    options.hash_staged_chunks = h == "1";
   }
   if (const char* mode = std::getenv("CKPT_HOST_SNAPSHOT")) {
     const std::string m = mode;

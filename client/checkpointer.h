@@ -83,13 +83,13 @@ struct CheckpointerOptions {
   // reuses slot files, so a steady job maps and pins each slot once.
   int mapped_slots = 4;
   HostSnapshot host_snapshot = HostSnapshot::kCopy;
-  // kCopy of host tensors: hash each chunk right after it is copied into the
-  // slot, while it is in the cache (StagedItem.chunk_xxh3), so that ckptd's
-  // persist of a chunk stored raw only writes it, and a restore from the
-  // memory tier checks its copy before the step is persisted. It adds the
-  // hashing (XXH3, several GB/s per copy thread) to the copy the trainer waits
-  // for. CKPT_HASH_ON_COPY=0 turns it off.
-  bool hash_on_copy = true;
+  // Once a save's copy is in the slot (WaitStaged has returned: the trainer
+  // goes on), hash the slot's chunks on the copier's threads and hand the
+  // hashes to ckptd with the slot (StagedItem.chunk_xxh3): its persist of a
+  // chunk stored raw then only writes it, and a restore from the memory tier
+  // checks its copy before the step is persisted. Not with kFork.
+  // CKPT_HASH_STAGED=0 turns it off.
+  bool hash_staged_chunks = true;
   // A checkpointer that only reads (a probe of a tool or a library reading a
   // step's items): its restores leave the rank's newer shards alone. A
   // trainer's restore (the default) is where it resumes, and withdraws the
@@ -259,7 +259,7 @@ class Checkpointer {
       const snapshot::ShardReader* reader);
   // Checks the slot's items against the raw chunk checksums of the persisted
   // manifest (`reader`), or when it is null (not persisted yet) against the
-  // hashes the saving client took as it copied them (items without: not
+  // hashes the saving client took of the slot (items without: not
   // checked).
   absl::Status VerifySlot(const uint8_t* slot,
                           const std::vector<const proto::StagedItem*>& sources,

@@ -449,7 +449,7 @@ absl::Status Checkpointer::CopyAndVerify(
     const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
     const snapshot::ShardReader* reader) {
   // What each copied run must hash to: the persisted manifest's chunk
-  // checksum, else the hash the saving client computed as it copied the run
+  // checksum, else the hash the saving client took of the run in the slot
   // into the slot (StagedItem.chunk_xxh3). Neither (a device tensor's save not
   // persisted yet): nothing to check.
   struct Unit {

@@ -33,18 +33,33 @@ uint64_t ItemAlignment(uint64_t raw_size) {
                                                 : kItemAlignment;
 }
 
-// Hashes each `chunk_size` run of a staged item's bytes at `data` into
-// `staged` (nothing when the daemon gave no chunk size).
-void HashChunks(const uint8_t* data, uint32_t chunk_size,
-                proto::StagedItem* staged) {
-  if (chunk_size == 0) return;
-  staged->set_chunk_size(chunk_size);
-  staged->clear_chunk_xxh3();
-  const uint64_t n = staged->item().raw_size();
-  for (uint64_t off = 0; off < n; off += chunk_size) {
-    staged->add_chunk_xxh3(snapshot::Checksum(absl::MakeConstSpan(
-        data + off, std::min<uint64_t>(chunk_size, n - off))));
+// Hashes each `chunk_size` run of every staged item in the slot at `base`
+// (StagedItem.chunk_xxh3), on several threads.
+void HashStagedChunks(const uint8_t* base, uint32_t chunk_size,
+                      std::vector<proto::StagedItem>* layout) {
+  struct Run {
+    const uint8_t* data;
+    uint64_t bytes;
+    uint64_t* xxh3;
+  };
+  std::vector<Run> runs;
+  uint64_t total = 0;
+  for (proto::StagedItem& staged : *layout) {
+    const uint64_t n = staged.item().raw_size();
+    staged.set_chunk_size(chunk_size);
+    staged.mutable_chunk_xxh3()->Resize(
+        static_cast<int>((n + chunk_size - 1) / chunk_size), 0);
+    uint64_t* out = staged.mutable_chunk_xxh3()->mutable_data();
+    for (uint64_t off = 0, k = 0; off < n; off += chunk_size, ++k) {
+      runs.push_back({base + staged.slot_offset() + off,
+                      std::min<uint64_t>(chunk_size, n - off), out + k});
+    }
+    total += n;
   }
+  ParallelFor(runs.size(), CopyThreadsFor(total), [&runs](size_t i) {
+    *runs[i].xxh3 =
+        snapshot::Checksum(absl::MakeConstSpan(runs[i].data, runs[i].bytes));
+  });
 }
 
 }  // namespace
@@ -166,9 +181,9 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     slot = *std::move(mapped);
     base = slot->file->data();
   }
-  // The chunk size ckptd's shards use: what the copy hashes runs of.
+  // The chunk size of ckptd's shards: what the slot is hashed in runs of.
   const uint32_t chunk_size =
-      options_.hash_on_copy && !fork ? resp.chunk_size() : 0;
+      options_.hash_staged_chunks && !fork ? resp.chunk_size() : 0;
   // Byte items are captured now: the caller may change them as soon as
   // SaveAsync returns.
   std::vector<HostRegion> byte_items;
@@ -180,7 +195,6 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     } else {
       std::memcpy(base + layout[i].slot_offset(), items_[i].bytes->data(),
                   items_[i].bytes->size());
-      HashChunks(base + layout[i].slot_offset(), chunk_size, &layout[i]);
     }
   }
   if (fork) {
@@ -189,26 +203,17 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
       return Abandon(step, io::ErrnoToStatus(err, resp.slot_path()));
     }
   }
-  auto copy_tensors = [this, base,
-                       chunk_size](std::vector<proto::StagedItem>& layout) {
+  auto copy_tensors = [this,
+                       base](const std::vector<proto::StagedItem>& layout) {
     if (device_->host_resident() && !device_->queues_copies()) {
-      // Host tensors: plain memory copies, spread over several threads, each
-      // chunk hashed right after it is copied (the daemon then only writes).
+      // Host tensors: plain memory copies, spread over several threads.
       std::vector<CopyRegion> copies;
       size_t total = 0;
       for (size_t i = 0; i < items_.size(); ++i) {
         if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
-        const uint64_t n = items_[i].item.raw_size();
-        CopyRegion copy{items_[i].tensor, base + layout[i].slot_offset(), n};
-        if (chunk_size > 0) {
-          layout[i].set_chunk_size(chunk_size);
-          layout[i].mutable_chunk_xxh3()->Resize(
-              static_cast<int>((n + chunk_size - 1) / chunk_size), 0);
-          copy.chunk_xxh3 = layout[i].mutable_chunk_xxh3()->mutable_data();
-          copy.chunk_size = chunk_size;
-        }
-        copies.push_back(copy);
-        total += n;
+        copies.push_back({items_[i].tensor, base + layout[i].slot_offset(),
+                          items_[i].item.raw_size()});
+        total += items_[i].item.raw_size();
       }
       ParallelHostCopy(copies, CopyThreadsFor(total));
       for (size_t i = 0; i < copies.size(); ++i) {
@@ -252,7 +257,7 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   copier_ =
       std::thread([this, handle, step, layout = std::move(layout), slot, copied,
                    copy_tensors, fork, fd, regions = std::move(regions),
-                   slot_path = resp.slot_path()]() mutable {
+                   chunk_size, base, slot_path = resp.slot_path()]() mutable {
         absl::Status status;
         bool forked = false;
         if (fork) {
@@ -279,6 +284,11 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
         } else {
           status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
           handle->Copied(status);
+          // The trainer goes on; the slot's chunks are hashed meanwhile, so
+          // that ckptd's persist of a raw chunk only writes it.
+          if (status.ok() && chunk_size > 0) {
+            HashStagedChunks(base, chunk_size, &layout);
+          }
         }
         {
           absl::MutexLock lock(&mu_);

@@ -6,9 +6,6 @@
 #include <cstring>
 #include <thread>
 
-#include "absl/types/span.h"
-#include "snapshot/chunk_codec.h"
-
 namespace ckpt::client {
 namespace {
 
@@ -30,25 +27,16 @@ int CopyThreadsFor(size_t total_bytes) {
 }
 
 void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads) {
-  // A hashed region is split at its chunks (one hash each); others in pieces.
   std::vector<CopyRegion> pieces;
   for (const CopyRegion& r : regions) {
-    const bool hashed = r.chunk_xxh3 != nullptr && r.chunk_size > 0;
-    const size_t piece = hashed ? r.chunk_size : kPiece;
-    for (size_t off = 0, k = 0; off < r.bytes; off += piece, ++k) {
+    for (size_t off = 0; off < r.bytes; off += kPiece) {
       pieces.push_back({static_cast<const char*>(r.src) + off,
                         static_cast<char*>(r.dst) + off,
-                        std::min(piece, r.bytes - off),
-                        hashed ? r.chunk_xxh3 + k : nullptr});
+                        std::min(kPiece, r.bytes - off)});
     }
   }
   ParallelFor(pieces.size(), threads, [&pieces](size_t i) {
-    const CopyRegion& p = pieces[i];
-    std::memcpy(p.dst, p.src, p.bytes);
-    if (p.chunk_xxh3 != nullptr) {
-      *p.chunk_xxh3 = snapshot::Checksum(
-          absl::MakeConstSpan(static_cast<const uint8_t*>(p.dst), p.bytes));
-    }
+    std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
   });
 }
 

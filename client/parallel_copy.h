@@ -6,7 +6,6 @@
 #define CKPT_CLIENT_PARALLEL_COPY_H_
 
 #include <cstddef>
-#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -16,12 +15,6 @@ struct CopyRegion {
   const void* src;
   void* dst;
   size_t bytes;
-  // When set: the XXH3-64 of each `chunk_size` run of what landed at `dst`
-  // (from its start; the last run may be shorter), (bytes + chunk_size - 1) /
-  // chunk_size of them, each computed right after its run is copied, while
-  // the bytes are still in the cache.
-  uint64_t* chunk_xxh3 = nullptr;
-  size_t chunk_size = 0;
 };
 
 // The threads a copy of `total_bytes` uses: CKPT_COPY_THREADS when set (1 =
@@ -30,7 +23,7 @@ struct CopyRegion {
 int CopyThreadsFor(size_t total_bytes);
 
 // Copies every region (host memory to host memory) with `threads` threads,
-// the calling thread among them, hashing the regions that ask for it.
+// the calling thread among them.
 void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads);
 
 // Runs fn(0) ... fn(n - 1) on `threads` threads, the calling thread among

@@ -59,7 +59,7 @@ absl::Status ValidateItems(const std::vector<proto::StagedItem>& items,
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": item \"", item.name(), "\" must not carry chunks"));
     }
-    // Hashes the client computed as it copied: one per chunk of the size the
+    // Hashes the client took of its slot: one per chunk of the size the
     // daemon gave it (BeginStageResponse.chunk_size), or none.
     if (staged.chunk_xxh3_size() != 0) {
       const uint64_t expected =

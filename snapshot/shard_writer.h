@@ -48,7 +48,7 @@ struct TensorRef {
   std::vector<int64_t> box_length;
   absl::Span<const uint8_t> data;
   // XXH3-64 of each chunk_size run of `data` from its start, when known
-  // already (a client hashed them as it copied them into the staging slot):
+  // already (a client hashed its staging slot once the copy was in it):
   // a chunk stored raw is then written without being read by a hash. Empty:
   // the writer hashes. Like `data`, must outlive Commit().
   absl::Span<const uint64_t> chunk_xxh3 = {};

@@ -183,7 +183,7 @@ int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads,
   j["float_restore_vs_fio"] = Median(fr_r);
   j["float_stored_ratio"] = Median(ratio);
   // Incompressible bytes stored raw, against fio: the writer hashing each
-  // chunk, and the chunks' hashes given (a client took them as it copied).
+  // chunk, and the chunks' hashes given (a client took them of its slot).
   j["raw_persist_vs_fio"] = Median(raw_r);
   j["raw_hashed_at_copy_persist_vs_fio"] = Median(hashed_r);
   if (json) {

@@ -128,9 +128,9 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
   j["dir"] = dir;
   j["runs"] = runs;
   j["host_snapshot"] = fork ? "fork" : "copy";
-  // CKPT_HASH_ON_COPY=0 (read by libckpt): the copy does not hash chunks.
-  const char* hash_env = std::getenv("CKPT_HASH_ON_COPY");
-  j["hash_on_copy"] = hash_env == nullptr || std::string(hash_env) != "0";
+  // CKPT_HASH_STAGED=0 (read by libckpt): saves hand ckptd no chunk hashes.
+  const char* hash_env = std::getenv("CKPT_HASH_STAGED");
+  j["hash_staged_chunks"] = hash_env == nullptr || std::string(hash_env) != "0";
   ckpt::client::CheckpointerOptions options{"bench", 0, 1,
                                             dir + "/run/ckptd.sock"};
   options.host_snapshot = fork ? ckpt::client::HostSnapshot::kFork

@@ -334,11 +334,11 @@ TEST(CheckpointerTest, ACorruptMemoryCopyFallsBackToTheVerifiedFile) {
   EXPECT_EQ(t.w, saved) << "restored from the shard file, not the bad slot";
 }
 
-// The saving client hashes each chunk as it copies it into the slot: the
+// The saving client hashes each chunk of its slot once the copy is in it: the
 // hashes travel with the staged items (the persist of a raw chunk then only
 // writes), and before the step is persisted they are what a restore from the
 // memory tier checks its copy against.
-TEST(CheckpointerTest, ChunksHashedAsTheyAreCopiedGuardTheMemoryCopy) {
+TEST(CheckpointerTest, ChunksHashedByTheSaverGuardTheMemoryCopy) {
   testing::DaemonProcess daemon({"--fault-injection"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   // 9 MiB: chunks of 4, 4 and 1 MiB.

@@ -7,9 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "absl/types/span.h"
 #include "gtest/gtest.h"
-#include "snapshot/chunk_codec.h"
 
 namespace ckpt::client {
 namespace {
@@ -44,37 +42,6 @@ TEST(ParallelHostCopyTest, EveryRegionLandsExactlyWithAnyThreadCount) {
         ASSERT_EQ(dst[off + s + g], 0xAB) << "guard after " << s << " bytes";
       }
       off += s + 64;
-    }
-  }
-}
-
-// A region that asks for hashes gets one per chunk of what landed, the last
-// one shorter; regions beside it are copied as before.
-TEST(ParallelHostCopyTest, HashedRegionsGetTheHashOfEachChunkCopied) {
-  const uint32_t seed = std::random_device{}();
-  std::printf("seed %u\n", seed);
-  std::mt19937_64 rng(seed);
-  constexpr size_t kChunk = size_t{1} << 20;
-  const std::vector<size_t> sizes = {3 * kChunk + 17, kChunk, 5, 0};
-  for (int threads = 1; threads <= 3; ++threads) {
-    for (size_t size : sizes) {
-      std::vector<uint8_t> src(size), dst(size), plain_src(999), plain(999);
-      for (auto& b : src) b = static_cast<uint8_t>(rng());
-      for (auto& b : plain_src) b = static_cast<uint8_t>(rng());
-      const size_t chunks = (size + kChunk - 1) / kChunk;
-      std::vector<uint64_t> hashes(chunks, 0);
-      ParallelHostCopy({{src.data(), dst.data(), size, hashes.data(), kChunk},
-                        {plain_src.data(), plain.data(), plain.size()}},
-                       threads);
-      ASSERT_EQ(src, dst);
-      ASSERT_EQ(plain_src, plain);
-      for (size_t c = 0; c < chunks; ++c) {
-        const size_t n = std::min(kChunk, size - c * kChunk);
-        EXPECT_EQ(hashes[c], snapshot::Checksum(absl::MakeConstSpan(
-                                 src.data() + c * kChunk, n)))
-            << "chunk " << c << " of " << size << " bytes, " << threads
-            << " threads";
-      }
     }
   }
 }

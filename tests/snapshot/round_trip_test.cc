@@ -207,7 +207,7 @@ TEST(ShardWriterTest, RefusesBadInputWithClearErrors) {
   EXPECT_FALSE(*io::DefaultFileSystem()->Exists(dir.File("y.shard")));
 }
 
-// Chunk hashes the caller already knows (a client took them as it copied) are
+// Chunk hashes the caller already knows (a client took them of its slot) are
 // what the manifest records: the writer does not hash those chunks again. A
 // wrong one is not silently right: the read that checks it fails.
 TEST(ShardWriterTest, KnownChunkHashesAreRecordedAndCheckedOnRead) {
