@@ -169,6 +169,10 @@ std::optional<uint64_t> Chaos::Latest(proto::Tier tier) {
 bool Chaos::NewestAbove(proto::Tier tier, size_t n, uint64_t after) {
   std::unique_ptr<Checkpointer> c = Connect(0);
   if (c == nullptr) return false;
+  // The latest step first (one record): the whole list only once it is newer.
+  auto latest = c->LatestCommitted(tier);
+  if (!latest.ok() || !latest->has_value() || **latest <= after) return false;
+  if (n <= 1) return true;
   auto listed = c->ListCommitted(tier);
   return listed.ok() && listed->size() >= n &&
          (*listed)[listed->size() - n] > after;
