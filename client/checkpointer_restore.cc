@@ -14,6 +14,7 @@
 #include "proto/daemon.grpc.pb.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/dtype.h"
+#include "snapshot/format.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_stream.h"
 
@@ -305,6 +306,15 @@ bool SameLayout(const proto::Item& saved, const proto::Item& registered) {
          same(saved.box_offset(), registered.box_offset()) &&
          same(saved.box_length(), registered.box_length());
 }
+
+// Whether the saving client hashed the item's chunks (one hash per chunk).
+bool HasChunkHashes(const proto::StagedItem& staged) {
+  return staged.chunk_xxh3_size() > 0 &&
+         static_cast<uint64_t>(staged.chunk_xxh3_size()) ==
+             snapshot::ChunkCount(staged.item().raw_size(),
+                                  staged.chunk_size());
+}
+
 }  // namespace
 
 absl::Status Checkpointer::RestoreFromPeerStream(uint64_t step,
@@ -450,7 +460,7 @@ absl::Status Checkpointer::CopyAndVerify(
     const snapshot::ShardReader* reader) {
   // What each copied run must hash to: the persisted manifest's chunk
   // checksum, else the hash the saving client took of the run in the slot
-  // into the slot (StagedItem.chunk_xxh3). Neither (a device tensor's save not
+  // (StagedItem.chunk_xxh3). Neither (a save that took no hashes, not
   // persisted yet): nothing to check.
   struct Unit {
     const uint8_t* src;
@@ -496,10 +506,7 @@ absl::Status Checkpointer::CopyAndVerify(
       }
       continue;
     }
-    const bool hashed = staged.chunk_xxh3_size() > 0 &&
-                        staged.chunk_size() > 0 &&
-                        static_cast<uint64_t>(staged.chunk_xxh3_size()) ==
-                            (n + staged.chunk_size() - 1) / staged.chunk_size();
+    const bool hashed = HasChunkHashes(staged);
     const uint64_t piece = hashed ? staged.chunk_size() : uint64_t{4} << 20;
     int c = 0;
     for (uint64_t off = 0; off < n; off += piece, ++c) {
@@ -543,11 +550,10 @@ absl::Status Checkpointer::VerifySlot(
     const uint64_t n = staged->item().raw_size();
     if (reader == nullptr) {
       // Not persisted: the hashes the saving client took, if it took any.
+      if (!HasChunkHashes(*staged)) return;
       const uint64_t size = staged->chunk_size();
-      if (size == 0 || staged->chunk_xxh3_size() == 0) return;
       int c = 0;
-      for (uint64_t off = 0; off < n && c < staged->chunk_xxh3_size();
-           off += size, ++c) {
+      for (uint64_t off = 0; off < n; off += size, ++c) {
         if (snapshot::Checksum(absl::MakeConstSpan(
                 slot + staged->slot_offset() + off, std::min(size, n - off))) !=
             staged->chunk_xxh3(c)) {

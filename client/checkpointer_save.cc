@@ -48,7 +48,7 @@ void HashStagedChunks(const uint8_t* base, uint32_t chunk_size,
     const uint64_t n = staged.item().raw_size();
     staged.set_chunk_size(chunk_size);
     staged.mutable_chunk_xxh3()->Resize(
-        static_cast<int>((n + chunk_size - 1) / chunk_size), 0);
+        static_cast<int>(snapshot::ChunkCount(n, chunk_size)), 0);
     uint64_t* out = staged.mutable_chunk_xxh3()->mutable_data();
     for (uint64_t off = 0, k = 0; off < n; off += chunk_size, ++k) {
       runs.push_back({base + staged.slot_offset() + off,

@@ -11,6 +11,7 @@
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
+#include "snapshot/format.h"
 #include "snapshot/names.h"
 
 namespace ckpt::daemon {
@@ -62,19 +63,15 @@ absl::Status ValidateItems(const std::vector<proto::StagedItem>& items,
     // Hashes the client took of its slot: one per chunk of the size the
     // daemon gave it (BeginStageResponse.chunk_size), or none.
     if (staged.chunk_xxh3_size() != 0) {
-      const uint64_t expected =
-          staged.chunk_size() == 0
-              ? 0
-              : (item.raw_size() + staged.chunk_size() - 1) /
-                    staged.chunk_size();
       if (staged.chunk_size() != chunk_size ||
-          static_cast<uint64_t>(staged.chunk_xxh3_size()) != expected) {
+          static_cast<uint64_t>(staged.chunk_xxh3_size()) !=
+              snapshot::ChunkCount(item.raw_size(), chunk_size)) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": item \"", item.name(), "\" carries ",
                          staged.chunk_xxh3_size(), " chunk hashes of ",
                          staged.chunk_size(), "-byte chunks; ", item.raw_size(),
                          " bytes in ", chunk_size, "-byte chunks need ",
-                         (item.raw_size() + chunk_size - 1) / chunk_size));
+                         snapshot::ChunkCount(item.raw_size(), chunk_size)));
       }
     }
     if (item.raw_size() > 0)

@@ -28,6 +28,11 @@ inline constexpr size_t kFooterSize = 64;
 inline constexpr uint32_t kDefaultChunkSize = 4u << 20;
 inline constexpr uint32_t kMaxChunkSize = 64u << 20;
 inline constexpr uint64_t kMaxManifestSize = 256u << 20;
+// The chunks an item of `bytes` is cut into (the last may be shorter); 0 when
+// `chunk_size` is 0.
+inline constexpr uint64_t ChunkCount(uint64_t bytes, uint32_t chunk_size) {
+  return chunk_size == 0 ? 0 : (bytes + chunk_size - 1) / chunk_size;
+}
 inline constexpr char kChunkMagic[4] = {'C', 'K', 'C', 'H'};
 inline constexpr char kFooterMagic[8] = {'C', 'K', 'P', 'T',
                                          'S', 'H', 'R', 'D'};

@@ -127,10 +127,7 @@ absl::Status ShardWriter::AddItem(proto::Item item,
           "item \"", item.name(), "\" is already in shard ", path_));
     }
   }
-  const uint64_t chunks =
-      options_.chunk_size == 0
-          ? 0
-          : (data.size() + options_.chunk_size - 1) / options_.chunk_size;
+  const uint64_t chunks = ChunkCount(data.size(), options_.chunk_size);
   if (!chunk_xxh3.empty() && chunk_xxh3.size() != chunks) {
     return absl::InvalidArgumentError(
         absl::StrCat("item \"", item.name(), "\": ", chunk_xxh3.size(),
