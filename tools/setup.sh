@@ -7,7 +7,7 @@ BUILD_DIR="${1:-build}"
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  liburing-dev libzstd-dev libxxhash-dev libabsl-dev
+  liburing-dev libzstd-dev libxxhash-dev libabsl-dev libisal-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   librocksdb-dev libgtest-dev libgmock-dev
   libcli11-dev libspdlog-dev nlohmann-json3-dev libcpp-httplib-dev
