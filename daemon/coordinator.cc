@@ -247,20 +247,83 @@ absl::Status Coordinator::PublishPeer(const proto::PeerInfo& info) {
 }
 
 absl::StatusOr<std::vector<proto::PeerInfo>> Coordinator::ListPeers() {
-  ASSIGN_OR_RETURN(std::vector<std::string> nodes, StoreKeys(kPeersPrefix));
+  ASSIGN_OR_RETURN(auto entries, StoreScan(kPeersPrefix));
   std::vector<proto::PeerInfo> peers;
-  for (const std::string& node : nodes) {
-    ASSIGN_OR_RETURN(absl::optional<std::string> value,
-                     StoreGet(kPeersPrefix + node));
-    if (!value.has_value()) continue;  // gone meanwhile
+  for (const auto& [node, value] : entries) {
     proto::PeerInfo info;
-    if (!info.ParseFromString(*value) || info.node_id() != node) {
+    if (!info.ParseFromString(value) || info.node_id() != node) {
       return absl::DataLossError(
           absl::StrCat("the peer record of node ", node, " is damaged"));
     }
     peers.push_back(std::move(info));
   }
   return peers;
+}
+
+absl::StatusOr<std::vector<std::string>> Coordinator::StoreKeys(
+    const std::string& prefix) {
+  ASSIGN_OR_RETURN(auto entries, StoreScan(prefix));
+  std::vector<std::string> keys;
+  for (auto& [key, value] : entries) keys.push_back(std::move(key));
+  return keys;
+}
+
+namespace {
+
+std::string ParityPrefix(const std::string& job, uint64_t step) {
+  return StepPrefix(job, step) + "parity/";
+}
+
+}  // namespace
+
+absl::Status Coordinator::PublishShardHolder(const std::string& job,
+                                             uint64_t step,
+                                             const proto::ShardHolder& holder) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  return StorePut(
+      absl::StrCat(ParityPrefix(job, step), "holders/", Pad(holder.rank(), 10)),
+      holder.SerializeAsString(), /*ephemeral=*/false);
+}
+
+absl::StatusOr<std::vector<proto::ShardHolder>> Coordinator::ListShardHolders(
+    const std::string& job, uint64_t step) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  const std::string prefix = ParityPrefix(job, step) + "holders/";
+  ASSIGN_OR_RETURN(auto entries, StoreScan(prefix));
+  std::vector<proto::ShardHolder> holders;
+  for (const auto& [key, bytes] : entries) {
+    ASSIGN_OR_RETURN(proto::ShardHolder h,
+                     ParseRecord<proto::ShardHolder>(prefix + key, bytes));
+    holders.push_back(std::move(h));
+  }
+  return holders;
+}
+
+absl::StatusOr<proto::ParityPlan> Coordinator::SettleParityPlan(
+    const proto::ParityPlan& plan) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(plan.job()));
+  const std::string key = ParityPrefix(plan.job(), plan.step()) + "plan";
+  ASSIGN_OR_RETURN(bool created, StoreCreate(key, plan.SerializeAsString()));
+  if (created) return plan;
+  ASSIGN_OR_RETURN(absl::optional<proto::ParityPlan> kept,
+                   GetParityPlan(plan.job(), plan.step()));
+  if (!kept.has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the parity plan of job ", plan.job(), " step ", plan.step(),
+        " was neither kept nor found (its step was dropped meanwhile?)"));
+  }
+  return *std::move(kept);
+}
+
+absl::StatusOr<absl::optional<proto::ParityPlan>> Coordinator::GetParityPlan(
+    const std::string& job, uint64_t step) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  const std::string key = ParityPrefix(job, step) + "plan";
+  ASSIGN_OR_RETURN(absl::optional<std::string> bytes, StoreGet(key));
+  if (!bytes.has_value()) return absl::optional<proto::ParityPlan>();
+  ASSIGN_OR_RETURN(proto::ParityPlan plan,
+                   ParseRecord<proto::ParityPlan>(key, *bytes));
+  return absl::optional<proto::ParityPlan>(std::move(plan));
 }
 
 }  // namespace ckpt::daemon

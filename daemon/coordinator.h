@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -101,12 +102,30 @@ class Coordinator {
   absl::Status PublishPeer(const proto::PeerInfo& info);
   absl::StatusOr<std::vector<proto::PeerInfo>> ListPeers();
 
+  // Erasure-coded peer tier (rs:K+M): where each rank's persisted shard of
+  // a step lies, put by its node under
+  // /ckpt/<job>/steps/<step>/parity/holders/<rank> (a re-save overwrites it),
+  // and the step's parity plan (parity_plan.h). All go with the step.
+  absl::Status PublishShardHolder(const std::string& job, uint64_t step,
+                                  const proto::ShardHolder& holder);
+  absl::StatusOr<std::vector<proto::ShardHolder>> ListShardHolders(
+      const std::string& job, uint64_t step);
+  // Keeps `plan` unless its step has a plan already; returns the step's plan
+  // (the one kept first), so every node and every retry agree.
+  absl::StatusOr<proto::ParityPlan> SettleParityPlan(
+      const proto::ParityPlan& plan);
+  absl::StatusOr<absl::optional<proto::ParityPlan>> GetParityPlan(
+      const std::string& job, uint64_t step);
+
  protected:
   // The few store operations the rendezvous needs, in each backend's store.
   virtual absl::StatusOr<absl::optional<std::string>> StoreGet(
       const std::string& key) = 0;
-  virtual absl::StatusOr<std::vector<std::string>> StoreKeys(
-      const std::string& prefix) = 0;
+  // The keys under `prefix` (without it) and their values, in key order.
+  virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+  StoreScan(const std::string& prefix) = 0;
+  // The keys alone.
+  absl::StatusOr<std::vector<std::string>> StoreKeys(const std::string& prefix);
   // `ephemeral`: the key goes when this node's lease does (etcd).
   virtual absl::Status StorePut(const std::string& key,
                                 const std::string& value, bool ephemeral) = 0;

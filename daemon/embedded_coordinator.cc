@@ -207,14 +207,14 @@ absl::StatusOr<absl::optional<std::string>> EmbeddedCoordinator::StoreGet(
   return store_->Get(key);
 }
 
-absl::StatusOr<std::vector<std::string>> EmbeddedCoordinator::StoreKeys(
-    const std::string& prefix) {
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+EmbeddedCoordinator::StoreScan(const std::string& prefix) {
   ASSIGN_OR_RETURN(auto entries, store_->Scan(prefix));
-  std::vector<std::string> keys;
-  for (const auto& [key, value] : entries) {
-    keys.push_back(key.substr(prefix.size()));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [key, value] : entries) {
+    out.emplace_back(key.substr(prefix.size()), std::move(value));
   }
-  return keys;
+  return out;
 }
 
 absl::Status EmbeddedCoordinator::StorePut(const std::string& key,

@@ -293,14 +293,14 @@ absl::StatusOr<absl::optional<std::string>> EtcdCoordinator::StoreGet(
   return absl::optional<std::string>(r.kvs(0).value());
 }
 
-absl::StatusOr<std::vector<std::string>> EtcdCoordinator::StoreKeys(
-    const std::string& prefix) {
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+EtcdCoordinator::StoreScan(const std::string& prefix) {
   ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(prefix, true));
-  std::vector<std::string> keys;
+  std::vector<std::pair<std::string, std::string>> out;
   for (const etcdserverpb::KeyValue& kv : r.kvs()) {
-    keys.push_back(kv.key().substr(prefix.size()));
+    out.emplace_back(kv.key().substr(prefix.size()), kv.value());
   }
-  return keys;
+  return out;
 }
 
 absl::Status EtcdCoordinator::StorePut(const std::string& key,

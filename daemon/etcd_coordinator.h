@@ -77,7 +77,7 @@ class EtcdCoordinator final : public Coordinator {
  protected:
   absl::StatusOr<absl::optional<std::string>> StoreGet(
       const std::string& key) override;
-  absl::StatusOr<std::vector<std::string>> StoreKeys(
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> StoreScan(
       const std::string& prefix) override;
   absl::Status StorePut(const std::string& key, const std::string& value,
                         bool ephemeral) override;

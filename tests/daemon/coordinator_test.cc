@@ -2,6 +2,7 @@
 // SIGKILL, and its refusals.
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/embedded_coordinator.h"
 #include "daemon/kv_store.h"
 #include "gmock/gmock.h"
@@ -115,6 +116,42 @@ TEST_F(CoordinatorTest, ForgetStepNeverDropsTheLatest) {
   EXPECT_FALSE(coordinator_->GetCommit("job", 1, kMem)->has_value());
   EXPECT_EQ(coordinator_->ForgetStep("job", 2).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, ParityRecordsKeepTheFirstPlanAndGoWithTheStep) {
+  for (uint32_t rank : {1u, 0u}) {
+    proto::ShardHolder h;
+    h.set_rank(rank);
+    h.set_node(absl::StrCat("node", rank));
+    h.set_file_bytes(100 + rank);
+    ASSERT_TRUE(coordinator_->PublishShardHolder("job", 5, h).ok());
+  }
+  absl::StatusOr<std::vector<proto::ShardHolder>> holders =
+      coordinator_->ListShardHolders("job", 5);
+  ASSERT_TRUE(holders.ok()) << holders.status();
+  ASSERT_EQ(holders->size(), 2u);
+  EXPECT_EQ((*holders)[0].node(), "node0");
+  EXPECT_EQ((*holders)[1].file_bytes(), 101u);
+
+  EXPECT_FALSE(coordinator_->GetParityPlan("job", 5)->has_value());
+  proto::ParityPlan first, second;
+  first.set_job("job");
+  first.set_step(5);
+  first.set_planned_by("node0");
+  second = first;
+  second.set_planned_by("node1");
+  EXPECT_EQ(coordinator_->SettleParityPlan(first)->planned_by(), "node0");
+  EXPECT_EQ(coordinator_->SettleParityPlan(second)->planned_by(), "node0");
+  Reopen();
+  EXPECT_EQ((*coordinator_->GetParityPlan("job", 5))->planned_by(), "node0");
+
+  // The records do not count as votes, and go with their step.
+  Vote(5, 0, 1, {kMem});
+  Vote(6, 0, 1, {kMem});
+  EXPECT_THAT(*coordinator_->StepsVotedAt("job", kMem, 0), ElementsAre(5, 6));
+  ASSERT_TRUE(coordinator_->ForgetStep("job", 5).ok());
+  EXPECT_FALSE(coordinator_->GetParityPlan("job", 5)->has_value());
+  EXPECT_TRUE(coordinator_->ListShardHolders("job", 5)->empty());
 }
 
 TEST_F(CoordinatorTest, ConcurrentVotesCommitExactlyOnce) {

@@ -267,6 +267,52 @@ TEST_F(EtcdCoordinatorTest, RollBackIsTheOnlyWayTheLatestGoesBack) {
   EXPECT_EQ(**a->LatestCommitted("job", kMem), 2u);
 }
 
+TEST_F(EtcdCoordinatorTest, RacingNodesSettleOneParityPlan) {
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  proto::ShardHolder h;
+  h.set_rank(0);
+  h.set_node("a");
+  ASSERT_TRUE(a->PublishShardHolder("job", 3, h).ok());
+  h.set_rank(1);
+  h.set_node("b");
+  ASSERT_TRUE(b->PublishShardHolder("job", 3, h).ok());
+  ASSERT_EQ(a->ListShardHolders("job", 3)->size(), 2u);
+
+  std::vector<std::string> kept(2);
+  std::thread ta([&] {
+    proto::ParityPlan p;
+    p.set_job("job");
+    p.set_step(3);
+    p.set_planned_by("a");
+    auto r = a->SettleParityPlan(p);
+    kept[0] = r.ok() ? r->planned_by() : r.status().ToString();
+  });
+  std::thread tb([&] {
+    proto::ParityPlan p;
+    p.set_job("job");
+    p.set_step(3);
+    p.set_planned_by("b");
+    auto r = b->SettleParityPlan(p);
+    kept[1] = r.ok() ? r->planned_by() : r.status().ToString();
+  });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(kept[0], kept[1]);
+  EXPECT_TRUE(kept[0] == "a" || kept[0] == "b") << kept[0];
+  EXPECT_EQ((*b->GetParityPlan("job", 3))->planned_by(), kept[0]);
+  // Peers are listed in one read, with their records.
+  proto::PeerInfo info;
+  info.set_node_id("a");
+  info.set_address("127.0.0.1:1");
+  ASSERT_TRUE(a->PublishPeer(info).ok());
+  auto peers = b->ListPeers();
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  ASSERT_EQ(peers->size(), 1u);
+  EXPECT_EQ((*peers)[0].address(), "127.0.0.1:1");
+}
+
 TEST(EtcdUrlTest, ParsesEndpointsAndNamesWhatIsWrong) {
   EXPECT_THAT(*ParseEtcdUrl("etcd://10.0.0.1:2379,10.0.0.2:2379"),
               ElementsAre("10.0.0.1:2379", "10.0.0.2:2379"));
