@@ -149,6 +149,37 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
               self->PeersLost(lost);
             }));
   }
+  if (o.parity.k > 0) {
+    if (service->replicator_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "--peer-redundancy needs the peer tier (--peer-address)");
+    }
+    CheckpointService* self = service.get();
+    ParityOptions parity = o.parity;
+    if (parity.dir.empty()) {
+      parity.dir = io::JoinPath(o.replication.dir, "parity");
+    }
+    Replicator* replicator = service->replicator_.get();
+    ASSIGN_OR_RETURN(
+        service->parity_,
+        ParityTier::Start(
+            fs, std::move(parity), service->coordinator_.get(),
+            &service->metrics_,
+            [replicator](const std::string& address) {
+              return replicator->ChannelTo(address);
+            },
+            [self](const std::string& job, uint64_t step, uint32_t rank) {
+              return self->LocalShardFile(job, step, rank);
+            },
+            [self](const proto::ShardRecord& shard) {
+              self->ParityProtected(shard);
+            }));
+    ParityTier* tier = service->parity_.get();
+    replicator->SetRebuilder(
+        [tier](const std::string& job, uint64_t step, uint32_t rank) {
+          return tier->Rebuild(job, step, rank);
+        });
+  }
   if (!o.shared.dir.empty()) {
     CheckpointService* self = service.get();
     ASSIGN_OR_RETURN(service->shared_,
@@ -174,6 +205,9 @@ CheckpointService::~CheckpointService() {
   }
   for (std::thread& t : workers_) t.join();
   if (housekeeper_.joinable()) housekeeper_.join();
+  // The parity tier's callbacks use the replicator and the catalog.
+  if (replicator_ != nullptr) replicator_->SetRebuilder(nullptr);
+  parity_.reset();
   replicator_.reset();  // its callback uses the catalog
   shared_.reset();
   recycler_.reset();  // its deletions ask whether a persist runs (mu_)

@@ -42,6 +42,7 @@
 #include "daemon/kv_store.h"
 #include "daemon/memory_pressure.h"
 #include "daemon/metrics.h"
+#include "daemon/parity_tier.h"
 #include "daemon/replicator.h"
 #include "daemon/retention.h"
 #include "daemon/shared_tier.h"
@@ -73,6 +74,10 @@ struct ServiceOptions {
   // Peer replication (tier T1) and restores from peers: on when
   // `replication.dir` is set (ckptd's --peer-address).
   ReplicationOptions replication;
+  // The erasure-coded peer tier (--peer-redundancy rs:K+M) instead of K full
+  // replicas: on when parity.k > 0; needs `replication` (its dir holds the
+  // parity blocks under parity/, its peers carry them).
+  ParityOptions parity;
   // The shared tier (T3): on when `shared.dir` is set.
   SharedTierOptions shared;
   // A job with no trainer attached for this long gives up its memory-tier
@@ -194,6 +199,7 @@ class CheckpointService {
   StagingArena* arena() { return arena_.get(); }
   // Null unless peer replication is on.
   Replicator* replicator() { return replicator_.get(); }
+  ParityTier* parity() { return parity_.get(); }
   std::string ShardPath(const std::string& job, uint64_t step,
                         uint32_t rank) const;
 
@@ -265,6 +271,9 @@ class CheckpointService {
       const std::vector<proto::CommitRecord>& commits) const;
   // Votes `tier` for `shard` (reached after its persist) and notes commits.
   void VoteLater(const proto::ShardRecord& shard, proto::Tier tier);
+  // Every parity block of the shard's group is complete: recorded, and
+  // voted at TIER_PEER.
+  void ParityProtected(const proto::ShardRecord& shard);
   // Drops the copies `actions` name (catalog first, in synced batches, then
   // slots and files); returns how many were applied, and the first error.
   // Actions on files pinned meanwhile as bases lose their drop_file.
@@ -306,6 +315,7 @@ class CheckpointService {
   std::unique_ptr<StagingArena> arena_;
   std::unique_ptr<FileRecycler> recycler_;
   std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<ParityTier> parity_;
   std::unique_ptr<SharedTier> shared_;
 
   absl::Mutex mu_;

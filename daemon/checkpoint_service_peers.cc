@@ -70,8 +70,9 @@ void CheckpointService::RevoteIfRejoined() {
     if (whole) tiers.push_back(proto::TIER_MEMORY);
     if (r.state() == proto::SHARD_PERSISTED) {
       tiers.push_back(proto::TIER_LOCAL_DISK);
-      if (replicator_ != nullptr && r.replica_nodes_size() > 0 &&
-          r.replica_nodes_size() >= options_.replication.replicas) {
+      if ((replicator_ != nullptr && r.replica_nodes_size() > 0 &&
+           r.replica_nodes_size() >= options_.replication.replicas) ||
+          r.parity_protected()) {
         tiers.push_back(proto::TIER_PEER);
       }
       if (shared_ != nullptr && shared_->Has(r.job(), r.step(), r.rank())) {
@@ -155,6 +156,26 @@ void CheckpointService::Replicated(const proto::ShardRecord& shard,
   absl::Status put = catalog_->PutShard(r);
   if (!put.ok()) {
     CKPT_LOG_WARN("{}: recording its replicas: {}", what, put.ToString());
+  }
+  VoteLater(shard, proto::TIER_PEER);
+}
+
+void CheckpointService::ParityProtected(const proto::ShardRecord& shard) {
+  const std::string what = Describe(shard.job(), shard.step(), shard.rank());
+  // As Replicated: not while garbage collection rewrites records, and under
+  // the lock Supersede withdraws votes with.
+  absl::MutexLock gc(&gc_mu_);
+  absl::StatusOr<absl::optional<proto::ShardRecord>> current =
+      catalog_->GetShard(shard.job(), shard.step(), shard.rank());
+  if (!current.ok() || !current->has_value() ||
+      (*current)->shard_path() != shard.shard_path()) {
+    return;  // dropped or replaced meanwhile
+  }
+  proto::ShardRecord& r = **current;
+  r.set_parity_protected(true);
+  absl::Status put = catalog_->PutShard(r);
+  if (!put.ok()) {
+    CKPT_LOG_WARN("{}: recording its parity: {}", what, put.ToString());
   }
   VoteLater(shard, proto::TIER_PEER);
 }

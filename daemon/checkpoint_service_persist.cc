@@ -244,6 +244,7 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   }
   Committed(r.job(), r.step(), committed);
   if (replicator_ != nullptr) replicator_->Enqueue(r);
+  if (parity_ != nullptr) parity_->Enqueue(r);
   if (shared_ != nullptr && shared_->Wants(r.step())) shared_->Enqueue(r);
   const absl::Time end = absl::Now();
   const double seconds = absl::ToDoubleSeconds(end - start);

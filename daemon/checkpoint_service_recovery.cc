@@ -36,6 +36,10 @@ absl::Status CheckpointService::Recover() {
       replicator_->Enqueue(
           r, {r.replica_nodes().begin(), r.replica_nodes().end()});
     }
+    if (parity_ != nullptr && r.state() == proto::SHARD_PERSISTED &&
+        !r.parity_protected()) {
+      parity_->Enqueue(r);
+    }
     // Persisted, and due on the shared tier, but not copied there yet.
     if (shared_ != nullptr && r.state() == proto::SHARD_PERSISTED &&
         shared_->Wants(r.step()) &&

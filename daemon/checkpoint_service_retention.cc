@@ -20,6 +20,14 @@ void CheckpointService::CollectGarbage(const std::string& job) {
     CKPT_LOG_WARN("gc of job {}: {}", job, done.status().ToString());
   }
   if (replicator_ != nullptr) replicator_->CollectGarbage(job);
+  if (parity_ != nullptr) {
+    absl::StatusOr<absl::optional<Replicator::PeerRetention>> kept =
+        replicator_->Retention(job);
+    if (kept.ok() && kept->has_value()) {
+      parity_->CollectGarbage(
+          job, [&](uint64_t step) { return (*kept)->KeepsHeld(step); });
+    }
+  }
   if (shared_ != nullptr) {
     absl::StatusOr<std::vector<proto::CommitRecord>> commits =
         coordinator_->ListCommits(job);

@@ -14,6 +14,7 @@
 #include "daemon/peer_service.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
+#include "snapshot/erasure_code.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -153,6 +154,11 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "K: peers that keep a replica of each persisted shard")
       ->check(CLI::Range(0, 16))
       ->capture_default_str();
+  app.add_option("--peer-redundancy", f.peer_redundancy,
+                 "rs:K+M: instead of full replicas, protect each group of K "
+                 "nodes' shards with M parity blocks on M other nodes "
+                 "(Reed-Solomon): any M nodes may be lost, for M/K of the "
+                 "state in peer memory; every node needs the same setting");
   app.add_option("--failure-domain", f.failure_domain,
                  "this node's failure domain (rack, switch): replicas go to "
                  "other domains first");
@@ -269,6 +275,17 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
                        "\" is not a size like 512M or 4G"));
     }
     r.fetched_budget_bytes = r.held_budget_bytes;
+    if (!f.peer_redundancy.empty()) {
+      ASSIGN_OR_RETURN(snapshot::ErasureCode code,
+                       snapshot::ErasureCode::Parse(f.peer_redundancy));
+      ParityOptions& p = options.parity;
+      p.node_id = f.node_id;
+      p.failure_domain = f.failure_domain;
+      p.k = code.k();
+      p.m = code.m();
+      p.budget_bytes = r.held_budget_bytes;
+      r.replicas = 0;  // parity instead of full replicas
+    }
     if (tls_files != 0 && tls_files != 3) {
       return absl::InvalidArgumentError(
           "mutual TLS needs --peer-tls-ca, --peer-tls-cert and --peer-tls-key "
@@ -285,6 +302,8 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
     }
   } else if (tls_files != 0) {
     return absl::InvalidArgumentError("--peer-tls-* need --peer-address");
+  } else if (!f.peer_redundancy.empty()) {
+    return absl::InvalidArgumentError("--peer-redundancy needs --peer-address");
   }
   options.shared = {
       .dir = f.shared_dir, .every = f.shared_every, .keep = f.keep_shared};

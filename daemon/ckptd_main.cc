@@ -151,12 +151,15 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<ckpt::daemon::PeerServer> peers;
   if ((*service)->replicator() != nullptr) {
-    auto started = ckpt::daemon::PeerServer::Start(service->get(),
-                                                   (*service)->replicator(),
-                                                   {.address = f.peer_address,
-                                                    .tls_ca_file = f.tls_ca,
-                                                    .tls_cert_file = f.tls_cert,
-                                                    .tls_key_file = f.tls_key});
+    ckpt::daemon::ParityStore* parity = (*service)->parity() != nullptr
+                                            ? (*service)->parity()->store()
+                                            : nullptr;
+    auto started = ckpt::daemon::PeerServer::Start(
+        service->get(), (*service)->replicator(), parity,
+        {.address = f.peer_address,
+         .tls_ca_file = f.tls_ca,
+         .tls_cert_file = f.tls_cert,
+         .tls_key_file = f.tls_key});
     if (!started.ok()) {
       std::fprintf(stderr, "ckptd: %s\n",
                    std::string(started.status().message()).c_str());
@@ -164,9 +167,12 @@ int main(int argc, char** argv) {
     }
     peers = *std::move(started);
     (*service)->replicator()->SetAddress(peers->address());
-    CKPT_LOG_INFO("ckptd: peer service on {}{} ({} replicas per shard)",
-                  peers->address(), f.tls_ca.empty() ? "" : " with mutual TLS",
-                  f.peer_replicas);
+    CKPT_LOG_INFO("ckptd: peer service on {}{} ({})", peers->address(),
+                  f.tls_ca.empty() ? "" : " with mutual TLS",
+                  parity != nullptr
+                      ? absl::StrCat((*service)->parity()->code().ToString(),
+                                     " parity per group of shards")
+                      : absl::StrCat(f.peer_replicas, " replicas per shard"));
   }
   auto server = ckpt::daemon::LocalApiServer::Start(
       service->get(), {.socket_path = f.socket_path, .faults = faults.get()});

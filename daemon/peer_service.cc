@@ -28,8 +28,78 @@ std::string Describe(const ReplicaStore::Key& k) {
 class PeerService final : public proto::CkptPeer::Service {
  public:
   PeerService(CheckpointService* service, Replicator* replicator,
-              io::BulkServer* bulk)
-      : service_(service), replicator_(replicator), bulk_(bulk) {}
+              io::BulkServer* bulk, ParityStore* parity)
+      : service_(service),
+        replicator_(replicator),
+        bulk_(bulk),
+        parity_(parity) {}
+
+  grpc::Status PushParity(grpc::ServerContext* ctx,
+                          grpc::ServerReader<proto::ParityPiece>* reader,
+                          proto::PushParityResponse* resp) override {
+    if (parity_ == nullptr) return NoParity();
+    proto::ParityPiece piece;
+    if (!reader->Read(&piece)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a parity push without a first piece");
+    }
+    absl::StatusOr<std::unique_ptr<ParityStore::Contribution>> contribution =
+        parity_->Contribute(piece.block(), piece.group(), piece.position());
+    if (!contribution.ok()) return ToGrpc(contribution.status());
+    for (;;) {
+      absl::Status s =
+          (*contribution)
+              ->Append(absl::MakeConstSpan(
+                  reinterpret_cast<const uint8_t*>(piece.data().data()),
+                  piece.data().size()));
+      if (!s.ok()) return ToGrpc(s);
+      CKPT_KILL_POINT("peer.parity_piece_received");
+      if (piece.last() || !reader->Read(&piece)) break;
+    }
+    if (!piece.last() || ctx->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "a parity push ended before its last piece");
+    }
+    absl::StatusOr<proto::ParityBlockRecord> record =
+        (*contribution)->Finish(piece.xxh3());
+    if (!record.ok()) return ToGrpc(record.status());
+    *resp->mutable_record() = *std::move(record);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetParityBlock(grpc::ServerContext*,
+                              const proto::ParityBlockRequest* req,
+                              proto::ParityBlockState* resp) override {
+    if (parity_ == nullptr) return NoParity();
+    absl::StatusOr<proto::ParityBlockRecord> record =
+        parity_->Record(req->block());
+    if (absl::IsNotFound(record.status())) return grpc::Status::OK;
+    if (!record.ok()) return ToGrpc(record.status());
+    resp->set_held(true);
+    *resp->mutable_record() = *std::move(record);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchParity(
+      grpc::ServerContext* ctx, const proto::ParityBlockRequest* req,
+      grpc::ServerWriter<proto::ShardPiece>* writer) override {
+    if (parity_ == nullptr) return NoParity();
+    absl::StatusOr<ParityStore::Complete> block =
+        parity_->OpenComplete(req->block());
+    if (!block.ok()) return ToGrpc(block.status());
+    const uint64_t size = block->map->size();
+    proto::ShardPiece piece;
+    piece.set_file_bytes(size);
+    for (uint64_t at = 0; at < size && !ctx->IsCancelled();) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - at));
+      piece.set_data(block->map->data() + at, n);
+      if (!writer->Write(piece)) break;
+      at += n;
+      piece.Clear();
+    }
+    return grpc::Status::OK;
+  }
 
   grpc::Status PullReplica(grpc::ServerContext*,
                            const proto::PullReplicaRequest* req,
@@ -223,15 +293,22 @@ class PeerService final : public proto::CkptPeer::Service {
         absl::StrCat("this node has no copy of ", Describe(key)));
   }
 
+  static grpc::Status NoParity() {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this node keeps no parity: start every node of the "
+                        "cluster with the same --peer-redundancy rs:K+M");
+  }
+
   CheckpointService* const service_;
   Replicator* const replicator_;
   io::BulkServer* const bulk_;  // null: bulk transfers off
+  ParityStore* const parity_;   // null: no erasure-coded peer tier
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
-    CheckpointService* service, Replicator* replicator,
+    CheckpointService* service, Replicator* replicator, ParityStore* parity,
     const PeerServerOptions& options) {
   const size_t colon = options.address.rfind(':');
   int wanted_port = -1;
@@ -268,8 +345,8 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
                      io::BulkServer::Start(options.address.substr(0, colon)));
     replicator->SetBulkServer(server->bulk_);
   }
-  server->service_ =
-      std::make_unique<PeerService>(service, replicator, server->bulk_.get());
+  server->service_ = std::make_unique<PeerService>(service, replicator,
+                                                   server->bulk_.get(), parity);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, creds, &server->port_);
   builder.RegisterService(server->service_.get());

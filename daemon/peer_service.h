@@ -5,7 +5,9 @@
 // With TLS files it requires mutual TLS: a client without a certificate, or
 // with one no CA in `tls_ca_file` signed, is refused at the handshake.
 // Without, it also runs a BulkServer on the same host, which sends offered
-// shard files over plain TCP (the fast path of restores from peers).
+// shard files over plain TCP (the fast path of restores from peers). With the
+// erasure-coded peer tier, it also takes the parity contributions data nodes
+// push (into the ParityStore) and serves complete parity blocks.
 //
 // Thread-safety: thread-safe; calls run on gRPC's threads.
 #ifndef CKPT_DAEMON_PEER_SERVICE_H_
@@ -16,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/checkpoint_service.h"
+#include "daemon/parity_store.h"
 #include "daemon/replicator.h"
 #include "io/bulk_transfer.h"
 
@@ -38,8 +41,10 @@ struct PeerServerOptions {
 
 class PeerServer {
  public:
+  // `parity`: the parity blocks this node holds (null: no erasure-coded
+  // peer tier here; pushes of parity are refused).
   static absl::StatusOr<std::unique_ptr<PeerServer>> Start(
-      CheckpointService* service, Replicator* replicator,
+      CheckpointService* service, Replicator* replicator, ParityStore* parity,
       const PeerServerOptions& options);
   // Cancels calls in flight (an unfinished push leaves nothing).
   ~PeerServer();

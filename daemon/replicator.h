@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "daemon/coordinator.h"
 #include "daemon/metrics.h"
 #include "daemon/replica_store.h"
@@ -124,6 +125,28 @@ class Replicator {
   // Drops this node's replicas and cached copies of `job` that retention no
   // longer keeps.
   void CollectGarbage(const std::string& job);
+  // Which steps of a job the peer tier keeps (its replicas, and parity).
+  struct PeerRetention {
+    uint64_t newest = 0;           // committed at any tier
+    uint64_t newest_on_peers = 0;  // committed at tier peer
+    std::vector<uint64_t> steps;   // the newest committed, and the resume step
+    std::vector<uint64_t> on_peers;  // the same at tier peer
+    // Replicas and parity: the newest `keep_steps` committed at tier peer,
+    // the resume step, and newer steps (still gathering their copies).
+    bool KeepsHeld(uint64_t step) const;
+    // Fetched copies: any step retention keeps, and newer ones.
+    bool KeepsFetched(uint64_t step) const;
+  };
+  // nullopt while nothing of the job is committed (everything is in flight).
+  absl::StatusOr<absl::optional<PeerRetention>> Retention(
+      const std::string& job);
+  // Rebuilds a shard's file when no peer has a copy (the erasure-coded peer
+  // tier); Fetch verifies and keeps what it returns like any fetched copy.
+  using Rebuilder = std::function<absl::StatusOr<std::string>(
+      const std::string& job, uint64_t step, uint32_t rank)>;
+  void SetRebuilder(Rebuilder rebuild);
+  // A channel to a peer (one per address, reused).
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
   ReplicaStore* held() { return held_.get(); }
   const ReplicationOptions& options() const { return options_; }
@@ -188,7 +211,8 @@ class Replicator {
   bool InUse(const ReplicaStore::Key& key, absl::Duration grace) const;
   // The live peers other than this node; publishes this node when missing.
   absl::StatusOr<std::vector<proto::PeerInfo>> Peers();
-  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+  // Fetch's last resort: the shard rebuilt (erasure-coded peer tier).
+  absl::StatusOr<proto::ShardRecord> Rebuilt(const ReplicaStore::Key& key);
 
   io::FileSystem* const fs_;
   const ReplicationOptions options_;
@@ -206,6 +230,7 @@ class Replicator {
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<io::BulkServer> bulk_ ABSL_GUARDED_BY(mu_);
+  Rebuilder rebuild_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

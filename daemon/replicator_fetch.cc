@@ -139,7 +139,49 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     failures.push_back(
         absl::StrCat(c.peer->node_id(), ": ", got.status().message()));
   }
-  return NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
+  absl::Status none =
+      NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
+  absl::StatusOr<proto::ShardRecord> rebuilt = Rebuilt(key);
+  if (rebuilt.ok() || !absl::IsUnimplemented(rebuilt.status())) {
+    if (rebuilt.ok()) return rebuilt;
+    return absl::Status(
+        rebuilt.status().code(),
+        absl::StrCat(none.message(), "; ", rebuilt.status().message()));
+  }
+  return none;
+}
+
+void Replicator::SetRebuilder(Rebuilder rebuild) {
+  absl::MutexLock lock(&mu_);
+  rebuild_ = std::move(rebuild);
+}
+
+absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
+    const ReplicaStore::Key& key) {
+  Rebuilder rebuild;
+  {
+    absl::MutexLock lock(&mu_);
+    rebuild = rebuild_;
+  }
+  if (!rebuild) return absl::UnimplementedError("no parity");
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> bytes = rebuild(key.job, key.step, key.rank);
+  if (!bytes.ok()) {
+    CKPT_LOG_WARN("{}", bytes.status().ToString());
+    return bytes.status();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> receiver,
+                   ReceiveFetched(key, bytes->size()));
+  RETURN_IF_ERROR(receiver->Append(*bytes));
+  // Every chunk is checked against its checksum: a damaged block of the
+  // group (a flipped byte in parity) decodes into a chunk that fails here.
+  ASSIGN_OR_RETURN(ReplicaStore::Entry entry, receiver->Finish());
+  const Labels labels = {{"job", key.job}, {"source", "peer_parity"}};
+  metrics_->Add("ckpt_peer_fetched_bytes_total", labels,
+                static_cast<double>(entry.bytes));
+  metrics_->Add("ckpt_peer_fetch_seconds_total", labels,
+                absl::ToDoubleSeconds(absl::Now() - start));
+  return ReplicaStore::RecordOf(fs_, entry);
 }
 
 std::vector<Replicator::Candidate> Replicator::PeersWith(
@@ -293,22 +335,21 @@ absl::StatusOr<ReplicaStore::Entry> Replicator::FetchFrom(
   return receiver->Finish(/*every_chunk=*/false);
 }
 
-void Replicator::CollectGarbage(const std::string& job) {
-  absl::StatusOr<std::vector<proto::CommitRecord>> commits =
-      coordinator_->ListCommits(job);
-  if (!commits.ok()) {
-    CKPT_LOG_WARN("replicas of job {}: {}", job, commits.status().ToString());
-    return;
-  }
+absl::StatusOr<absl::optional<Replicator::PeerRetention>> Replicator::Retention(
+    const std::string& job) {
+  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits,
+                   coordinator_->ListCommits(job));
   // Replicas serve the steps committed at tier peer: the newest
   // `keep_steps` of them stay, and those of newer steps (still gathering
   // their replicas). A cached copy serves any committed step.
-  std::vector<uint64_t> steps, on_peers;
-  for (const proto::CommitRecord& c : *commits) {
-    steps.push_back(c.step());
-    if (c.tier() == proto::TIER_PEER) on_peers.push_back(c.step());
+  PeerRetention r;
+  for (const proto::CommitRecord& c : commits) {
+    r.steps.push_back(c.step());
+    if (c.tier() == proto::TIER_PEER) r.on_peers.push_back(c.step());
   }
-  if (steps.empty()) return;  // nothing is committed: everything is in flight
+  if (r.steps.empty()) {
+    return absl::optional<PeerRetention>();  // everything is in flight
+  }
   const size_t keep = static_cast<size_t>(std::max(options_.keep_steps, 1));
   auto newest_first = [keep](std::vector<uint64_t>& v) {
     std::sort(v.rbegin(), v.rend());
@@ -317,35 +358,45 @@ void Replicator::CollectGarbage(const std::string& job) {
     if (v.size() > keep) v.resize(keep);
     return newest;
   };
-  const uint64_t newest = newest_first(steps);
-  const uint64_t newest_on_peers = newest_first(on_peers);
+  r.newest = newest_first(r.steps);
+  r.newest_on_peers = newest_first(r.on_peers);
   // The step the job's epoch resumes from stays (see Coordinator::ResumeStep).
-  absl::StatusOr<absl::optional<uint64_t>> resume =
-      coordinator_->ResumeStep(job);
-  if (!resume.ok()) {
-    CKPT_LOG_WARN("replicas of job {}: {}", job, resume.status().ToString());
+  ASSIGN_OR_RETURN(absl::optional<uint64_t> resume,
+                   coordinator_->ResumeStep(job));
+  if (resume.has_value()) {
+    r.on_peers.push_back(*resume);
+    r.steps.push_back(*resume);
+  }
+  return absl::optional<PeerRetention>(std::move(r));
+}
+
+bool Replicator::PeerRetention::KeepsHeld(uint64_t step) const {
+  return step > newest_on_peers ||
+         std::find(on_peers.begin(), on_peers.end(), step) != on_peers.end();
+}
+
+bool Replicator::PeerRetention::KeepsFetched(uint64_t step) const {
+  return step > newest ||
+         std::find(steps.begin(), steps.end(), step) != steps.end();
+}
+
+void Replicator::CollectGarbage(const std::string& job) {
+  absl::StatusOr<absl::optional<PeerRetention>> retention = Retention(job);
+  if (!retention.ok()) {
+    CKPT_LOG_WARN("replicas of job {}: {}", job, retention.status().ToString());
     return;
   }
-  if (resume->has_value()) {
-    on_peers.push_back(**resume);
-    steps.push_back(**resume);
-  }
+  if (!retention->has_value()) return;
+  const PeerRetention& r = **retention;
   std::set<uint64_t> held, cached;
   for (const ReplicaStore::Entry& e : held_->List(job)) {
-    const bool kept = e.key.step > newest_on_peers ||
-                      std::find(on_peers.begin(), on_peers.end(), e.key.step) !=
-                          on_peers.end();
-    if (!kept) {
+    if (!r.KeepsHeld(e.key.step)) {
       (void)held_->Drop(e.key);
       held.insert(e.key.step);
     }
   }
   for (const ReplicaStore::Entry& e : fetched_->List(job)) {
-    const bool kept =
-        e.key.step > newest ||
-        std::find(steps.begin(), steps.end(), e.key.step) != steps.end() ||
-        InUse(e.key, absl::Minutes(1));
-    if (!kept) {
+    if (!r.KeepsFetched(e.key.step) && !InUse(e.key, absl::Minutes(1))) {
       (void)fetched_->Drop(e.key);
       cached.insert(e.key.step);
       absl::MutexLock lock(&mu_);
@@ -357,7 +408,7 @@ void Replicator::CollectGarbage(const std::string& job) {
         "replicas of job {}: held replicas of steps {} and fetched copies of "
         "steps {} dropped; peers keep steps {} and those above {}",
         job, StepList(held), StepList(cached),
-        StepList({on_peers.begin(), on_peers.end()}), newest_on_peers);
+        StepList({r.on_peers.begin(), r.on_peers.end()}), r.newest_on_peers);
   }
 }
 

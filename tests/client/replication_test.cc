@@ -27,6 +27,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/peer.grpc.pb.h"
 #include "tests/client/daemon_process.h"
+#include "tests/client/peer_ranks.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
 #include "tests/tools/run_cli.h"
@@ -37,83 +38,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr proto::Tier kPeer = proto::TIER_PEER;
-
-// Incompressible values, a function of the step and the global index only, so
-// that any sharding of the same step holds the same numbers.
-float Value(uint64_t step, int64_t g) {
-  uint64_t z = step * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(g);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) / 1024.0f;
-}
-
-// One rank's box of a global float vector, and its RNG byte item.
-struct Rank {
-  uint32_t rank, world;
-  int64_t global, offset, length;
-  std::vector<float> w;
-  std::string rng;
-  std::unique_ptr<Checkpointer> ckpt;
-
-  Rank(const std::string& socket, const std::string& job, uint32_t rank,
-       uint32_t world, int64_t global)
-      : rank(rank),
-        world(world),
-        global(global),
-        offset(global / world * rank),
-        length(global / world),
-        w(length) {
-    auto c = Checkpointer::Connect({job, rank, world, socket});
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return;
-    ckpt = *std::move(c);
-    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
-                                     {global}, {offset}, {length})
-                    .ok());
-    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
-  }
-  void Fill(uint64_t step) {
-    for (int64_t i = 0; i < length; ++i) w[i] = Value(step, offset + i);
-    rng = absl::StrCat("rng-", step, "-", rank);
-  }
-  // The state of `step`, except the RNG item of a rank the step did not have.
-  bool Matches(uint64_t step, bool rng_too = true) const {
-    for (int64_t i = 0; i < length; ++i) {
-      if (w[i] != Value(step, offset + i)) return false;
-    }
-    return !rng_too || rng == absl::StrCat("rng-", step, "-", rank);
-  }
-};
-
-std::vector<std::string> NodeArgs(const std::string& etcd,
-                                  const std::string& node,
-                                  std::vector<std::string> more = {}) {
-  std::vector<std::string> args = {"--coordinator",   "etcd://" + etcd,
-                                   "--lease-ttl",     "2",
-                                   "--node-id",       node,
-                                   "--peer-address",  "127.0.0.1:0",
-                                   "--peer-replicas", "1"};
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
-}
-
-// Saves `step` on every rank and waits until it is committed at `tier`.
-absl::Status SaveAll(std::vector<Rank*> ranks, uint64_t step, proto::Tier tier,
-                     absl::Duration timeout = absl::Seconds(60)) {
-  std::vector<std::shared_ptr<SaveHandle>> saves;
-  for (Rank* r : ranks) {
-    r->Fill(step);
-    auto save = r->ckpt->SaveAsync(step);
-    if (!save.ok()) return save.status();
-    saves.push_back(*std::move(save));
-  }
-  for (auto& s : saves) {
-    absl::Status st = s->WaitCommitted(tier, timeout);
-    if (!st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
 
 size_t FilesUnder(const std::string& dir) {
   size_t n = 0;

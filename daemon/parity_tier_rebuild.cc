@@ -1,0 +1,199 @@
+// ParityTier: rebuilding a lost shard from k blocks of its parity group.
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/describe.h"
+#include "daemon/grpc_status.h"
+#include "daemon/parity_plan.h"
+#include "daemon/parity_tier.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/peer.grpc.pb.h"
+#include "snapshot/self_contained.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// Reads a server stream of ShardPiece whose first piece says the size.
+absl::StatusOr<std::string> ReadPieces(
+    grpc::ClientReader<proto::ShardPiece>* reader, uint64_t expected,
+    const std::string& what) {
+  std::string bytes;
+  proto::ShardPiece piece;
+  bool first = true;
+  while (reader->Read(&piece)) {
+    if (first && piece.file_bytes() != expected) {
+      reader->Finish();
+      return absl::DataLossError(absl::StrCat(what, " is ", piece.file_bytes(),
+                                              " bytes, its plan says ",
+                                              expected));
+    }
+    first = false;
+    bytes.append(piece.data());
+    if (bytes.size() > expected) {
+      reader->Finish();
+      return absl::DataLossError(
+          absl::StrCat(what, ": more than ", expected, " bytes arrived"));
+    }
+  }
+  RETURN_IF_ERROR(FromGrpc(reader->Finish(), what));
+  if (bytes.size() != expected) {
+    return absl::DataLossError(absl::StrCat(what, ": ", bytes.size(), " of ",
+                                            expected, " bytes arrived"));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ParityTier::DataBlock(
+    const proto::ParityPlan& plan, const proto::ParityGroup& group, int index,
+    const std::map<std::string, proto::PeerInfo>& live) {
+  const proto::ShardHolder& holder = group.data(index);
+  const std::string what =
+      absl::StrCat("data block ", index, " (rank ", holder.rank(), " on node ",
+                   holder.node(), ")");
+  if (holder.node() == options_.node_id) {
+    ASSIGN_OR_RETURN(absl::optional<std::string> path,
+                     local_file_(plan.job(), plan.step(), holder.rank()));
+    if (!path.has_value()) {
+      return absl::NotFoundError(absl::StrCat(what, ": not here any more"));
+    }
+    ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                     snapshot::OpenSelfContained(fs_, *path));
+    if (view.size != holder.file_bytes()) {
+      return absl::DataLossError(
+          absl::StrCat(what, " is another save (", view.size, " bytes)"));
+    }
+    std::string bytes(view.size, '\0');
+    RETURN_IF_ERROR(view.file->Read(
+        0, absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()),
+                          bytes.size())));
+    return bytes;
+  }
+  auto peer = live.find(holder.node());
+  if (peer == live.end()) {
+    return absl::UnavailableError(absl::StrCat(what, ": node not live"));
+  }
+  auto stub = proto::CkptPeer::NewStub(channel_to_(peer->second.address()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(
+      absl::Now() + absl::Seconds(30) +
+      absl::Seconds(static_cast<double>(holder.file_bytes()) / (20 << 20))));
+  proto::FetchShardRequest req;
+  req.mutable_shard()->set_job(plan.job());
+  req.mutable_shard()->set_step(plan.step());
+  req.mutable_shard()->set_rank(holder.rank());
+  auto reader = stub->FetchShard(&context, req);
+  return ReadPieces(reader.get(), holder.file_bytes(), what);
+}
+
+absl::StatusOr<std::string> ParityTier::ParityBlock(
+    const proto::ParityPlan& plan, const proto::ParityGroup& group, int index,
+    const std::map<std::string, proto::PeerInfo>& live) {
+  const std::string& node = group.parity_nodes(index);
+  const std::string what =
+      absl::StrCat("parity block ", index, " (on node ", node, ")");
+  proto::ParityBlockKey key;
+  key.set_job(plan.job());
+  key.set_step(plan.step());
+  key.set_group(group.group());
+  key.set_index(index);
+  if (node == options_.node_id) {
+    ASSIGN_OR_RETURN(ParityStore::Complete block, store_->OpenComplete(key));
+    return std::string(reinterpret_cast<const char*>(block.map->data()),
+                       block.map->size());
+  }
+  auto peer = live.find(node);
+  if (peer == live.end()) {
+    return absl::UnavailableError(absl::StrCat(what, ": node not live"));
+  }
+  auto stub = proto::CkptPeer::NewStub(channel_to_(peer->second.address()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(
+      absl::Now() + absl::Seconds(30) +
+      absl::Seconds(static_cast<double>(group.stripe_bytes()) / (20 << 20))));
+  proto::ParityBlockRequest req;
+  *req.mutable_block() = key;
+  auto reader = stub->FetchParity(&context, req);
+  return ReadPieces(reader.get(), group.stripe_bytes(), what);
+}
+
+absl::StatusOr<std::string> ParityTier::Rebuild(const std::string& job,
+                                                uint64_t step, uint32_t rank) {
+  const std::string what = Describe(job, step, rank);
+  ASSIGN_OR_RETURN(absl::optional<proto::ParityPlan> plan,
+                   coordinator_->GetParityPlan(job, step));
+  if (!plan.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": its step has no parity plan"));
+  }
+  ASSIGN_OR_RETURN(ParityPosition at, FindInPlan(*plan, rank));
+  const proto::ParityGroup& group = *at.group;
+  ASSIGN_OR_RETURN(auto live, LivePeers());
+  const absl::Time start = absl::Now();
+  const int k = code_.k();
+  const int n = k + code_.m();
+  std::vector<std::string> blocks(n);
+  std::vector<bool> present(n, false);
+  std::vector<uint64_t> lengths(n, 0);
+  int have = 0;
+  for (int i = 0; i < k; ++i) {
+    if (i < group.data_size()) {
+      lengths[i] = group.data(i).file_bytes();
+    } else {
+      present[i] = true;  // a position the group leaves empty: zeros
+      ++have;
+    }
+  }
+  for (int j = 0; j < code_.m(); ++j) lengths[k + j] = group.stripe_bytes();
+  std::vector<std::string> failures;
+  for (int i = 0; i < group.data_size() && have < k; ++i) {
+    if (i == at.index) continue;
+    absl::StatusOr<std::string> got = DataBlock(*plan, group, i, live);
+    if (!got.ok()) {
+      failures.push_back(std::string(got.status().message()));
+      continue;
+    }
+    blocks[i] = *std::move(got);
+    present[i] = true;
+    ++have;
+  }
+  for (int j = 0; j < group.parity_nodes_size() && have < k; ++j) {
+    absl::StatusOr<std::string> got = ParityBlock(*plan, group, j, live);
+    if (!got.ok()) {
+      failures.push_back(std::string(got.status().message()));
+      continue;
+    }
+    blocks[k + j] = *std::move(got);
+    present[k + j] = true;
+    ++have;
+  }
+  const std::string group_name =
+      absl::StrCat(code_.ToString(), " group ", group.group(), " of job ", job,
+                   " step ", step);
+  if (have < k) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": cannot rebuild it from ", group_name, ": ", have,
+                     " of the ", k, " blocks needed could be had (",
+                     absl::StrJoin(failures, "; "), ")"));
+  }
+  std::vector<absl::Span<const uint8_t>> spans;
+  for (const std::string& b : blocks) {
+    spans.push_back(absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::vector<uint8_t>> rebuilt,
+                   code_.Rebuild(spans, present, lengths, {at.index}));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const Labels labels = {{"job", job}};
+  metrics_->Add("ckpt_parity_rebuilt_bytes_total", labels,
+                static_cast<double>(rebuilt[0].size()));
+  metrics_->Add("ckpt_parity_rebuild_seconds_total", labels, seconds);
+  CKPT_LOG_INFO("{}: rebuilt {} bytes from {} in {:.1f} ms", what,
+                rebuilt[0].size(), group_name, seconds * 1e3);
+  return std::string(rebuilt[0].begin(), rebuilt[0].end());
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,99 @@
+// Helpers of the tests of the peer tier (replicas and parity) across real
+// ckptd processes: ranks that save a float vector whose values are a function
+// of the step and the global index (so any sharding of a step holds the same
+// numbers), the arguments of a node on etcd, and saving a step on every rank.
+#ifndef CKPT_TESTS_CLIENT_PEER_RANKS_H_
+#define CKPT_TESTS_CLIENT_PEER_RANKS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::client {
+
+// Incompressible values, a function of the step and the global index only, so
+// that any sharding of the same step holds the same numbers.
+inline float Value(uint64_t step, int64_t g) {
+  uint64_t z = step * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(g);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) / 1024.0f;
+}
+
+// One rank's box of a global float vector, and its RNG byte item.
+struct Rank {
+  uint32_t rank, world;
+  int64_t global, offset, length;
+  std::vector<float> w;
+  std::string rng;
+  std::unique_ptr<Checkpointer> ckpt;
+
+  Rank(const std::string& socket, const std::string& job, uint32_t rank,
+       uint32_t world, int64_t global)
+      : rank(rank),
+        world(world),
+        global(global),
+        offset(global / world * rank),
+        length(global / world),
+        w(length) {
+    auto c = Checkpointer::Connect({job, rank, world, socket});
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return;
+    ckpt = *std::move(c);
+    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
+                                     {global}, {offset}, {length})
+                    .ok());
+    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
+  }
+  void Fill(uint64_t step) {
+    for (int64_t i = 0; i < length; ++i) w[i] = Value(step, offset + i);
+    rng = absl::StrCat("rng-", step, "-", rank);
+  }
+  // The state of `step`, except the RNG item of a rank the step did not have.
+  bool Matches(uint64_t step, bool rng_too = true) const {
+    for (int64_t i = 0; i < length; ++i) {
+      if (w[i] != Value(step, offset + i)) return false;
+    }
+    return !rng_too || rng == absl::StrCat("rng-", step, "-", rank);
+  }
+};
+
+inline std::vector<std::string> NodeArgs(const std::string& etcd,
+                                         const std::string& node,
+                                         std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {"--coordinator",   "etcd://" + etcd,
+                                   "--lease-ttl",     "2",
+                                   "--node-id",       node,
+                                   "--peer-address",  "127.0.0.1:0",
+                                   "--peer-replicas", "1"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Saves `step` on every rank and waits until it is committed at `tier`.
+inline absl::Status SaveAll(std::vector<Rank*> ranks, uint64_t step,
+                            proto::Tier tier,
+                            absl::Duration timeout = absl::Seconds(60)) {
+  std::vector<std::shared_ptr<SaveHandle>> saves;
+  for (Rank* r : ranks) {
+    r->Fill(step);
+    auto save = r->ckpt->SaveAsync(step);
+    if (!save.ok()) return save.status();
+    saves.push_back(*std::move(save));
+  }
+  for (auto& s : saves) {
+    absl::Status st = s->WaitCommitted(tier, timeout);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_TESTS_CLIENT_PEER_RANKS_H_
