@@ -175,13 +175,23 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
   RETURN_IF_ERROR(receiver->Append(*bytes));
   // Every chunk is checked against its checksum: a damaged block of the
   // group (a flipped byte in parity) decodes into a chunk that fails here.
-  ASSIGN_OR_RETURN(ReplicaStore::Entry entry, receiver->Finish());
+  absl::StatusOr<ReplicaStore::Entry> entry = receiver->Finish();
+  if (!entry.ok()) {
+    const absl::Status refused(
+        entry.status().code(),
+        absl::StrCat(Describe(key.job, key.step, key.rank),
+                     ": the file rebuilt from parity fails its checks (a "
+                     "block of its group is damaged): ",
+                     entry.status().message()));
+    CKPT_LOG_WARN("{}", refused.ToString());
+    return refused;
+  }
   const Labels labels = {{"job", key.job}, {"source", "peer_parity"}};
   metrics_->Add("ckpt_peer_fetched_bytes_total", labels,
-                static_cast<double>(entry.bytes));
+                static_cast<double>(entry->bytes));
   metrics_->Add("ckpt_peer_fetch_seconds_total", labels,
                 absl::ToDoubleSeconds(absl::Now() - start));
-  return ReplicaStore::RecordOf(fs_, entry);
+  return ReplicaStore::RecordOf(fs_, *entry);
 }
 
 std::vector<Replicator::Candidate> Replicator::PeersWith(

@@ -6,7 +6,9 @@
 // in the log.
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +123,108 @@ TEST(ParityTest, TwoLostNodesOfAGroupRestoreFromParityAThirdFallsBack) {
   EXPECT_THAT(d.log(), ContainsRegex("cannot rebuild it from rs:2\\+2 group 0 "
                                      "of job par step 2: 1 of the 2 blocks "
                                      "needed could be had"));
+}
+
+TEST(ParityTest, ADataNodeKilledMidEncodeLeavesTheStepShortOfTierPeer) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  auto node = [&](const std::string& id) {
+    return NodeArgs(etcd.endpoint(), id, {"--peer-redundancy", "rs:2+1"});
+  };
+  // Ranks 0 and 1 on a and b form the one group; its parity goes to c.
+  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
+      c(node("node-c"));
+  // Node a dies once it sent the first MiB of its contribution.
+  ::setenv("CKPT_KILL_POINT", "parity.segment_sent", 1);
+  const bool started = a.Start();
+  ::unsetenv("CKPT_KILL_POINT");
+  ASSERT_TRUE(started) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  ASSERT_TRUE(c.Start()) << c.log();
+  constexpr int64_t kGlobal = 2 << 20;  // 4 MiB per rank of 2
+  Rank r1(b.socket(), "cut", 1, 2, kGlobal);
+  ASSERT_TRUE(r1.ckpt);
+  std::shared_ptr<SaveHandle> save1;
+  {
+    Rank r0(a.socket(), "cut", 0, 2, kGlobal);
+    ASSERT_TRUE(r0.ckpt);
+    r0.Fill(1);
+    r1.Fill(1);
+    auto save0 = r0.ckpt->SaveAsync(1);
+    auto save = r1.ckpt->SaveAsync(1);
+    ASSERT_TRUE(save0.ok() && save.ok());
+    save1 = *std::move(save);
+    ASSERT_TRUE(save1->WaitCommitted(proto::TIER_LOCAL_DISK).ok())
+        << a.log() << b.log();
+    for (int i = 0; i < 200 && a.Accepting(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    ASSERT_FALSE(a.Accepting()) << a.log();
+  }
+  // What a sent does not count: the block it cut into is emptied, and the
+  // step never reaches tier peer without it.
+  EXPECT_FALSE(save1->WaitCommitted(kPeer, absl::Seconds(3)).ok());
+  auto on_peers = r1.ckpt->ListCommitted(kPeer);
+  ASSERT_TRUE(on_peers.ok());
+  EXPECT_TRUE(on_peers->empty());
+  EXPECT_THAT(c.log(), HasSubstr("contribution was cut short"));
+  // Node a returns with its disk: its shard is protected again, and b's
+  // contribution, which went with the emptied block, is sent again too.
+  a.Kill();
+  ASSERT_TRUE(a.Start()) << a.log();
+  absl::Status protected_now = save1->WaitCommitted(kPeer, absl::Seconds(60));
+  ASSERT_TRUE(protected_now.ok()) << protected_now << "\n"
+                                  << a.log() << b.log() << c.log();
+  EXPECT_THAT(a.log(), HasSubstr("job cut step 1 rank 0: protected by rs:2+1"));
+}
+
+TEST(ParityTest, AFlippedByteInAParityBlockIsCaughtByTheChunkChecksums) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  auto node = [&](const std::string& id) {
+    return NodeArgs(etcd.endpoint(), id, {"--peer-redundancy", "rs:2+2"});
+  };
+  // As above: ranks 0 and 1 (nodes a, b) in group 0, parity on c and d.
+  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
+      c(node("node-c")), d(node("node-d")), e(node("node-e"));
+  for (testing::DaemonProcess* p : {&a, &b, &c, &d, &e}) {
+    ASSERT_TRUE(p->Start()) << p->log();
+  }
+  constexpr int64_t kGlobal = 3 << 18;
+  {
+    Rank r0(a.socket(), "flip", 0, 3, kGlobal),
+        r1(b.socket(), "flip", 1, 3, kGlobal),
+        r2(c.socket(), "flip", 2, 3, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
+    absl::Status s = SaveAll({&r0, &r1, &r2}, 1, kPeer);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  // One bit of parity block 0 of group 0, in node c's memory, flips.
+  const std::string block =
+      c.replica_dir() + "/parity/flip/00000000000000000001-g000000-p00.parity";
+  ASSERT_TRUE(std::filesystem::exists(block)) << c.log();
+  {
+    std::fstream f(block, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(std::filesystem::file_size(block) / 2));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x04;
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(block) / 2));
+    f.write(&byte, 1);
+  }
+  a.Lose();
+  b.Lose();
+  // Rank 0 decodes from both parity blocks: the decoded file fails its
+  // checks, and no wrong byte reaches the trainer.
+  Rank moved(e.socket(), "flip", 0, 3, kGlobal);
+  ASSERT_TRUE(moved.ckpt);
+  absl::Status restored = moved.ckpt->Restore(1);
+  ASSERT_FALSE(restored.ok()) << "restored from a damaged parity block";
+  EXPECT_THAT(restored.message(), HasSubstr("rank 0"));
+  EXPECT_THAT(e.log(), HasSubstr("job flip step 1 rank 0: the file rebuilt "
+                                 "from parity fails its checks"))
+      << e.log();
+  EXPECT_FALSE(moved.Matches(1));
 }
 
 }  // namespace
