@@ -86,11 +86,14 @@ class ParityTier {
   size_t pending() const;
 
   // The bytes of a shard's file (self-contained), decoded from k blocks of
-  // its group on live nodes. FailedPrecondition names the group and every
-  // block that could not be had when fewer than k could; NotFound when the
-  // step has no parity plan.
-  absl::StatusOr<std::string> Rebuild(const std::string& job, uint64_t step,
-                                      uint32_t rank);
+  // its group on live nodes (fetched at once), first; then those of the
+  // group's other shards that could not be had either (lost with the same
+  // nodes), decoded from the same blocks. FailedPrecondition names the group
+  // and every block that could not be had when fewer than k could; NotFound
+  // when the step has no parity plan.
+  // Each as (rank, file bytes).
+  absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> Rebuild(
+      const std::string& job, uint64_t step, uint32_t rank);
 
   // Drops the parity blocks this node holds for steps of `job` that `keep`
   // says are no longer kept.

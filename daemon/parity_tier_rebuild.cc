@@ -1,6 +1,8 @@
 // ParityTier: rebuilding a lost shard from k blocks of its parity group.
 #include <grpcpp/grpcpp.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/describe.h"
@@ -20,6 +22,7 @@ absl::StatusOr<std::string> ReadPieces(
     grpc::ClientReader<proto::ShardPiece>* reader, uint64_t expected,
     const std::string& what) {
   std::string bytes;
+  bytes.reserve(expected);
   proto::ShardPiece piece;
   bool first = true;
   while (reader->Read(&piece)) {
@@ -120,8 +123,8 @@ absl::StatusOr<std::string> ParityTier::ParityBlock(
   return ReadPieces(reader.get(), group.stripe_bytes(), what);
 }
 
-absl::StatusOr<std::string> ParityTier::Rebuild(const std::string& job,
-                                                uint64_t step, uint32_t rank) {
+absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>>
+ParityTier::Rebuild(const std::string& job, uint64_t step, uint32_t rank) {
   const std::string what = Describe(job, step, rank);
   ASSIGN_OR_RETURN(absl::optional<proto::ParityPlan> plan,
                    coordinator_->GetParityPlan(job, step));
@@ -135,65 +138,90 @@ absl::StatusOr<std::string> ParityTier::Rebuild(const std::string& job,
   const absl::Time start = absl::Now();
   const int k = code_.k();
   const int n = k + code_.m();
-  std::vector<std::string> blocks(n);
-  std::vector<bool> present(n, false);
+  std::vector<absl::StatusOr<std::string>> blocks(
+      n, absl::UnavailableError("not fetched"));
   std::vector<uint64_t> lengths(n, 0);
-  int have = 0;
-  for (int i = 0; i < k; ++i) {
-    if (i < group.data_size()) {
-      lengths[i] = group.data(i).file_bytes();
-    } else {
-      present[i] = true;  // a position the group leaves empty: zeros
-      ++have;
-    }
+  for (int i = 0; i < group.data_size(); ++i) {
+    lengths[i] = group.data(i).file_bytes();
   }
+  // Positions the group leaves empty are zeros: had already.
+  int have = k - group.data_size();
+  for (int i = group.data_size(); i < k; ++i) blocks[i] = std::string();
   for (int j = 0; j < code_.m(); ++j) lengths[k + j] = group.stripe_bytes();
-  std::vector<std::string> failures;
-  for (int i = 0; i < group.data_size() && have < k; ++i) {
-    if (i == at.index) continue;
-    absl::StatusOr<std::string> got = DataBlock(*plan, group, i, live);
-    if (!got.ok()) {
-      failures.push_back(std::string(got.status().message()));
-      continue;
+  // The other data blocks first, all at once; then as many parity blocks as
+  // are still needed, at once, and more while some fail.
+  std::vector<bool> tried(n, false);
+  auto fetch = [&](const std::vector<int>& which) {
+    std::vector<std::thread> threads;
+    for (int b : which) {
+      tried[b] = true;
+      threads.emplace_back([&, b] {
+        blocks[b] = b < k ? DataBlock(*plan, group, b, live)
+                          : ParityBlock(*plan, group, b - k, live);
+      });
     }
-    blocks[i] = *std::move(got);
-    present[i] = true;
-    ++have;
+    for (std::thread& t : threads) t.join();
+    for (int b : which) have += blocks[b].ok() ? 1 : 0;
+  };
+  std::vector<int> data;
+  for (int i = 0; i < group.data_size(); ++i) {
+    if (i != at.index) data.push_back(i);
   }
-  for (int j = 0; j < group.parity_nodes_size() && have < k; ++j) {
-    absl::StatusOr<std::string> got = ParityBlock(*plan, group, j, live);
-    if (!got.ok()) {
-      failures.push_back(std::string(got.status().message()));
-      continue;
+  fetch(data);
+  for (int next = k; have < k && next < n;) {
+    std::vector<int> parity;
+    for (; next < n && static_cast<int>(parity.size()) < k - have; ++next) {
+      parity.push_back(next);
     }
-    blocks[k + j] = *std::move(got);
-    present[k + j] = true;
-    ++have;
+    fetch(parity);
   }
   const std::string group_name =
       absl::StrCat(code_.ToString(), " group ", group.group(), " of job ", job,
                    " step ", step);
   if (have < k) {
+    std::vector<std::string> failures;
+    for (int b = 0; b < n; ++b) {
+      if (tried[b] && !blocks[b].ok()) {
+        failures.push_back(std::string(blocks[b].status().message()));
+      }
+    }
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": cannot rebuild it from ", group_name, ": ", have,
                      " of the ", k, " blocks needed could be had (",
                      absl::StrJoin(failures, "; "), ")"));
   }
-  std::vector<absl::Span<const uint8_t>> spans;
-  for (const std::string& b : blocks) {
-    spans.push_back(absl::MakeConstSpan(
-        reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  // Rebuilt: the one asked for, and the group's other data blocks that could
+  // not be had (lost with the same nodes).
+  std::vector<int> wanted = {at.index};
+  for (int i : data) {
+    if (!blocks[i].ok()) wanted.push_back(i);
+  }
+  std::vector<absl::Span<const uint8_t>> spans(n);
+  std::vector<bool> present(n, false);
+  for (int b = 0; b < n; ++b) {
+    if (!blocks[b].ok()) continue;
+    present[b] = true;
+    spans[b] = absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(blocks[b]->data()), blocks[b]->size());
   }
   ASSIGN_OR_RETURN(std::vector<std::vector<uint8_t>> rebuilt,
-                   code_.Rebuild(spans, present, lengths, {at.index}));
+                   code_.Rebuild(spans, present, lengths, wanted));
+  std::vector<std::pair<uint32_t, std::string>> out;
+  uint64_t bytes = 0;
+  for (size_t w = 0; w < wanted.size(); ++w) {
+    bytes += rebuilt[w].size();
+    out.emplace_back(group.data(wanted[w]).rank(),
+                     std::string(rebuilt[w].begin(), rebuilt[w].end()));
+  }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const Labels labels = {{"job", job}};
   metrics_->Add("ckpt_parity_rebuilt_bytes_total", labels,
-                static_cast<double>(rebuilt[0].size()));
+                static_cast<double>(bytes));
   metrics_->Add("ckpt_parity_rebuild_seconds_total", labels, seconds);
-  CKPT_LOG_INFO("{}: rebuilt {} bytes from {} in {:.1f} ms", what,
-                rebuilt[0].size(), group_name, seconds * 1e3);
-  return std::string(rebuilt[0].begin(), rebuilt[0].end());
+  CKPT_LOG_INFO("{}: rebuilt {} bytes from {} in {:.1f} ms ({} shards of it)",
+                what, out[0].second.size(), group_name, seconds * 1e3,
+                out.size());
+  return out;
 }
 
 }  // namespace ckpt::daemon

@@ -273,11 +273,13 @@ class PeerService final : public proto::CkptPeer::Service {
     std::string path;
     uint64_t bytes;
   };
-  // A replica held in memory, else this node's own shard file.
+  // A copy in memory (a replica held, or one fetched or rebuilt here for a
+  // restore), else this node's own shard file.
   absl::StatusOr<Copy> Best(const ReplicaStore::Key& key) {
-    if (absl::optional<ReplicaStore::Entry> e =
-            replicator_->held()->Find(key)) {
-      return Copy{proto::TIER_PEER, e->path, e->bytes};
+    for (ReplicaStore* store : {replicator_->held(), replicator_->fetched()}) {
+      if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
+        return Copy{proto::TIER_PEER, e->path, e->bytes};
+      }
     }
     ASSIGN_OR_RETURN(absl::optional<std::string> own,
                      service_->LocalShardFile(key.job, key.step, key.rank));

@@ -142,13 +142,18 @@ class Replicator {
       const std::string& job);
   // Rebuilds a shard's file when no peer has a copy (the erasure-coded peer
   // tier); Fetch verifies and keeps what it returns like any fetched copy.
-  using Rebuilder = std::function<absl::StatusOr<std::string>(
-      const std::string& job, uint64_t step, uint32_t rank)>;
+  // The shard asked for first, then others of its group rebuilt with it
+  // (kept as fetched copies too: the next restore of one, here or on a node
+  // that asks this one, needs no decoding).
+  using Rebuilder = std::function<
+      absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>>(
+          const std::string& job, uint64_t step, uint32_t rank)>;
   void SetRebuilder(Rebuilder rebuild);
   // A channel to a peer (one per address, reused).
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
   ReplicaStore* held() { return held_.get(); }
+  ReplicaStore* fetched() { return fetched_.get(); }
   const ReplicationOptions& options() const { return options_; }
   // Shards waiting for peers (for tests and `ckpt status`).
   size_t pending() const;

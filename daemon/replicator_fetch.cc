@@ -165,27 +165,38 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
   }
   if (!rebuild) return absl::UnimplementedError("no parity");
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::string> bytes = rebuild(key.job, key.step, key.rank);
-  if (!bytes.ok()) {
-    CKPT_LOG_WARN("{}", bytes.status().ToString());
-    return bytes.status();
+  absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> files =
+      rebuild(key.job, key.step, key.rank);
+  if (!files.ok()) {
+    CKPT_LOG_WARN("{}", files.status().ToString());
+    return files.status();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> receiver,
-                   ReceiveFetched(key, bytes->size()));
-  RETURN_IF_ERROR(receiver->Append(*bytes));
   // Every chunk is checked against its checksum: a damaged block of the
   // group (a flipped byte in parity) decodes into a chunk that fails here.
-  absl::StatusOr<ReplicaStore::Entry> entry = receiver->Finish();
-  if (!entry.ok()) {
-    const absl::Status refused(
-        entry.status().code(),
-        absl::StrCat(Describe(key.job, key.step, key.rank),
-                     ": the file rebuilt from parity fails its checks (a "
-                     "block of its group is damaged): ",
-                     entry.status().message()));
-    CKPT_LOG_WARN("{}", refused.ToString());
-    return refused;
+  absl::StatusOr<ReplicaStore::Entry> entry;
+  for (const auto& [rank, bytes] : *files) {
+    const ReplicaStore::Key k{key.job, key.step, rank};
+    absl::StatusOr<ReplicaStore::Entry> kept =
+        [&]() -> absl::StatusOr<ReplicaStore::Entry> {
+      ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> receiver,
+                       ReceiveFetched(k, bytes.size()));
+      RETURN_IF_ERROR(receiver->Append(bytes));
+      return receiver->Finish();
+    }();
+    if (!kept.ok()) {
+      kept = absl::Status(
+          kept.status().code(),
+          absl::StrCat(Describe(k.job, k.step, k.rank),
+                       ": the file rebuilt from parity fails its checks (a "
+                       "block of its group is damaged): ",
+                       kept.status().message()));
+      CKPT_LOG_WARN("{}", kept.status().ToString());
+    } else if (rank != key.rank) {
+      Used(k);  // its own restore is likely on its way
+    }
+    if (rank == key.rank) entry = std::move(kept);
   }
+  if (!entry.ok()) return entry.status();
   const Labels labels = {{"job", key.job}, {"source", "peer_parity"}};
   metrics_->Add("ckpt_peer_fetched_bytes_total", labels,
                 static_cast<double>(entry->bytes));

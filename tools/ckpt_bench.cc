@@ -9,7 +9,8 @@
 // O_DIRECT, 1 MiB blocks, sequential, same queue depth) on the same directory.
 // Runs are interleaved; medians are reported.
 //
-//   ckpt-bench recovery [--dir DIR] [--state-mib N] [--json]
+//   ckpt-bench recovery [--dir DIR] [--state-mib N] [--redundancy rs:K+M]
+//   [--json]
 //
 // `recovery` loses a node of a job on three local ckptd with peer replication
 // and times detection, rendezvous and the restore from the replicas (against
@@ -126,6 +127,10 @@ int main(int argc, char** argv) {
   rec_cmd->add_option("--state-mib", recovery_mib, "the job's state, in MiB")
       ->check(CLI::Range(2, 1 << 16));
   rec_cmd->add_flag("--json", json, "print one JSON object");
+  std::string redundancy;
+  rec_cmd->add_option(
+      "--redundancy", redundancy,
+      "rs:K+M: six ckptd, M of them lost at once, parity against M replicas");
   std::string codec_data = "build/bench-data";
   CLI::App* codec_cmd = app.add_subcommand(
       "codec",
@@ -152,6 +157,10 @@ int main(int argc, char** argv) {
   if (*torch_cmd) {
     return ckpt::bench::RunTorch(dir, state_mib, runs, json, host_snapshot,
                                  huge_pages, torch_python);
+  }
+  if (*rec_cmd && !redundancy.empty()) {
+    return ckpt::bench::RunRedundancy(dir + "/ckpt-bench-redundancy",
+                                      recovery_mib, redundancy, json);
   }
   if (*rec_cmd)
     return ckpt::bench::RunRecovery(dir + "/ckpt-bench-recovery", recovery_mib,

@@ -68,6 +68,12 @@ int RunControlPlane(const std::string& dir, std::string etcd, int ranks,
 // copy of the same bytes.
 int RunRecovery(const std::string& dir, uint64_t state_mib, bool json);
 
+// `ckpt-bench recovery --redundancy rs:K+M`: the erasure-coded peer tier
+// against M full replicas on six ckptd (peer memory, encode speed, the
+// restore of M lost nodes' ranks, recovery time). ckpt_bench_redundancy.cc.
+int RunRedundancy(const std::string& dir, uint64_t state_mib,
+                  const std::string& redundancy, bool json);
+
 // `ckpt-bench codec`: real training state from gen_training_state.py in
 // `data`: ckpt's stored size and codec speed against byte-shuffle + zstd -1
 // (one core), bytes written by incremental saves (fine-tuning with ~90%

@@ -112,9 +112,14 @@ TEST(ParityTest, TwoLostNodesOfAGroupRestoreFromParityAThirdFallsBack) {
     EXPECT_TRUE(r2.Matches(2));
   }
 
-  // Node c goes too: group 0 has one block left (parity on d), fewer than
-  // the two it needs. A restore on d falls back to the shared tier.
+  // Rank 0's rebuild decoded rank 1 too, from the same blocks.
+  EXPECT_THAT(e.log(), HasSubstr("(2 shards of it)"));
+
+  // Nodes c and e (which keeps the rebuilt copies) go too: group 0 has one
+  // block left (parity on d), fewer than the two it needs. A restore on d
+  // falls back to the shared tier.
   c.Lose();
+  e.Lose();
   Rank again(d.socket(), "par", 1, 3, kGlobal);
   ASSERT_TRUE(again.ckpt);
   absl::Status restored = again.ckpt->Restore(2);
