@@ -27,6 +27,12 @@ void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
     if (r.state() != proto::SHARD_PERSISTED || r.shard_path().empty()) {
       continue;
     }
+    if (parity_ != nullptr && r.parity_protected()) {
+      // Its group's parity is checked, and made again where nodes holding
+      // it were lost (retention keeps few steps: few shards to check).
+      parity_->Enqueue(r, /*again=*/true);
+      continue;
+    }
     std::vector<std::string> holders;
     for (const std::string& n : r.replica_nodes()) {
       if (std::find(lost.begin(), lost.end(), n) == lost.end()) {

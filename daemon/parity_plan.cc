@@ -161,6 +161,27 @@ absl::StatusOr<ParityPosition> FindInPlan(const proto::ParityPlan& plan,
                                           " has no rank ", rank));
 }
 
+std::vector<std::string> ParityHolders(const proto::ParityGroup& group,
+                                       const std::set<std::string>& live) {
+  std::set<std::string> in_group;
+  for (const proto::ShardHolder& d : group.data()) in_group.insert(d.node());
+  for (const std::string& p : group.parity_nodes()) in_group.insert(p);
+  std::vector<std::string> spare;
+  for (const std::string& node : live) {
+    if (!in_group.count(node)) spare.push_back(node);
+  }
+  std::vector<std::string> holders;
+  size_t next = 0;
+  for (const std::string& p : group.parity_nodes()) {
+    if (live.count(p)) {
+      holders.push_back(p);
+    } else {
+      holders.push_back(next < spare.size() ? spare[next++] : std::string());
+    }
+  }
+  return holders;
+}
+
 uint64_t ParityBytes(const proto::ParityPlan& plan) {
   uint64_t total = 0;
   for (const proto::ParityGroup& g : plan.groups()) {

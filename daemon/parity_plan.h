@@ -16,6 +16,7 @@
 #define CKPT_DAEMON_PARITY_PLAN_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,14 @@ struct ParityPosition {
 // NotFound when the plan has no such rank.
 absl::StatusOr<ParityPosition> FindInPlan(const proto::ParityPlan& plan,
                                           uint32_t rank);
+
+// Who holds each parity block of `group` now, given the live nodes: its
+// planned node while that one is live, else a replacement (re-protection
+// after a loss): the live nodes outside the group, by id, taken in turn for
+// the blocks whose planned node is gone. "" when no node is left for a block.
+// Every node computes the same from the same live set.
+std::vector<std::string> ParityHolders(const proto::ParityGroup& group,
+                                       const std::set<std::string>& live);
 
 // The bytes of parity the plan puts on nodes, all groups together.
 uint64_t ParityBytes(const proto::ParityPlan& plan);

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -65,6 +66,30 @@ absl::StatusOr<std::unique_ptr<ParityTier>> ParityTier::Start(
   ASSIGN_OR_RETURN(
       tier->store_,
       ParityStore::Open(fs, tier->options_.dir, tier->options_.budget_bytes));
+  using T = Metrics::Type;
+  metrics->Declare("ckpt_parity_bytes", T::kGauge,
+                   "bytes of parity blocks this node holds for its peers");
+  metrics->Declare("ckpt_parity_pending_shards", T::kGauge,
+                   "persisted shards whose group's parity is not complete");
+  metrics->Declare("ckpt_parity_sent_bytes_total", T::kCounter,
+                   "parity contributions sent to parity holders and verified");
+  metrics->Declare("ckpt_parity_encode_seconds_total", T::kCounter,
+                   "time spent reading, encoding and sending them");
+  metrics->Declare("ckpt_parity_rebuilt_bytes_total", T::kCounter,
+                   "shard-file bytes decoded from parity groups for restores");
+  metrics->Declare("ckpt_parity_rebuild_seconds_total", T::kCounter,
+                   "time spent fetching the groups' blocks and decoding");
+  metrics->Declare("ckpt_parity_reprotected_total", T::kCounter,
+                   "shards whose group's parity was made again after a loss");
+  metrics->Declare("ckpt_parity_reprotect_seconds_total", T::kCounter,
+                   "time from the loss being seen to the parity made again");
+  ParityTier* self = tier.get();
+  metrics->OnScrape([self](Metrics& m) {
+    m.Set("ckpt_parity_bytes", {},
+          static_cast<double>(self->store_->used_bytes()));
+    m.Set("ckpt_parity_pending_shards", {},
+          static_cast<double>(self->pending()));
+  });
   tier->thread_ = std::thread([t = tier.get()] { t->Loop(); });
   return tier;
 }
@@ -90,17 +115,24 @@ ParityTier::~ParityTier() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ParityTier::Enqueue(const proto::ShardRecord& shard) {
+void ParityTier::Enqueue(const proto::ShardRecord& shard, bool again) {
   absl::MutexLock lock(&mu_);
+  Pending fresh;
+  fresh.shard = shard;
+  fresh.again = again;
+  fresh.since = absl::Now();
   for (Pending& p : pending_) {
     if (p.shard.job() == shard.job() && p.shard.step() == shard.step() &&
         p.shard.rank() == shard.rank()) {
-      p = Pending{shard};  // saved again: published again
+      // Saved again: published again. Still waiting for its first vote: it
+      // keeps waiting for it.
+      fresh.again = again && p.again;
+      p = std::move(fresh);
       wake_ = true;
       return;
     }
   }
-  pending_.push_back({shard});
+  pending_.push_back(std::move(fresh));
   wake_ = true;
 }
 
@@ -231,14 +263,18 @@ bool ParityTier::Protect(Pending& p) {
     note(live.status().ToString());
     return false;
   }
+  std::set<std::string> live_ids;
+  for (const auto& [id, info] : *live) live_ids.insert(id);
+  const std::vector<std::string> holders = ParityHolders(group, live_ids);
   std::vector<uint32_t> missing;
   int complete = 0;
   for (int j = 0; j < group.parity_nodes_size(); ++j) {
-    const std::string& node = group.parity_nodes(j);
+    const std::string& node = holders[j];
     auto peer = live->find(node);
     if (peer == live->end()) {
-      note(absl::StrCat("node ", node, ", which holds parity block ", j,
-                        " of group ", group.group(), ", is not live"));
+      note(absl::StrCat("no live node is left to hold parity block ", j,
+                        " of group ", group.group(), " (planned on node ",
+                        group.parity_nodes(j), ")"));
       return false;
     }
     absl::StatusOr<absl::optional<proto::ParityBlockRecord>> state =
@@ -254,7 +290,8 @@ bool ParityTier::Protect(Pending& p) {
     }
   }
   if (!missing.empty()) {
-    absl::Status pushed = PushContributions(shard, group, at->index, missing);
+    absl::Status pushed =
+        PushContributions(shard, group, at->index, missing, holders, *live);
     if (!pushed.ok()) {
       note(pushed.ToString());
       return false;
@@ -262,6 +299,22 @@ bool ParityTier::Protect(Pending& p) {
     return false;  // looked at again in the next round
   }
   if (complete < group.parity_nodes_size()) return false;  // others to come
+  std::vector<std::string> moved;
+  for (int j = 0; j < group.parity_nodes_size(); ++j) {
+    if (holders[j] != group.parity_nodes(j)) {
+      moved.push_back(absl::StrCat("block ", j, " on ", holders[j], " for ",
+                                   group.parity_nodes(j)));
+    }
+  }
+  if (p.again) {
+    CKPT_LOG_INFO("{}: protected again by {} parity (group {}{}{})", what,
+                  code_.ToString(), group.group(), moved.empty() ? "" : ": ",
+                  absl::StrJoin(moved, ", "));
+    metrics_->Add("ckpt_parity_reprotected_total", {{"job", shard.job()}});
+    metrics_->Add("ckpt_parity_reprotect_seconds_total", {{"job", shard.job()}},
+                  absl::ToDoubleSeconds(absl::Now() - p.since));
+    return true;
+  }
   CKPT_LOG_INFO("{}: protected by {} parity (group {} of {} data blocks)", what,
                 code_.ToString(), group.group(), group.data_size());
   on_protected_(shard);
@@ -270,10 +323,11 @@ bool ParityTier::Protect(Pending& p) {
 
 absl::Status ParityTier::PushContributions(
     const proto::ShardRecord& shard, const proto::ParityGroup& group,
-    uint32_t position, const std::vector<uint32_t>& indices) {
+    uint32_t position, const std::vector<uint32_t>& indices,
+    const std::vector<std::string>& holders,
+    const std::map<std::string, proto::PeerInfo>& live) {
   ASSIGN_OR_RETURN(snapshot::SelfContained view,
                    snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  ASSIGN_OR_RETURN(auto live, LivePeers());
   proto::ParityPlan plan;
   plan.set_job(shard.job());
   plan.set_step(shard.step());
@@ -291,7 +345,7 @@ absl::Status ParityTier::PushContributions(
   for (uint32_t j : indices) {
     auto s = std::make_unique<Stream>();
     s->index = j;
-    s->node = group.parity_nodes(j);
+    s->node = holders[j];
     auto peer = live.find(s->node);
     if (peer == live.end()) {
       return absl::UnavailableError(

@@ -80,8 +80,10 @@ class ParityTier {
   ParityStore* store() { return store_.get(); }
 
   // A persisted shard of this node (state PERSISTED, `shard_path` set) to
-  // protect.
-  void Enqueue(const proto::ShardRecord& shard);
+  // protect. `again`: it was protected, and nodes holding its group's parity
+  // were lost: its parity is made again on the nodes that replace them
+  // (ParityHolders), without a new vote.
+  void Enqueue(const proto::ShardRecord& shard, bool again = false);
   // Shards not yet protected (for tests and `ckpt status`).
   size_t pending() const;
 
@@ -103,6 +105,8 @@ class ParityTier {
  private:
   struct Pending {
     proto::ShardRecord shard;
+    bool again = false;
+    absl::Time since;  // enqueued
     bool published = false;
     proto::ShardHolder holder;
     int attempts = 0;
@@ -119,11 +123,12 @@ class ParityTier {
   absl::StatusOr<absl::optional<proto::ParityPlan>> PlanOf(
       const proto::ShardRecord& shard);
   // Streams `file`'s contribution (data block `position` of `group`) to the
-  // parity blocks `indices` of the group, at once.
-  absl::Status PushContributions(const proto::ShardRecord& shard,
-                                 const proto::ParityGroup& group,
-                                 uint32_t position,
-                                 const std::vector<uint32_t>& indices);
+  // parity blocks `indices` of the group, held by `holders`, at once.
+  absl::Status PushContributions(
+      const proto::ShardRecord& shard, const proto::ParityGroup& group,
+      uint32_t position, const std::vector<uint32_t>& indices,
+      const std::vector<std::string>& holders,
+      const std::map<std::string, proto::PeerInfo>& live);
   // The block's state on its holder (nullopt: the holder has none).
   absl::StatusOr<absl::optional<proto::ParityBlockRecord>> BlockOn(
       const std::string& address, const proto::ParityBlockKey& key);
@@ -136,6 +141,7 @@ class ParityTier {
       const std::map<std::string, proto::PeerInfo>& live);
   absl::StatusOr<std::string> ParityBlock(
       const proto::ParityPlan& plan, const proto::ParityGroup& group, int index,
+      const std::string& holder,
       const std::map<std::string, proto::PeerInfo>& live);
 
   io::FileSystem* const fs_;

@@ -1,6 +1,7 @@
 // ParityTier: rebuilding a lost shard from k blocks of its parity group.
 #include <grpcpp/grpcpp.h>
 
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -94,10 +95,18 @@ absl::StatusOr<std::string> ParityTier::DataBlock(
 
 absl::StatusOr<std::string> ParityTier::ParityBlock(
     const proto::ParityPlan& plan, const proto::ParityGroup& group, int index,
+    const std::string& node,
     const std::map<std::string, proto::PeerInfo>& live) {
-  const std::string& node = group.parity_nodes(index);
   const std::string what =
-      absl::StrCat("parity block ", index, " (on node ", node, ")");
+      node == group.parity_nodes(index)
+          ? absl::StrCat("parity block ", index, " (on node ", node, ")")
+          : absl::StrCat("parity block ", index, " (on node ", node,
+                         " for node ", group.parity_nodes(index), ")");
+  if (node.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "parity block ", index, " (on node ", group.parity_nodes(index),
+        "): node not live, and no node holds it in its place"));
+  }
   proto::ParityBlockKey key;
   key.set_job(plan.job());
   key.set_step(plan.step());
@@ -135,6 +144,9 @@ ParityTier::Rebuild(const std::string& job, uint64_t step, uint32_t rank) {
   ASSIGN_OR_RETURN(ParityPosition at, FindInPlan(*plan, rank));
   const proto::ParityGroup& group = *at.group;
   ASSIGN_OR_RETURN(auto live, LivePeers());
+  std::set<std::string> live_ids;
+  for (const auto& [id, info] : live) live_ids.insert(id);
+  const std::vector<std::string> holders = ParityHolders(group, live_ids);
   const absl::Time start = absl::Now();
   const int k = code_.k();
   const int n = k + code_.m();
@@ -156,8 +168,9 @@ ParityTier::Rebuild(const std::string& job, uint64_t step, uint32_t rank) {
     for (int b : which) {
       tried[b] = true;
       threads.emplace_back([&, b] {
-        blocks[b] = b < k ? DataBlock(*plan, group, b, live)
-                          : ParityBlock(*plan, group, b - k, live);
+        blocks[b] =
+            b < k ? DataBlock(*plan, group, b, live)
+                  : ParityBlock(*plan, group, b - k, holders[b - k], live);
       });
     }
     for (std::thread& t : threads) t.join();

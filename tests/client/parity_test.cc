@@ -232,5 +232,63 @@ TEST(ParityTest, AFlippedByteInAParityBlockIsCaughtByTheChunkChecksums) {
   EXPECT_FALSE(moved.Matches(1));
 }
 
+TEST(ParityTest, ALostParityHolderIsReplacedAndTheGroupSurvivesTwoMoreLosses) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  auto node = [&](const std::string& id) {
+    return NodeArgs(etcd.endpoint(), id, {"--peer-redundancy", "rs:2+2"});
+  };
+  // As above: group 0 is ranks 0 and 1 (nodes a, b), parity on c and d.
+  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
+      c(node("node-c")), d(node("node-d")), e(node("node-e"));
+  for (testing::DaemonProcess* p : {&a, &b, &c, &d, &e}) {
+    ASSERT_TRUE(p->Start()) << p->log();
+  }
+  constexpr int64_t kGlobal = 3 << 18;
+  {
+    Rank r0(a.socket(), "again", 0, 3, kGlobal),
+        r1(b.socket(), "again", 1, 3, kGlobal),
+        r2(c.socket(), "again", 2, 3, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
+    absl::Status s = SaveAll({&r0, &r1, &r2}, 1, kPeer);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  // Node c, which holds parity block 0 of group 0, is lost: once its lease
+  // expires, a and b make that block again on e (the one node outside the
+  // group).
+  c.Lose();
+  const std::string redone =
+      "protected again by rs:2+2 parity (group 0: "
+      "block 0 on node-e for node-c)";
+  for (int i = 0; i < 400; ++i) {
+    if (a.log().find(redone) != std::string::npos &&
+        b.log().find(redone) != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_THAT(a.log(), HasSubstr(redone)) << a.log();
+  ASSERT_THAT(b.log(), HasSubstr(redone)) << b.log();
+  auto metrics = GetMetricsText(a.socket());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, ContainsRegex("ckpt_parity_reprotected_total\\{job="
+                                      "\"again\"\\} 1"));
+  metrics = GetMetricsText(e.socket());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, ContainsRegex("ckpt_parity_bytes [1-9]"));
+  // Two more losses, a and b: group 0 decodes from e's block and d's.
+  a.Lose();
+  b.Lose();
+  for (uint32_t rank : {0u, 1u}) {
+    Rank moved(d.socket(), "again", rank, 3, kGlobal);
+    ASSERT_TRUE(moved.ckpt);
+    absl::Status restored = moved.ckpt->Restore(1);
+    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored << "\n"
+                               << d.log();
+    EXPECT_TRUE(moved.Matches(1)) << "rank " << rank;
+  }
+  EXPECT_THAT(d.log(), HasSubstr("rebuilt"));
+}
+
 }  // namespace
 }  // namespace ckpt::client

@@ -186,5 +186,19 @@ TEST(ParityPlanTest, MissingOrDoubledRanksAreNamed) {
       HasSubstr("rank 7 is outside world size 7"));
 }
 
+TEST(ParityPlanTest,
+     LostParityHoldersAreReplacedByTheSameSpareNodesEverywhere) {
+  proto::ParityGroup g;
+  for (const char* n : {"a", "b"}) g.add_data()->set_node(n);
+  for (const char* n : {"c", "d", "e"}) g.add_parity_nodes(n);
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ParityHolders(g, {"a", "b", "c", "d", "e", "f"}),
+            (V{"c", "d", "e"}));
+  // c and e lost: the live nodes outside the group, by id, in turn.
+  EXPECT_EQ(ParityHolders(g, {"a", "b", "d", "g", "f"}), (V{"f", "d", "g"}));
+  // Not enough spare nodes: "" for the block left without one.
+  EXPECT_EQ(ParityHolders(g, {"a", "b", "d", "f"}), (V{"f", "d", ""}));
+}
+
 }  // namespace
 }  // namespace ckpt::daemon
