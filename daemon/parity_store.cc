@@ -335,7 +335,8 @@ absl::StatusOr<ParityStore::Complete> ParityStore::OpenComplete(
   Complete out;
   io::MapOptions options;
   options.writable = false;
-  ASSIGN_OR_RETURN(out.map, fs_->MapFile(PathOf(key, kBlock), options));
+  out.path = PathOf(key, kBlock);
+  ASSIGN_OR_RETURN(out.map, fs_->MapFile(out.path, options));
   out.record = it->second.record;
   return out;
 }

@@ -90,6 +90,7 @@ class ParityStore {
   // FailedPrecondition when it is not complete.
   struct Complete {
     std::unique_ptr<io::MappedFile> map;
+    std::string path;
     proto::ParityBlockRecord record;
   };
   absl::StatusOr<Complete> OpenComplete(const proto::ParityBlockKey& key);

@@ -1,6 +1,7 @@
 // ParityTier: rebuilding a lost shard from k blocks of its parity group.
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "daemon/grpc_status.h"
 #include "daemon/parity_plan.h"
 #include "daemon/parity_tier.h"
+#include "io/bulk_transfer.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
@@ -49,6 +51,46 @@ absl::StatusOr<std::string> ReadPieces(
   return bytes;
 }
 
+// A block from a peer: offered as a bulk transfer over plain TCP when the
+// peer can (`offer`), else streamed over gRPC (`stream`).
+absl::StatusOr<std::string> FromPeer(
+    const std::string& address, uint64_t expected, const std::string& what,
+    const std::function<grpc::Status(grpc::ClientContext*, proto::ShardOffer*)>&
+        offer,
+    const std::function<std::unique_ptr<grpc::ClientReader<proto::ShardPiece>>(
+        grpc::ClientContext*)>& stream) {
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::ShardOffer o;
+    grpc::Status offered = offer(&context, &o);
+    if (offered.ok()) {
+      if (o.file_bytes() != expected) {
+        return absl::DataLossError(absl::StrCat(
+            what, " is ", o.file_bytes(), " bytes, its plan says ", expected));
+      }
+      std::string bytes(expected, '\0');
+      RETURN_IF_ERROR(
+          io::BulkFetch(address.substr(0, address.rfind(':')),
+                        static_cast<int>(o.port()), o.ticket(),
+                        absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()),
+                                       bytes.size()),
+                        absl::Seconds(30)));
+      return bytes;
+    }
+    if (offered.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+        offered.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      return FromGrpc(offered, what);
+    }
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(
+      absl::Now() + absl::Seconds(30) +
+      absl::Seconds(static_cast<double>(expected) / (20 << 20))));
+  auto reader = stream(&context);
+  return ReadPieces(reader.get(), expected, what);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ParityTier::DataBlock(
@@ -81,16 +123,16 @@ absl::StatusOr<std::string> ParityTier::DataBlock(
     return absl::UnavailableError(absl::StrCat(what, ": node not live"));
   }
   auto stub = proto::CkptPeer::NewStub(channel_to_(peer->second.address()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(
-      absl::Now() + absl::Seconds(30) +
-      absl::Seconds(static_cast<double>(holder.file_bytes()) / (20 << 20))));
   proto::FetchShardRequest req;
   req.mutable_shard()->set_job(plan.job());
   req.mutable_shard()->set_step(plan.step());
   req.mutable_shard()->set_rank(holder.rank());
-  auto reader = stub->FetchShard(&context, req);
-  return ReadPieces(reader.get(), holder.file_bytes(), what);
+  return FromPeer(
+      peer->second.address(), holder.file_bytes(), what,
+      [&](grpc::ClientContext* c, proto::ShardOffer* o) {
+        return stub->OfferShard(c, req, o);
+      },
+      [&](grpc::ClientContext* c) { return stub->FetchShard(c, req); });
 }
 
 absl::StatusOr<std::string> ParityTier::ParityBlock(
@@ -122,14 +164,14 @@ absl::StatusOr<std::string> ParityTier::ParityBlock(
     return absl::UnavailableError(absl::StrCat(what, ": node not live"));
   }
   auto stub = proto::CkptPeer::NewStub(channel_to_(peer->second.address()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(
-      absl::Now() + absl::Seconds(30) +
-      absl::Seconds(static_cast<double>(group.stripe_bytes()) / (20 << 20))));
   proto::ParityBlockRequest req;
   *req.mutable_block() = key;
-  auto reader = stub->FetchParity(&context, req);
-  return ReadPieces(reader.get(), group.stripe_bytes(), what);
+  return FromPeer(
+      peer->second.address(), group.stripe_bytes(), what,
+      [&](grpc::ClientContext* c, proto::ShardOffer* o) {
+        return stub->OfferParity(c, req, o);
+      },
+      [&](grpc::ClientContext* c) { return stub->FetchParity(c, req); });
 }
 
 absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>>

@@ -80,6 +80,27 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status OfferParity(grpc::ServerContext*,
+                           const proto::ParityBlockRequest* req,
+                           proto::ShardOffer* resp) override {
+    if (parity_ == nullptr) return NoParity();
+    if (bulk_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "bulk transfers are off on this node (mutual TLS): "
+                          "use FetchParity");
+    }
+    absl::StatusOr<ParityStore::Complete> block =
+        parity_->OpenComplete(req->block());
+    if (!block.ok()) return ToGrpc(block.status());
+    absl::StatusOr<io::BulkServer::Ticket> ticket = bulk_->Offer(block->path);
+    if (!ticket.ok()) return ToGrpc(ticket.status());
+    resp->set_tier(proto::TIER_PEER);
+    resp->set_file_bytes(ticket->bytes);
+    resp->set_ticket(ticket->token);
+    resp->set_port(static_cast<uint32_t>(bulk_->port()));
+    return grpc::Status::OK;
+  }
+
   grpc::Status FetchParity(
       grpc::ServerContext* ctx, const proto::ParityBlockRequest* req,
       grpc::ServerWriter<proto::ShardPiece>* writer) override {
