@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -274,6 +275,11 @@ class CheckpointService {
   // Every parity block of the shard's group is complete: recorded, and
   // voted at TIER_PEER.
   void ParityProtected(const proto::ShardRecord& shard);
+  // Both: when the shard is still the one recorded, `record` notes how it is
+  // safe in its record, and TIER_PEER is voted.
+  void PeerTierReached(const proto::ShardRecord& shard,
+                       const std::function<void(proto::ShardRecord&)>& record,
+                       const char* what_recorded);
   // Drops the copies `actions` name (catalog first, in synced batches, then
   // slots and files); returns how many were applied, and the first error.
   // Actions on files pinned meanwhile as bases lose their drop_file.

@@ -3,6 +3,7 @@
 // are cast again), replicas verified by peers (voted at TIER_PEER), and the
 // shard offers and lookups peers and restores ask for.
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -142,8 +143,10 @@ void CheckpointService::VoteLater(const proto::ShardRecord& shard,
   ++generation_;  // WaitCommitted looks again
 }
 
-void CheckpointService::Replicated(const proto::ShardRecord& shard,
-                                   const std::vector<std::string>& nodes) {
+void CheckpointService::PeerTierReached(
+    const proto::ShardRecord& shard,
+    const std::function<void(proto::ShardRecord&)>& record,
+    const char* what_recorded) {
   const std::string what = Describe(shard.job(), shard.step(), shard.rank());
   // Garbage collection rewrites records from its own snapshot: not now. And
   // the vote is cast under the same lock as Supersede withdraws one: a shard
@@ -156,34 +159,30 @@ void CheckpointService::Replicated(const proto::ShardRecord& shard,
       (*current)->shard_path() != shard.shard_path()) {
     return;  // dropped or replaced meanwhile
   }
-  proto::ShardRecord& r = **current;
-  r.clear_replica_nodes();
-  for (const std::string& n : nodes) r.add_replica_nodes(n);
-  absl::Status put = catalog_->PutShard(r);
+  record(**current);
+  absl::Status put = catalog_->PutShard(**current);
   if (!put.ok()) {
-    CKPT_LOG_WARN("{}: recording its replicas: {}", what, put.ToString());
+    CKPT_LOG_WARN("{}: recording its {}: {}", what, what_recorded,
+                  put.ToString());
   }
   VoteLater(shard, proto::TIER_PEER);
 }
 
+void CheckpointService::Replicated(const proto::ShardRecord& shard,
+                                   const std::vector<std::string>& nodes) {
+  PeerTierReached(
+      shard,
+      [&nodes](proto::ShardRecord& r) {
+        r.clear_replica_nodes();
+        for (const std::string& n : nodes) r.add_replica_nodes(n);
+      },
+      "replicas");
+}
+
 void CheckpointService::ParityProtected(const proto::ShardRecord& shard) {
-  const std::string what = Describe(shard.job(), shard.step(), shard.rank());
-  // As Replicated: not while garbage collection rewrites records, and under
-  // the lock Supersede withdraws votes with.
-  absl::MutexLock gc(&gc_mu_);
-  absl::StatusOr<absl::optional<proto::ShardRecord>> current =
-      catalog_->GetShard(shard.job(), shard.step(), shard.rank());
-  if (!current.ok() || !current->has_value() ||
-      (*current)->shard_path() != shard.shard_path()) {
-    return;  // dropped or replaced meanwhile
-  }
-  proto::ShardRecord& r = **current;
-  r.set_parity_protected(true);
-  absl::Status put = catalog_->PutShard(r);
-  if (!put.ok()) {
-    CKPT_LOG_WARN("{}: recording its parity: {}", what, put.ToString());
-  }
-  VoteLater(shard, proto::TIER_PEER);
+  PeerTierReached(
+      shard, [](proto::ShardRecord& r) { r.set_parity_protected(true); },
+      "parity");
 }
 
 absl::StatusOr<proto::PeerShardOffer> CheckpointService::OfferPeerShard(

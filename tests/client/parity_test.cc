@@ -41,33 +41,49 @@ uint64_t BytesUnder(const std::string& dir, const std::string& suffix) {
   return n;
 }
 
+// Five ckptd on one etcd with rs:2+2. Ranks 0, 1, 2 of a job save on nodes a,
+// b, c: the plan (parity_plan.h) puts ranks 0 and 1 in group 0, with parity
+// on c and d, and rank 2 alone in group 1, with parity on a and b.
+struct FiveNodes {
+  static constexpr int64_t kGlobal = 3 << 18;  // 1 MiB per rank of 3
+
+  ::testing::AssertionResult Start(const std::vector<std::string>& more = {}) {
+    if (!etcd.Start()) return ::testing::AssertionFailure() << etcd.log();
+    std::vector<std::string> args = {"--peer-redundancy", "rs:2+2"};
+    args.insert(args.end(), more.begin(), more.end());
+    char id = 'a';
+    for (testing::DaemonProcess* p : all()) {
+      p->set_extra_args(
+          NodeArgs(etcd.endpoint(), std::string("node-") + id++, args));
+      if (!p->Start()) return ::testing::AssertionFailure() << p->log();
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // Saves `step` of ranks 0, 1, 2 on a, b, c; waits for tier peer.
+  absl::Status Save(const std::string& job, uint64_t step) {
+    Rank r0(a.socket(), job, 0, 3, kGlobal), r1(b.socket(), job, 1, 3, kGlobal),
+        r2(c.socket(), job, 2, 3, kGlobal);
+    if (!r0.ckpt || !r1.ckpt || !r2.ckpt) {
+      return absl::UnavailableError("a rank did not connect");
+    }
+    return SaveAll({&r0, &r1, &r2}, step, kPeer);
+  }
+  std::vector<testing::DaemonProcess*> all() { return {&a, &b, &c, &d, &e}; }
+
+  testing::EtcdProcess etcd;
+  testing::DaemonProcess a, b, c, d, e;
+};
+
 TEST(ParityTest, TwoLostNodesOfAGroupRestoreFromParityAThirdFallsBack) {
   testing::TempDir shared;
-  testing::EtcdProcess etcd;
-  ASSERT_TRUE(etcd.Start()) << etcd.log();
-  auto node = [&](const std::string& id) {
-    return NodeArgs(etcd.endpoint(), id,
-                    {"--peer-redundancy", "rs:2+2", "--shared-dir",
-                     shared.File("t3"), "--shared-every", "1"});
-  };
-  // Ranks 0, 1, 2 save on nodes a, b, c. The plan (parity_plan.h) puts
-  // ranks 0 and 1 in group 0, with parity on c and d; rank 2 alone in
-  // group 1, with parity on a and b.
-  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
-      c(node("node-c")), d(node("node-d")), e(node("node-e"));
-  for (testing::DaemonProcess* p : {&a, &b, &c, &d, &e}) {
-    ASSERT_TRUE(p->Start()) << p->log();
-  }
-  constexpr int64_t kGlobal = 3 << 18;  // 1 MiB per rank of 3
-  {
-    Rank r0(a.socket(), "par", 0, 3, kGlobal),
-        r1(b.socket(), "par", 1, 3, kGlobal),
-        r2(c.socket(), "par", 2, 3, kGlobal);
-    ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
-    for (uint64_t step = 1; step <= 2; ++step) {
-      absl::Status s = SaveAll({&r0, &r1, &r2}, step, kPeer);
-      ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log() << c.log();
-    }
+  FiveNodes nodes;
+  ASSERT_TRUE(
+      nodes.Start({"--shared-dir", shared.File("t3"), "--shared-every", "1"}));
+  auto& [etcd, a, b, c, d, e] = nodes;
+  constexpr int64_t kGlobal = FiveNodes::kGlobal;
+  for (uint64_t step = 1; step <= 2; ++step) {
+    absl::Status s = nodes.Save("par", step);
+    ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log() << c.log();
   }
   EXPECT_THAT(a.log() + b.log() + c.log(),
               ContainsRegex("job par step 2: parity plan rs:2\\+2 made: 2 "
@@ -76,7 +92,7 @@ TEST(ParityTest, TwoLostNodesOfAGroupRestoreFromParityAThirdFallsBack) {
   // Parity held in peer memory: one stripe per parity block, against two
   // full replicas of every shard for the same two losses.
   uint64_t parity = 0, shards = 0;
-  for (testing::DaemonProcess* p : {&a, &b, &c, &d, &e}) {
+  for (testing::DaemonProcess* p : nodes.all()) {
     parity += BytesUnder(p->replica_dir() + "/parity/par", ".parity");
     shards += BytesUnder(p->data_dir() + "/shards/par", ".shard");
   }
@@ -184,26 +200,12 @@ TEST(ParityTest, ADataNodeKilledMidEncodeLeavesTheStepShortOfTierPeer) {
 }
 
 TEST(ParityTest, AFlippedByteInAParityBlockIsCaughtByTheChunkChecksums) {
-  testing::EtcdProcess etcd;
-  ASSERT_TRUE(etcd.Start()) << etcd.log();
-  auto node = [&](const std::string& id) {
-    return NodeArgs(etcd.endpoint(), id, {"--peer-redundancy", "rs:2+2"});
-  };
-  // As above: ranks 0 and 1 (nodes a, b) in group 0, parity on c and d.
-  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
-      c(node("node-c")), d(node("node-d")), e(node("node-e"));
-  for (testing::DaemonProcess* p : {&a, &b, &c, &d, &e}) {
-    ASSERT_TRUE(p->Start()) << p->log();
-  }
-  constexpr int64_t kGlobal = 3 << 18;
-  {
-    Rank r0(a.socket(), "flip", 0, 3, kGlobal),
-        r1(b.socket(), "flip", 1, 3, kGlobal),
-        r2(c.socket(), "flip", 2, 3, kGlobal);
-    ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
-    absl::Status s = SaveAll({&r0, &r1, &r2}, 1, kPeer);
-    ASSERT_TRUE(s.ok()) << s;
-  }
+  FiveNodes nodes;
+  ASSERT_TRUE(nodes.Start());
+  auto& [etcd, a, b, c, d, e] = nodes;
+  constexpr int64_t kGlobal = FiveNodes::kGlobal;
+  absl::Status saved = nodes.Save("flip", 1);
+  ASSERT_TRUE(saved.ok()) << saved;
   // One bit of parity block 0 of group 0, in node c's memory, flips.
   const std::string block =
       c.replica_dir() + "/parity/flip/00000000000000000001-g000000-p00.parity";
@@ -233,26 +235,12 @@ TEST(ParityTest, AFlippedByteInAParityBlockIsCaughtByTheChunkChecksums) {
 }
 
 TEST(ParityTest, ALostParityHolderIsReplacedAndTheGroupSurvivesTwoMoreLosses) {
-  testing::EtcdProcess etcd;
-  ASSERT_TRUE(etcd.Start()) << etcd.log();
-  auto node = [&](const std::string& id) {
-    return NodeArgs(etcd.endpoint(), id, {"--peer-redundancy", "rs:2+2"});
-  };
-  // As above: group 0 is ranks 0 and 1 (nodes a, b), parity on c and d.
-  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
-      c(node("node-c")), d(node("node-d")), e(node("node-e"));
-  for (testing::DaemonProcess* p : {&a, &b, &c, &d, &e}) {
-    ASSERT_TRUE(p->Start()) << p->log();
-  }
-  constexpr int64_t kGlobal = 3 << 18;
-  {
-    Rank r0(a.socket(), "again", 0, 3, kGlobal),
-        r1(b.socket(), "again", 1, 3, kGlobal),
-        r2(c.socket(), "again", 2, 3, kGlobal);
-    ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
-    absl::Status s = SaveAll({&r0, &r1, &r2}, 1, kPeer);
-    ASSERT_TRUE(s.ok()) << s;
-  }
+  FiveNodes nodes;
+  ASSERT_TRUE(nodes.Start());
+  auto& [etcd, a, b, c, d, e] = nodes;
+  constexpr int64_t kGlobal = FiveNodes::kGlobal;
+  absl::Status saved = nodes.Save("again", 1);
+  ASSERT_TRUE(saved.ok()) << saved;
   // Node c, which holds parity block 0 of group 0, is lost: once its lease
   // expires, a and b make that block again on e (the one node outside the
   // group).
