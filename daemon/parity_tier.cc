@@ -214,6 +214,12 @@ bool ParityTier::Protect(Pending& p) {
       CKPT_LOG_WARN("{}: parity not in place yet: {}", what, why);
     }
   };
+  // Its file gone (retention dropped its step, or it was saved again and
+  // replaced): nothing is left to protect, and it is not looked at again.
+  if (!fs_->Exists(shard.shard_path()).value_or(true)) {
+    CKPT_LOG_INFO("{}: its shard file is gone; no parity for it", what);
+    return true;
+  }
   if (!p.published) {
     absl::StatusOr<snapshot::SelfContained> view =
         snapshot::OpenSelfContained(fs_, shard.shard_path());
