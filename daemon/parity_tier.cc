@@ -159,7 +159,9 @@ void ParityTier::Loop() {
     bool quick = false;
     for (Pending& p : work) {
       if (Protect(p)) continue;
-      quick = quick || ++p.attempts < kQuickPolls;
+      // Every pending shard counts its rounds (its warnings are every 50th).
+      ++p.attempts;
+      quick = quick || p.attempts < kQuickPolls;
       left.push_back(std::move(p));
     }
     wait = quick ? kQuickPoll : options_.retry_interval;
