@@ -34,12 +34,12 @@ absl::Time TransferDeadline(uint64_t bytes) {
          absl::Seconds(static_cast<double>(bytes) / (20 << 20));
 }
 
-proto::ParityBlockKey BlockKey(const proto::ParityPlan& plan,
+proto::ParityBlockKey BlockKey(const std::string& job, uint64_t step,
                                const proto::ParityGroup& group,
                                uint32_t index) {
   proto::ParityBlockKey key;
-  key.set_job(plan.job());
-  key.set_step(plan.step());
+  key.set_job(job);
+  key.set_step(step);
   key.set_group(group.group());
   key.set_index(index);
   return key;
@@ -285,8 +285,8 @@ bool ParityTier::Protect(Pending& p) {
                         group.parity_nodes(j), ")"));
       return false;
     }
-    absl::StatusOr<absl::optional<proto::ParityBlockRecord>> state =
-        BlockOn(peer->second.address(), BlockKey(**plan, group, j));
+    absl::StatusOr<absl::optional<proto::ParityBlockRecord>> state = BlockOn(
+        peer->second.address(), BlockKey(shard.job(), shard.step(), group, j));
     if (!state.ok()) {
       note(absl::StrCat("asking node ", node, ": ", state.status().ToString()));
       return false;
@@ -336,9 +336,15 @@ absl::Status ParityTier::PushContributions(
     const std::map<std::string, proto::PeerInfo>& live) {
   ASSIGN_OR_RETURN(snapshot::SelfContained view,
                    snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  proto::ParityPlan plan;
-  plan.set_job(shard.job());
-  plan.set_step(shard.step());
+  // What the first piece of each stream says besides its bytes.
+  auto first_piece = [&](uint32_t index) {
+    proto::ParityPiece piece;
+    *piece.mutable_block() = BlockKey(shard.job(), shard.step(), group, index);
+    *piece.mutable_group() = group;
+    piece.set_position(position);
+    piece.set_from_node(options_.node_id);
+    return piece;
+  };
   struct Stream {
     uint32_t index;
     std::string node;
@@ -387,13 +393,8 @@ absl::Status ParityTier::PushContributions(
                          reinterpret_cast<const uint8_t*>(segment.data()), n),
                      out);
     for (auto& s : streams) {
-      proto::ParityPiece piece;
-      if (first) {
-        *piece.mutable_block() = BlockKey(plan, group, s->index);
-        *piece.mutable_group() = group;
-        piece.set_position(position);
-        piece.set_from_node(options_.node_id);
-      }
+      proto::ParityPiece piece =
+          first ? first_piece(s->index) : proto::ParityPiece();
       XXH3_64bits_update(s->hash, segment_out[s->index].data(), n);
       piece.set_data(std::move(segment_out[s->index]));
       segment_out[s->index] = std::string();
@@ -411,13 +412,9 @@ absl::Status ParityTier::PushContributions(
   uint64_t sent = 0;
   for (auto& s : streams) {
     if (failed.ok()) {
-      proto::ParityPiece last;
-      if (first) {  // an empty file: the first piece is the last
-        *last.mutable_block() = BlockKey(plan, group, s->index);
-        *last.mutable_group() = group;
-        last.set_position(position);
-        last.set_from_node(options_.node_id);
-      }
+      // An empty file: the first piece is the last.
+      proto::ParityPiece last =
+          first ? first_piece(s->index) : proto::ParityPiece();
       last.set_last(true);
       last.set_xxh3(XXH3_64bits_digest(s->hash));
       s->writer->Write(last);
