@@ -175,10 +175,11 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
               self->ParityProtected(shard);
             }));
     ParityTier* tier = service->parity_.get();
-    replicator->SetRebuilder(
-        [tier](const std::string& job, uint64_t step, uint32_t rank) {
-          return tier->Rebuild(job, step, rank);
-        });
+    replicator->SetRebuilder([tier](const std::string& job, uint64_t step,
+                                    uint32_t rank,
+                                    const Replicator::RebuildSink& sink) {
+      return tier->Rebuild(job, step, rank, sink);
+    });
   }
   if (!o.shared.dir.empty()) {
     CheckpointService* self = service.get();

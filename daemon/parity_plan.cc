@@ -190,4 +190,15 @@ uint64_t ParityBytes(const proto::ParityPlan& plan) {
   return total;
 }
 
+proto::ParityBlockKey BlockKey(const std::string& job, uint64_t step,
+                               const proto::ParityGroup& group,
+                               uint32_t index) {
+  proto::ParityBlockKey key;
+  key.set_job(job);
+  key.set_step(step);
+  key.set_group(group.group());
+  key.set_index(index);
+  return key;
+}
+
 }  // namespace ckpt::daemon

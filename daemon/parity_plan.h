@@ -52,6 +52,10 @@ absl::StatusOr<ParityPosition> FindInPlan(const proto::ParityPlan& plan,
 std::vector<std::string> ParityHolders(const proto::ParityGroup& group,
                                        const std::set<std::string>& live);
 
+// The key of parity block `index` of `group` of a step.
+proto::ParityBlockKey BlockKey(const std::string& job, uint64_t step,
+                               const proto::ParityGroup& group, uint32_t index);
+
 // The bytes of parity the plan puts on nodes, all groups together.
 uint64_t ParityBytes(const proto::ParityPlan& plan);
 

@@ -34,17 +34,6 @@ absl::Time TransferDeadline(uint64_t bytes) {
          absl::Seconds(static_cast<double>(bytes) / (20 << 20));
 }
 
-proto::ParityBlockKey BlockKey(const std::string& job, uint64_t step,
-                               const proto::ParityGroup& group,
-                               uint32_t index) {
-  proto::ParityBlockKey key;
-  key.set_job(job);
-  key.set_step(step);
-  key.set_group(group.group());
-  key.set_index(index);
-  return key;
-}
-
 bool HasPosition(const proto::ParityBlockRecord& r, uint32_t position) {
   for (const proto::ParityContribution& c : r.contributions()) {
     if (c.position() == position) return true;

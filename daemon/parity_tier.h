@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "absl/types/span.h"
 #include "daemon/coordinator.h"
 #include "daemon/metrics.h"
 #include "daemon/parity_store.h"
@@ -87,15 +88,21 @@ class ParityTier {
   // Shards not yet protected (for tests and `ckpt status`).
   size_t pending() const;
 
-  // The bytes of a shard's file (self-contained), decoded from k blocks of
-  // its group on live nodes (fetched at once), first; then those of the
-  // group's other shards that could not be had either (lost with the same
-  // nodes), decoded from the same blocks. FailedPrecondition names the group
-  // and every block that could not be had when fewer than k could; NotFound
-  // when the step has no parity plan.
-  // Each as (rank, file bytes).
-  absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> Rebuild(
-      const std::string& job, uint64_t step, uint32_t rank);
+  // Where a rebuilt shard file goes: a buffer of exactly `bytes` bytes to
+  // fill (a fetched copy's receiver), or an error: that shard is then not
+  // rebuilt (the one asked for: the rebuild fails with the error).
+  using RebuildSink = std::function<absl::StatusOr<absl::Span<uint8_t>>(
+      uint32_t rank, uint64_t bytes)>;
+  // Decodes a shard's file (self-contained) from k blocks of its group on
+  // live nodes, fetched at once and decoded as they arrive, together with
+  // the group's other shards whose nodes are gone too, into buffers from
+  // `sink`. Returns the ranks rebuilt, the one asked for first.
+  // FailedPrecondition names the group and every block that could not be
+  // had when fewer than k could; NotFound when the step has no parity plan.
+  // The caller verifies every chunk.
+  absl::StatusOr<std::vector<uint32_t>> Rebuild(const std::string& job,
+                                                uint64_t step, uint32_t rank,
+                                                const RebuildSink& sink);
 
   // Drops the parity blocks this node holds for steps of `job` that `keep`
   // says are no longer kept.
@@ -134,15 +141,23 @@ class ParityTier {
       const std::string& address, const proto::ParityBlockKey& key);
   // The live nodes' addresses, by node id.
   absl::StatusOr<std::map<std::string, proto::PeerInfo>> LivePeers();
-  // The bytes of data block `index` of `group` (a shard file), from this
-  // node or its owner.
-  absl::StatusOr<std::string> DataBlock(
-      const proto::ParityPlan& plan, const proto::ParityGroup& group, int index,
-      const std::map<std::string, proto::PeerInfo>& live);
-  absl::StatusOr<std::string> ParityBlock(
-      const proto::ParityPlan& plan, const proto::ParityGroup& group, int index,
-      const std::string& holder,
-      const std::map<std::string, proto::PeerInfo>& live);
+  // A block of the group as a rebuild reads it, and the fetching threads'
+  // word of its progress (parity_tier_rebuild.cc).
+  struct Source;
+  struct Arrivals;
+  // "data block 1 (rank 3 on node b)", "parity block 0 (on node e)".
+  std::string BlockName(const proto::ParityGroup& group, int b,
+                        const std::string& node) const;
+  // Makes room for block `b` from `node` (a parity block held here is mapped
+  // and whole at once).
+  absl::Status PrepareBlock(const proto::ParityPlan& plan,
+                            const proto::ParityGroup& group, int b,
+                            const std::string& node, Source* source);
+  // Fills it: read here, or fetched from the peer at `address`.
+  absl::Status FillBlock(const proto::ParityPlan& plan,
+                         const proto::ParityGroup& group, int b,
+                         const std::string& node, const std::string& address,
+                         Source* source, Arrivals* arrivals);
 
   io::FileSystem* const fs_;
   const ParityOptions options_;

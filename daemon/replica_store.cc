@@ -13,6 +13,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
+#include "snapshot/shard_check.h"
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
@@ -164,26 +165,24 @@ absl::StatusOr<ReplicaStore::Entry> ReplicaStore::Receiver::Finish(
     return absl::DataLossError(
         absl::StrCat(what, ": ", received_, " of ", bytes_, " bytes arrived"));
   }
-  map_.reset();
-  io::FileSystem* fs = store_->fs_;
-  // Verified end to end before it counts: footer, manifest, every chunk.
+  // Verified end to end before it counts, where it lies in memory: footer,
+  // manifest, and every chunk's framing and stored bytes.
   {
-    ASSIGN_OR_RETURN(std::unique_ptr<snapshot::ShardReader> reader,
-                     snapshot::ShardReader::Open(fs, partial_));
-    const proto::ShardManifest& m = reader->manifest();
+    absl::StatusOr<proto::ShardManifest> checked =
+        snapshot::CheckShardBytes({map_->data(), map_->size()}, every_chunk);
+    if (!checked.ok()) {
+      return absl::Status(checked.status().code(),
+                          absl::StrCat(what, ": ", checked.status().message()));
+    }
+    const proto::ShardManifest& m = *checked;
     if (m.job() != key_.job || m.step() != key_.step || m.rank() != key_.rank) {
       return absl::DataLossError(
           absl::StrCat(what, ": the file received is job ", m.job(), " step ",
                        m.step(), " rank ", m.rank()));
     }
-    std::vector<absl::Status> bad;
-    if (every_chunk) bad = reader->VerifyAll();
-    if (!bad.empty()) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": ", bad.size(),
-                       " bad chunks, the first: ", bad.front().message()));
-    }
   }
+  map_.reset();
+  io::FileSystem* fs = store_->fs_;
   Entry e{key_, store_->PathOf(key_), bytes_};
   RETURN_IF_ERROR(fs->Rename(partial_, e.path));
   done_ = true;

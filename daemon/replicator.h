@@ -145,9 +145,12 @@ class Replicator {
   // The shard asked for first, then others of its group rebuilt with it
   // (kept as fetched copies too: the next restore of one, here or on a node
   // that asks this one, needs no decoding).
-  using Rebuilder = std::function<
-      absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>>(
-          const std::string& job, uint64_t step, uint32_t rank)>;
+  // It writes each file into the buffer `sink` gives for its rank.
+  using RebuildSink = std::function<absl::StatusOr<absl::Span<uint8_t>>(
+      uint32_t rank, uint64_t bytes)>;
+  using Rebuilder = std::function<absl::StatusOr<std::vector<uint32_t>>(
+      const std::string& job, uint64_t step, uint32_t rank,
+      const RebuildSink& sink)>;
   void SetRebuilder(Rebuilder rebuild);
   // A channel to a peer (one per address, reused).
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);

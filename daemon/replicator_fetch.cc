@@ -4,7 +4,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -165,36 +167,53 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
   }
   if (!rebuild) return absl::UnimplementedError("no parity");
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> files =
-      rebuild(key.job, key.step, key.rank);
-  if (!files.ok()) {
-    CKPT_LOG_WARN("{}", files.status().ToString());
-    return files.status();
+  // Decoded straight into fetched copies' files.
+  std::map<uint32_t, std::unique_ptr<ReplicaStore::Receiver>> receivers;
+  absl::StatusOr<std::vector<uint32_t>> ranks = rebuild(
+      key.job, key.step, key.rank,
+      [&](uint32_t rank,
+          uint64_t bytes) -> absl::StatusOr<absl::Span<uint8_t>> {
+        ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> r,
+                         ReceiveFetched({key.job, key.step, rank}, bytes));
+        absl::Span<uint8_t> span = r->Unfilled();
+        receivers[rank] = std::move(r);
+        return span;
+      });
+  if (!ranks.ok()) {
+    CKPT_LOG_WARN("{}", ranks.status().ToString());
+    return ranks.status();
   }
-  // Every chunk is checked against its checksum: a damaged block of the
-  // group (a flipped byte in parity) decodes into a chunk that fails here.
+  // Every chunk is checked against its checksum (the files at once): a
+  // damaged block of the group (a flipped byte in parity) decodes into a
+  // chunk that fails here.
+  std::vector<absl::StatusOr<ReplicaStore::Entry>> kept(
+      ranks->size(), absl::UnknownError("not rebuilt"));
+  {
+    std::vector<std::thread> checking;
+    for (size_t i = 0; i < ranks->size(); ++i) {
+      checking.emplace_back([&, i] {
+        ReplicaStore::Receiver* r = receivers.at((*ranks)[i]).get();
+        absl::Status filled = r->Filled(r->Unfilled().size());
+        kept[i] = filled.ok() ? r->Finish() : filled;
+      });
+    }
+    for (std::thread& t : checking) t.join();
+  }
   absl::StatusOr<ReplicaStore::Entry> entry;
-  for (const auto& [rank, bytes] : *files) {
-    const ReplicaStore::Key k{key.job, key.step, rank};
-    absl::StatusOr<ReplicaStore::Entry> kept =
-        [&]() -> absl::StatusOr<ReplicaStore::Entry> {
-      ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> receiver,
-                       ReceiveFetched(k, bytes.size()));
-      RETURN_IF_ERROR(receiver->Append(bytes));
-      return receiver->Finish();
-    }();
-    if (!kept.ok()) {
-      kept = absl::Status(
-          kept.status().code(),
+  for (size_t i = 0; i < ranks->size(); ++i) {
+    const ReplicaStore::Key k{key.job, key.step, (*ranks)[i]};
+    if (!kept[i].ok()) {
+      kept[i] = absl::Status(
+          kept[i].status().code(),
           absl::StrCat(Describe(k.job, k.step, k.rank),
                        ": the file rebuilt from parity fails its checks (a "
                        "block of its group is damaged): ",
-                       kept.status().message()));
-      CKPT_LOG_WARN("{}", kept.status().ToString());
-    } else if (rank != key.rank) {
+                       kept[i].status().message()));
+      CKPT_LOG_WARN("{}", kept[i].status().ToString());
+    } else if (k.rank != key.rank) {
       Used(k);  // its own restore is likely on its way
     }
-    if (rank == key.rank) entry = std::move(kept);
+    if (k.rank == key.rank) entry = std::move(kept[i]);
   }
   if (!entry.ok()) return entry.status();
   const Labels labels = {{"job", key.job}, {"source", "peer_parity"}};

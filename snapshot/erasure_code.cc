@@ -3,13 +3,16 @@
 #include <isa-l/erasure_code.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ckpt::snapshot {
 namespace {
@@ -230,6 +233,25 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> ErasureCode::Rebuild(
     absl::Span<const absl::Span<const uint8_t>> blocks,
     const std::vector<bool>& present, const std::vector<uint64_t>& lengths,
     std::vector<int> wanted) const {
+  std::vector<std::vector<uint8_t>> out(wanted.size());
+  std::vector<absl::Span<uint8_t>> spans(wanted.size());
+  for (size_t w = 0; w < wanted.size(); ++w) {
+    if (wanted[w] >= 0 && static_cast<size_t>(wanted[w]) < lengths.size()) {
+      out[w].resize(lengths[wanted[w]]);
+    }
+    spans[w] = absl::MakeSpan(out[w]);
+  }
+  absl::Status st = RebuildInto(blocks, present, lengths, std::move(wanted),
+                                spans, /*threads=*/1);
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::Status ErasureCode::RebuildInto(
+    absl::Span<const absl::Span<const uint8_t>> blocks,
+    const std::vector<bool>& present, const std::vector<uint64_t>& lengths,
+    std::vector<int> wanted, absl::Span<const absl::Span<uint8_t>> out,
+    int threads, const Ready& ready) const {
   const int n = k_ + m_;
   if (static_cast<int>(blocks.size()) != n ||
       static_cast<int>(present.size()) != n ||
@@ -260,33 +282,78 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> ErasureCode::Rebuild(
   absl::StatusOr<Decoder> decoder = MakeDecoder(available, std::move(wanted));
   if (!decoder.ok()) return decoder.status();
   const std::vector<int>& sources = decoder->sources();
-  std::vector<std::vector<uint8_t>> out(decoder->wanted().size());
-  for (auto& o : out) o.resize(stripe);
-  // Sources shorter than a segment read from zero-padded copies.
-  std::vector<std::vector<uint8_t>> padded(k_);
-  std::vector<const uint8_t*> in(k_);
-  std::vector<uint8_t*> dest(out.size());
-  for (uint64_t off = 0; off < stripe; off += kRebuildSegment) {
-    const size_t len = std::min<uint64_t>(kRebuildSegment, stripe - off);
-    for (int s = 0; s < k_; ++s) {
-      const absl::Span<const uint8_t> block = blocks[sources[s]];
-      if (off + len <= block.size()) {
-        in[s] = block.data() + off;
-        continue;
-      }
-      padded[s].assign(len, 0);
-      if (off < block.size()) {
-        std::memcpy(padded[s].data(), block.data() + off, block.size() - off);
-      }
-      in[s] = padded[s].data();
+  const size_t nw = decoder->wanted().size();
+  if (out.size() != nw) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ToString(), ": ", nw, " blocks wanted, ", out.size(), " buffers"));
+  }
+  for (size_t w = 0; w < nw; ++w) {
+    if (out[w].size() != lengths[decoder->wanted()[w]]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ToString(), ": the buffer for ", BlockName(decoder->wanted()[w], k_),
+          " holds ", out[w].size(), " bytes, the block is ",
+          lengths[decoder->wanted()[w]]));
     }
-    for (size_t w = 0; w < out.size(); ++w) dest[w] = out[w].data() + off;
-    decoder->Decode(len, in, dest);
   }
-  for (size_t w = 0; w < out.size(); ++w) {
-    out[w].resize(lengths[decoder->wanted()[w]]);
+  const uint64_t segments = (stripe + kRebuildSegment - 1) / kRebuildSegment;
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> stopped{false};
+  absl::Mutex mu;
+  absl::Status failed;
+  // Segment after segment; a source or a buffer shorter than a segment goes
+  // through a zero-padded copy.
+  auto work = [&] {
+    std::vector<std::vector<uint8_t>> padded(k_), scratch(nw);
+    std::vector<const uint8_t*> in(k_);
+    std::vector<uint8_t*> dest(nw);
+    for (uint64_t seg = next++; seg < segments && !stopped; seg = next++) {
+      const uint64_t off = seg * kRebuildSegment;
+      const size_t len = std::min<uint64_t>(kRebuildSegment, stripe - off);
+      if (ready) {
+        absl::Status st = ready(off + len);
+        if (!st.ok()) {
+          absl::MutexLock lock(&mu);
+          if (failed.ok()) failed = std::move(st);
+          stopped = true;
+          return;
+        }
+      }
+      for (int s = 0; s < k_; ++s) {
+        const absl::Span<const uint8_t> block = blocks[sources[s]];
+        if (off + len <= block.size()) {
+          in[s] = block.data() + off;
+          continue;
+        }
+        padded[s].assign(len, 0);
+        if (off < block.size()) {
+          std::memcpy(padded[s].data(), block.data() + off, block.size() - off);
+        }
+        in[s] = padded[s].data();
+      }
+      for (size_t w = 0; w < nw; ++w) {
+        if (off + len <= out[w].size()) {
+          dest[w] = out[w].data() + off;
+        } else {
+          scratch[w].resize(len);
+          dest[w] = scratch[w].data();
+        }
+      }
+      decoder->Decode(len, in, dest);
+      for (size_t w = 0; w < nw; ++w) {
+        if (dest[w] == scratch[w].data() && off < out[w].size()) {
+          std::memcpy(out[w].data() + off, dest[w], out[w].size() - off);
+        }
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < std::min<int64_t>(threads, segments); ++t) {
+    helpers.emplace_back(work);
   }
-  return out;
+  work();
+  for (std::thread& t : helpers) t.join();
+  absl::MutexLock lock(&mu);
+  return failed;
 }
 
 }  // namespace ckpt::snapshot

@@ -19,6 +19,7 @@
 #define CKPT_SNAPSHOT_ERASURE_CODE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,19 @@ class ErasureCode {
       absl::Span<const absl::Span<const uint8_t>> blocks,
       const std::vector<bool>& present, const std::vector<uint64_t>& lengths,
       std::vector<int> wanted) const;
+  // The same into the caller's buffers: out[w] is exactly as long as block
+  // wanted[w] (a file mapped where it is to be kept, say). `threads` decode
+  // disjoint segments at once. `ready`, when given, is called (from any of
+  // them) before a segment is decoded, with the segment's end offset: it
+  // returns once every available block holds its bytes up to there (blocks
+  // still arriving), or an error that stops the rebuild and is returned.
+  using Ready = std::function<absl::Status(uint64_t end)>;
+  absl::Status RebuildInto(absl::Span<const absl::Span<const uint8_t>> blocks,
+                           const std::vector<bool>& present,
+                           const std::vector<uint64_t>& lengths,
+                           std::vector<int> wanted,
+                           absl::Span<const absl::Span<uint8_t>> out,
+                           int threads = 1, const Ready& ready = nullptr) const;
 
  private:
   ErasureCode(int k, int m);

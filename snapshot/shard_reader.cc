@@ -14,6 +14,7 @@
 #include "io/status_macros.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/format.h"
+#include "snapshot/shard_check.h"
 
 namespace ckpt::snapshot {
 
@@ -56,33 +57,14 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(
 
 namespace {
 
-// Reads and checks the footer of a shard file of `file_size` bytes: its
-// checksum, and that the manifest it points at fits the file.
+// Reads and checks the footer of a shard file of `file_size` bytes.
 absl::StatusOr<Footer> ReadFooter(io::ReadableFile* file, uint64_t file_size) {
   if (file_size < kAlignment || file_size % kAlignment != 0) {
-    return absl::DataLossError(
-        absl::StrCat("file size ", file_size, " is not a positive multiple of ",
-                     kAlignment, " (truncated or not a shard)"));
+    return CheckFooter({}, file_size).status();  // names the size
   }
   io::AlignedBuffer last(kAlignment);
   RETURN_IF_ERROR(file->Read(file_size - kAlignment, last.span()));
-  ASSIGN_OR_RETURN(Footer footer, DecodeFooter(last.span().subspan(
-                                      kAlignment - kFooterSize, kFooterSize)));
-  if (footer.file_size != file_size) {
-    return absl::DataLossError(absl::StrCat("footer says the file has ",
-                                            footer.file_size, " bytes, it has ",
-                                            file_size));
-  }
-  if (footer.manifest_size > kMaxManifestSize ||
-      footer.manifest_offset % kAlignment != 0 ||
-      footer.manifest_offset > file_size ||
-      file_size - footer.manifest_offset !=
-          io::AlignUp(footer.manifest_size + kFooterSize)) {
-    return absl::DataLossError(absl::StrCat(
-        "footer: manifest at offset ", footer.manifest_offset, " of ",
-        footer.manifest_size, " bytes does not fit the file"));
-  }
-  return footer;
+  return CheckFooter(last.span(), file_size);
 }
 
 }  // namespace
@@ -94,31 +76,8 @@ absl::Status ShardReader::LoadManifest() {
   const size_t tail_size = file_size_ - footer.manifest_offset;
   io::AlignedBuffer tail(tail_size);
   RETURN_IF_ERROR(file->Read(footer.manifest_offset, tail.span()));
+  ASSIGN_OR_RETURN(manifest_, CheckManifest(tail.span(), footer));
   const uint8_t* manifest_bytes = tail.data();
-  if (Checksum({manifest_bytes, footer.manifest_size}) !=
-      footer.manifest_xxh3) {
-    return absl::DataLossError(absl::StrCat(
-        "manifest at offset ", footer.manifest_offset, ": checksum mismatch"));
-  }
-  const uint8_t* pad = manifest_bytes + footer.manifest_size;
-  const uint8_t* pad_end = tail.data() + tail_size - kFooterSize;
-  auto nonzero = std::find_if(pad, pad_end, [](uint8_t b) { return b != 0; });
-  if (nonzero != pad_end) {
-    return absl::DataLossError(
-        absl::StrCat("non-zero padding byte at offset ",
-                     footer.manifest_offset + (nonzero - tail.data()),
-                     " between manifest and footer"));
-  }
-  if (!manifest_.ParseFromArray(manifest_bytes,
-                                static_cast<int>(footer.manifest_size))) {
-    return absl::DataLossError("manifest does not parse");
-  }
-  RETURN_IF_ERROR(ValidateManifest(manifest_, footer.manifest_offset));
-  if (manifest_.format_version() != footer.version) {
-    return absl::DataLossError(absl::StrCat("manifest says format ",
-                                            manifest_.format_version(),
-                                            ", the footer ", footer.version));
-  }
   manifest_bytes_.assign(reinterpret_cast<const char*>(manifest_bytes),
                          footer.manifest_size);
   sources_[0].version = footer.version;
@@ -258,35 +217,18 @@ std::vector<absl::Status> ShardReader::VerifyAll() {
 absl::Status ShardReader::DecodePiece(const Piece& piece, uint32_t version,
                                       const uint8_t* bytes) {
   const proto::ChunkInfo& chunk = piece.item->chunks(piece.chunk_index);
-  absl::StatusOr<ChunkHeader> header =
-      DecodeChunkHeader({bytes, kChunkHeaderSize});
-  if (!header.ok()) return header.status();
-  if (!(*header ==
-        HeaderFor(chunk, piece.item_index, piece.chunk_index, version))) {
-    return absl::DataLossError("chunk header does not match the manifest");
-  }
-  const uint8_t* stored = bytes + header->stored_offset;
-  const uint64_t footprint =
-      ChunkFootprint(header->stored_offset, chunk.stored_size());
-  // Zero padding after the header and after the stored bytes.
-  for (auto [pad, pad_end] :
-       {std::pair(bytes + kChunkHeaderSize, stored),
-        std::pair(stored + chunk.stored_size(), bytes + footprint)}) {
-    auto nonzero = std::find_if(pad, pad_end, [](uint8_t b) { return b != 0; });
-    if (nonzero != pad_end) {
-      return absl::DataLossError(
-          absl::StrCat("non-zero padding byte at file offset ",
-                       chunk.file_offset() + (nonzero - bytes)));
-    }
-  }
+  ASSIGN_OR_RETURN(ChunkHeader header,
+                   CheckChunkFrame(chunk, piece.item_index, piece.chunk_index,
+                                   version, bytes));
+  const uint8_t* stored = bytes + header.stored_offset;
   const bool whole = piece.begin == 0 && piece.out.size() == chunk.raw_size();
   if (whole)
-    return DecodeChunk(*header, {stored, chunk.stored_size()}, piece.out);
+    return DecodeChunk(header, {stored, chunk.stored_size()}, piece.out);
   // Partial chunk (range reads) or verification only: decode into scratch.
   thread_local std::vector<uint8_t> scratch;
   scratch.resize(chunk.raw_size());
   RETURN_IF_ERROR(
-      DecodeChunk(*header, {stored, chunk.stored_size()},
+      DecodeChunk(header, {stored, chunk.stored_size()},
                   absl::Span<uint8_t>(scratch.data(), scratch.size())));
   if (!piece.out.empty()) {
     std::memcpy(piece.out.data(), scratch.data() + piece.begin,

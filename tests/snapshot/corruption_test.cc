@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "io/thread_pool.h"
+#include "snapshot/shard_check.h"
 #include "snapshot/shard_reader.h"
 #include "tests/snapshot/sample_shard.h"
 #include "tests/test_util.h"
@@ -92,6 +93,42 @@ TEST_F(CorruptionTest, EverySingleByteFlipIsDetected) {
   }
   EXPECT_EQ(undetected, 0);
   EXPECT_FALSE(Detected()) << "restored file reads clean";
+}
+
+// The one-pass check of a copy held in memory (a peer's copy, a file rebuilt
+// from parity) catches every flip the reader does.
+TEST_F(CorruptionTest, CheckShardBytesCatchesEveryFlipInMemory) {
+  std::vector<uint8_t> bytes(original_.begin(), original_.end());
+  absl::StatusOr<proto::ShardManifest> intact =
+      CheckShardBytes(bytes, /*every_chunk=*/true);
+  ASSERT_TRUE(intact.ok()) << intact.status();
+  EXPECT_EQ(intact->items_size(), static_cast<int>(sample_->items.size()));
+  std::mt19937_64 rng(seed_);
+  int undetected = 0;
+  for (size_t pos = 0; pos < bytes.size() && undetected <= 10; ++pos) {
+    const uint8_t was = bytes[pos];
+    bytes[pos] ^= static_cast<uint8_t>(1 + rng() % 255);
+    if (CheckShardBytes(bytes, true).ok()) {
+      ++undetected;
+      ADD_FAILURE() << "flip at offset " << pos << " not detected";
+    }
+    bytes[pos] = was;
+  }
+  EXPECT_EQ(undetected, 0);
+  // Without every chunk: the footer and manifest only.
+  bytes[100] ^= 1;
+  EXPECT_TRUE(CheckShardBytes(bytes, /*every_chunk=*/false).ok());
+  absl::Status bad = CheckShardBytes(bytes, true).status();
+  EXPECT_TRUE(absl::IsDataLoss(bad)) << bad;
+  EXPECT_NE(bad.message().find("chunk 0 at file offset 0"),
+            absl::string_view::npos)
+      << bad;
+  bytes[100] ^= 1;
+  for (size_t len : {size_t{0}, size_t{1}, size_t{4096}, bytes.size() - 4096}) {
+    EXPECT_FALSE(
+        CheckShardBytes(absl::MakeConstSpan(bytes.data(), len), true).ok())
+        << "truncated to " << len;
+  }
 }
 
 TEST_F(CorruptionTest, TruncationsAndExtensionsAreDetected) {

@@ -177,6 +177,44 @@ TEST(ErasureCodeTest, MoreLossesThanParityNameWhatIsMissing) {
               HasSubstr("data block 2 has 4 bytes, its record says 10"));
 }
 
+TEST(ErasureCodeTest, RebuildIntoBuffersWithSeveralThreadsMatchesRebuild) {
+  const uint64_t seed = std::random_device()();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  absl::StatusOr<ErasureCode> code = ErasureCode::Create(4, 2);
+  ASSERT_TRUE(code.ok());
+  // Several segments, the wanted blocks shorter than the stripe and not on
+  // a segment boundary.
+  const std::vector<size_t> lengths = {(5u << 20) + 77, (3u << 20) + 5, 999,
+                                       (5u << 20) + 100};
+  std::vector<Bytes> blocks;
+  for (size_t len : lengths) blocks.push_back(Random(rng, len));
+  for (Bytes& p : ParityOf(*code, blocks)) blocks.push_back(std::move(p));
+  std::vector<uint64_t> lens;
+  for (const Bytes& b : blocks) lens.push_back(b.size());
+  std::vector<bool> present(6, true);
+  present[1] = present[2] = false;
+  std::vector<absl::Span<const uint8_t>> spans = Spans(blocks);
+  spans[1] = spans[2] = {};
+  for (int threads : {1, 2, 3, 8}) {
+    SCOPED_TRACE(testing::Message() << threads << " threads");
+    std::vector<Bytes> out = {Bytes(lens[2], 0xEE), Bytes(lens[1], 0xEE)};
+    ASSERT_TRUE(
+        code->RebuildInto(spans, present, lens, {2, 1},
+                          {absl::MakeSpan(out[0]), absl::MakeSpan(out[1])},
+                          threads)
+            .ok());
+    EXPECT_TRUE(out[0] == blocks[2]);
+    EXPECT_TRUE(out[1] == blocks[1]);
+  }
+  // A buffer of the wrong length is refused, naming the block.
+  Bytes short_buffer(10);
+  EXPECT_THAT(code->RebuildInto(spans, present, lens, {1},
+                                {absl::MakeSpan(short_buffer)}, 2)
+                  .message(),
+              HasSubstr("the buffer for data block 1 holds 10 bytes"));
+}
+
 TEST(ErasureCodeTest, AFlippedParityByteChangesTheRebuiltBlock) {
   std::mt19937_64 rng(7);
   absl::StatusOr<ErasureCode> code = ErasureCode::Create(4, 2);
