@@ -180,6 +180,10 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
                                     const Replicator::RebuildSink& sink) {
       return tier->Rebuild(job, step, rank, sink);
     });
+    tier->SetRepair(
+        [replicator](const std::string& job, uint64_t step, uint32_t rank) {
+          return replicator->Fetch(job, step, rank).status();
+        });
   }
   if (!o.shared.dir.empty()) {
     CheckpointService* self = service.get();
@@ -208,6 +212,7 @@ CheckpointService::~CheckpointService() {
   if (housekeeper_.joinable()) housekeeper_.join();
   // The parity tier's callbacks use the replicator and the catalog.
   if (replicator_ != nullptr) replicator_->SetRebuilder(nullptr);
+  if (parity_ != nullptr) parity_->SetRepair(nullptr);
   parity_.reset();
   replicator_.reset();  // its callback uses the catalog
   shared_.reset();

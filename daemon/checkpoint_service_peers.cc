@@ -17,6 +17,8 @@
 namespace ckpt::daemon {
 
 void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
+  // Every group's lost data shards are rebuilt on stand-ins.
+  if (parity_ != nullptr) parity_->RepairLostData();
   absl::StatusOr<std::vector<proto::ShardRecord>> shards =
       catalog_->ListShards();
   if (!shards.ok()) {
@@ -269,11 +271,20 @@ absl::StatusOr<absl::optional<std::string>> CheckpointService::LocalShardFile(
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
                    catalog_->GetShard(job, step, rank));
-  if (!r.has_value() || r->state() != proto::SHARD_PERSISTED ||
-      r->shard_path().empty()) {
-    return absl::optional<std::string>();
+  if (r.has_value() && r->state() == proto::SHARD_PERSISTED &&
+      !r->shard_path().empty()) {
+    return absl::optional<std::string>(r->shard_path());
   }
-  return absl::optional<std::string>(r->shard_path());
+  // A copy of another node's shard (a stand-in's, a restore's).
+  if (replicator_ != nullptr) {
+    for (ReplicaStore* store : {replicator_->held(), replicator_->fetched()}) {
+      if (absl::optional<ReplicaStore::Entry> e =
+              store->Find({job, step, rank})) {
+        return absl::optional<std::string>(e->path);
+      }
+    }
+  }
+  return absl::optional<std::string>();
 }
 
 }  // namespace ckpt::daemon

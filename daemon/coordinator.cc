@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/records.h"
@@ -324,6 +325,18 @@ absl::StatusOr<absl::optional<proto::ParityPlan>> Coordinator::GetParityPlan(
   ASSIGN_OR_RETURN(proto::ParityPlan plan,
                    ParseRecord<proto::ParityPlan>(key, *bytes));
   return absl::optional<proto::ParityPlan>(std::move(plan));
+}
+
+absl::StatusOr<std::vector<proto::ParityPlan>> Coordinator::ListParityPlans() {
+  ASSIGN_OR_RETURN(auto entries, StoreScan("/ckpt/"));
+  std::vector<proto::ParityPlan> plans;
+  for (const auto& [key, bytes] : entries) {
+    if (!absl::EndsWith(key, "/parity/plan")) continue;
+    ASSIGN_OR_RETURN(proto::ParityPlan plan,
+                     ParseRecord<proto::ParityPlan>("/ckpt/" + key, bytes));
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
 }  // namespace ckpt::daemon

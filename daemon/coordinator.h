@@ -116,6 +116,9 @@ class Coordinator {
       const proto::ParityPlan& plan);
   absl::StatusOr<absl::optional<proto::ParityPlan>> GetParityPlan(
       const std::string& job, uint64_t step);
+  // Every step's plan, of every job (one scan; after a loss, to find the
+  // groups that lost data).
+  absl::StatusOr<std::vector<proto::ParityPlan>> ListParityPlans();
 
  protected:
   // The few store operations the rendezvous needs, in each backend's store.

@@ -182,6 +182,35 @@ std::vector<std::string> ParityHolders(const proto::ParityGroup& group,
   return holders;
 }
 
+std::vector<std::string> DataStandIns(const proto::ParityGroup& group,
+                                      const std::set<std::string>& live) {
+  const std::vector<std::string> holders = ParityHolders(group, live);
+  std::set<std::string> data_nodes, taken(holders.begin(), holders.end());
+  for (const proto::ShardHolder& d : group.data()) data_nodes.insert(d.node());
+  for (const std::string& p : group.parity_nodes()) taken.insert(p);
+  taken.insert(data_nodes.begin(), data_nodes.end());
+  // Nodes with no block of the group first, then the parity holders.
+  std::vector<std::string> spare, second;
+  for (const std::string& node : live) {
+    if (!taken.count(node)) {
+      spare.push_back(node);
+    } else if (!data_nodes.count(node)) {
+      second.push_back(node);
+    }
+  }
+  spare.insert(spare.end(), second.begin(), second.end());
+  std::vector<std::string> stand_ins;
+  size_t next = 0;
+  for (const proto::ShardHolder& d : group.data()) {
+    if (live.count(d.node()) || spare.empty()) {
+      stand_ins.emplace_back();
+    } else {
+      stand_ins.push_back(spare[next++ % spare.size()]);
+    }
+  }
+  return stand_ins;
+}
+
 uint64_t ParityBytes(const proto::ParityPlan& plan) {
   uint64_t total = 0;
   for (const proto::ParityGroup& g : plan.groups()) {

@@ -56,6 +56,15 @@ std::vector<std::string> ParityHolders(const proto::ParityGroup& group,
 proto::ParityBlockKey BlockKey(const std::string& job, uint64_t step,
                                const proto::ParityGroup& group, uint32_t index);
 
+// Per data block of `group`, the live node that rebuilds it when its node is
+// lost and keeps a copy in its place, so that the group again survives m
+// losses: the live nodes with no block of the group (after those
+// ParityHolders takes), by id, in turn; failing those, its parity holders.
+// "" for a block whose node is live, or when no node is left. Every node
+// computes the same from the same live set.
+std::vector<std::string> DataStandIns(const proto::ParityGroup& group,
+                                      const std::set<std::string>& live);
+
 // The bytes of parity the plan puts on nodes, all groups together.
 uint64_t ParityBytes(const proto::ParityPlan& plan);
 

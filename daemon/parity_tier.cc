@@ -72,6 +72,9 @@ absl::StatusOr<std::unique_ptr<ParityTier>> ParityTier::Start(
                    "shards whose group's parity was made again after a loss");
   metrics->Declare("ckpt_parity_reprotect_seconds_total", T::kCounter,
                    "time from the loss being seen to the parity made again");
+  metrics->Declare("ckpt_parity_stand_in_shards_total", T::kCounter,
+                   "lost data shards rebuilt ahead of restores and kept here "
+                   "in their node's place");
   ParityTier* self = tier.get();
   metrics->OnScrape([self](Metrics& m) {
     m.Set("ckpt_parity_bytes", {},
@@ -80,6 +83,7 @@ absl::StatusOr<std::unique_ptr<ParityTier>> ParityTier::Start(
           static_cast<double>(self->pending()));
   });
   tier->thread_ = std::thread([t = tier.get()] { t->Loop(); });
+  tier->repairer_ = std::thread([t = tier.get()] { t->RepairLoop(); });
   return tier;
 }
 
@@ -102,6 +106,7 @@ ParityTier::~ParityTier() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  if (repairer_.joinable()) repairer_.join();
 }
 
 void ParityTier::Enqueue(const proto::ShardRecord& shard, bool again) {

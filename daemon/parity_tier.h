@@ -21,7 +21,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +106,18 @@ class ParityTier {
                                                 uint64_t step, uint32_t rank,
                                                 const RebuildSink& sink);
 
+  // Nodes were lost: the data shards of every step's groups whose nodes are
+  // gone are rebuilt ahead of any restore, each by one live node
+  // (DataStandIns) that keeps a copy in the lost node's place. Restores fetch
+  // it, and later rebuilds read it as the lost data block: the group again
+  // survives m losses. Done on a thread of its own, through `repair`.
+  void RepairLostData();
+  // Fetches a shard onto this node as a checked copy (the Replicator's
+  // Fetch, which falls back to Rebuild).
+  using Repair = std::function<absl::Status(const std::string& job,
+                                            uint64_t step, uint32_t rank)>;
+  void SetRepair(Repair repair);
+
   // Drops the parity blocks this node holds for steps of `job` that `keep`
   // says are no longer kept.
   void CollectGarbage(const std::string& job,
@@ -141,6 +155,14 @@ class ParityTier {
       const std::string& address, const proto::ParityBlockKey& key);
   // The live nodes' addresses, by node id.
   absl::StatusOr<std::map<std::string, proto::PeerInfo>> LivePeers();
+  void RepairLoop();
+  void RepairPlan(const proto::ParityPlan& plan,
+                  const std::set<std::string>& live, const Repair& repair);
+  // A live node with a copy of a data shard whose node is gone (a stand-in
+  // that rebuilt it, or one a restore fetched it to), this one first.
+  absl::optional<std::string> CopyHolder(
+      const proto::ParityPlan& plan, const proto::ShardHolder& shard,
+      const std::map<std::string, proto::PeerInfo>& live);
   // A block of the group as a rebuild reads it, and the fetching threads'
   // word of its progress (parity_tier_rebuild.cc).
   struct Source;
@@ -173,7 +195,10 @@ class ParityTier {
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool repair_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  Repair repair_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
+  std::thread repairer_;  // RepairLoop
 };
 
 }  // namespace ckpt::daemon

@@ -147,6 +147,11 @@ std::string ParityTier::BlockName(const proto::ParityGroup& group, int b,
   const int k = code_.k();
   if (b < k) {
     const proto::ShardHolder& holder = group.data(b);
+    if (!node.empty() && node != holder.node()) {
+      return absl::StrCat("data block ", b, " (rank ", holder.rank(),
+                          ", a copy on node ", node, " for node ",
+                          holder.node(), ")");
+    }
     return absl::StrCat("data block ", b, " (rank ", holder.rank(), " on node ",
                         holder.node(), ")");
   }
@@ -289,6 +294,15 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
       node_of[b] = holders[b - k];
     } else {
       continue;
+    }
+    if (b < group.data_size() && live.count(node_of[b]) == 0) {
+      // Its node is gone: a copy in its place (a stand-in's) reads as well.
+      absl::optional<std::string> copy = CopyHolder(*plan, group.data(b), live);
+      if (copy.has_value()) {
+        node_of[b] = *copy;
+        candidates.push_back(b);
+        continue;
+      }
     }
     if (node_of[b].empty() || live.count(node_of[b]) == 0) {
       failures.push_back(absl::StrCat(

@@ -278,5 +278,43 @@ TEST(ParityTest, ALostParityHolderIsReplacedAndTheGroupSurvivesTwoMoreLosses) {
   EXPECT_THAT(d.log(), HasSubstr("rebuilt"));
 }
 
+TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
+  FiveNodes nodes;
+  ASSERT_TRUE(nodes.Start());
+  auto& [etcd, a, b, c, d, e] = nodes;
+  constexpr int64_t kGlobal = FiveNodes::kGlobal;
+  absl::Status saved = nodes.Save("stand", 1);
+  ASSERT_TRUE(saved.ok()) << saved;
+  // Node a (rank 0, data block 0 of group 0) is lost: once its lease
+  // expires, e (the one node with no block of group 0) rebuilds rank 0 from
+  // b's shard and a parity block, before any restore asks, and keeps it.
+  a.Lose();
+  const std::string ahead =
+      "job stand step 1 rank 0: lost with node node-a, rebuilt ahead of any "
+      "restore and kept here in its place (rs:2+2 group 0)";
+  for (int i = 0; i < 400 && e.log().find(ahead) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_THAT(e.log(), HasSubstr(ahead)) << e.log();
+  auto metrics = GetMetricsText(e.socket());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, ContainsRegex("ckpt_parity_stand_in_shards_total\\{"
+                                      "job=\"stand\"\\} 1"));
+  // Two more of group 0 lost, b (rank 1) and c (parity block 0): only d's
+  // parity block is left of the group's own, one of the two needed; e's
+  // copy of rank 0 is the other.
+  b.Lose();
+  c.Lose();
+  for (uint32_t rank : {1u, 0u}) {
+    Rank moved(d.socket(), "stand", rank, 3, kGlobal);
+    ASSERT_TRUE(moved.ckpt);
+    absl::Status restored = moved.ckpt->Restore(1);
+    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored << "\n"
+                               << d.log() << e.log();
+    EXPECT_TRUE(moved.Matches(1)) << "rank " << rank;
+  }
+  EXPECT_THAT(d.log(), HasSubstr("job stand step 1 rank 1: rebuilt"));
+}
+
 }  // namespace
 }  // namespace ckpt::client

@@ -200,5 +200,22 @@ TEST(ParityPlanTest,
   EXPECT_EQ(ParityHolders(g, {"a", "b", "d", "f"}), (V{"f", "d", ""}));
 }
 
+TEST(ParityPlanTest, LostDataNodesGetStandInsOutsideTheGroupFirst) {
+  proto::ParityGroup g;
+  for (const char* n : {"a", "b", "c"}) g.add_data()->set_node(n);
+  for (const char* n : {"d", "e"}) g.add_parity_nodes(n);
+  using V = std::vector<std::string>;
+  // Nobody lost: no stand-in.
+  EXPECT_EQ(DataStandIns(g, {"a", "b", "c", "d", "e", "f"}), (V{"", "", ""}));
+  // a and c lost: the nodes with no block of the group, in turn.
+  EXPECT_EQ(DataStandIns(g, {"b", "d", "e", "f", "g"}), (V{"f", "", "g"}));
+  // d lost too: f holds parity block 0 in its place, so g stands in for a
+  // first, then the parity holders (e, f) are used.
+  EXPECT_EQ(ParityHolders(g, {"b", "e", "f", "g"}), (V{"f", "e"}));
+  EXPECT_EQ(DataStandIns(g, {"b", "e", "f", "g"}), (V{"g", "", "e"}));
+  // Only data nodes of the group left: none.
+  EXPECT_EQ(DataStandIns(g, {"b"}), (V{"", "", ""}));
+}
+
 }  // namespace
 }  // namespace ckpt::daemon
