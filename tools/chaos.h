@@ -91,6 +91,9 @@ struct Options {
   // Each ckptd's --memory-budget: a small one makes every save evict
   // copies that are safe on disk.
   std::string memory_budget = "512M";
+  // With several nodes, the peer tier: one replica per shard, or this
+  // erasure code ("rs:K+M", --peer-redundancy).
+  std::string peer_redundancy;
   // The fault kinds to draw from; empty: every kind the cluster can take.
   std::vector<std::string> kinds;
   std::string ckptd, trainer;

@@ -36,7 +36,9 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
           std::string("--lease-ttl"), std::to_string(kLeaseTtlS),
           std::string("--node-id"), node.id, std::string("--failure-domain"),
           node.id, std::string("--peer-address"), std::string("127.0.0.1:0"),
-          std::string("--peer-replicas"), std::string("1"),
+          o_.peer_redundancy.empty() ? std::string("--peer-replicas")
+                                     : std::string("--peer-redundancy"),
+          o_.peer_redundancy.empty() ? std::string("1") : o_.peer_redundancy,
           std::string("--shared-dir"), o_.dir + "/shared",
           std::string("--shared-every"), std::to_string(kSharedEvery),
           std::string("--keep-shared"), std::to_string(kKeepShared)}) {

@@ -112,10 +112,13 @@ void Chaos::InjectOne() {
     StartRanks(proto::TIER_LOCAL_DISK);
   } else if (kind == "kill_during_replication") {
     // The sender dies between the pieces of a replica, or a receiver as one
-    // arrives.
-    const char* point = std::uniform_int_distribution<int>(0, 1)(rng_) == 0
-                            ? "replicator.piece_sent"
-                            : "peer.piece_received";
+    // arrives (with parity: a data node between the segments of its
+    // contribution, or a parity holder as a piece arrives).
+    const bool sender = std::uniform_int_distribution<int>(0, 1)(rng_) == 0;
+    const char* point =
+        o_.peer_redundancy.empty()
+            ? (sender ? "replicator.piece_sent" : "peer.piece_received")
+            : (sender ? "parity.segment_sent" : "peer.parity_piece_received");
     const int nth = std::uniform_int_distribution<int>(1, 4)(rng_);
     if (!KillAt(node, absl::StrCat(point, ":", nth))) return;
   } else if (kind == "kill_during_gc") {

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "snapshot/erasure_code.h"
 #include "spdlog/spdlog.h"
 #include "tools/chaos.h"
 
@@ -53,6 +54,9 @@ int main(int argc, char** argv) {
                  "each ckptd's staging memory budget, e.g. 512M; a small one "
                  "forces evictions of copies safe on disk")
       ->capture_default_str();
+  app.add_option("--peer-redundancy", o.peer_redundancy,
+                 "with --nodes: the peer tier as parity (rs:K+M, every "
+                 "node's --peer-redundancy) instead of one replica per shard");
   app.add_option("--kinds", o.kinds,
                  "only these fault kinds, comma-separated (default: all the "
                  "cluster can take)")
@@ -68,6 +72,22 @@ int main(int argc, char** argv) {
   if (o.faults == 0 && o.duration_s == 0) {
     std::fprintf(stderr, "ckpt-chaos: give --faults or --duration\n");
     return 2;
+  }
+  if (!o.peer_redundancy.empty()) {
+    absl::StatusOr<ckpt::snapshot::ErasureCode> code =
+        ckpt::snapshot::ErasureCode::Parse(o.peer_redundancy);
+    if (!code.ok()) {
+      std::fprintf(stderr, "ckpt-chaos: --peer-redundancy: %s\n",
+                   std::string(code.status().message()).c_str());
+      return 2;
+    }
+    if (o.nodes <= static_cast<uint32_t>(code->m())) {
+      std::fprintf(stderr,
+                   "ckpt-chaos: --peer-redundancy %s needs more than %d "
+                   "nodes (--nodes)\n",
+                   o.peer_redundancy.c_str(), code->m());
+      return 2;
+    }
   }
   const std::vector<std::string> known = Chaos::Kinds(o.nodes > 1);
   for (const std::string& k : o.kinds) {

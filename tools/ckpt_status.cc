@@ -5,6 +5,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +58,21 @@ nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
   put("replication_failures", get("ckpt_replication_failures_total"));
   put("fetched_from_peers_bytes", get("ckpt_peer_fetched_bytes_total"));
   put("shared_bytes", get("ckpt_shared_bytes_total"));
+  // The erasure-coded peer tier (--peer-redundancy): contributions sent and
+  // files rebuilt by this node, and their throughput.
+  auto rate = [&](const char* key, const char* bytes, const char* seconds) {
+    auto b = get(bytes);
+    auto s = get(seconds);
+    if (b && s && *s > 0) f[key] = *b / *s;
+  };
+  put("parity_sent_bytes", get("ckpt_parity_sent_bytes_total"));
+  rate("parity_encode_bytes_per_s", "ckpt_parity_sent_bytes_total",
+       "ckpt_parity_encode_seconds_total");
+  put("parity_rebuilt_bytes", get("ckpt_parity_rebuilt_bytes_total"));
+  rate("parity_decode_bytes_per_s", "ckpt_parity_rebuilt_bytes_total",
+       "ckpt_parity_rebuild_seconds_total");
+  put("parity_reprotected_shards", get("ckpt_parity_reprotected_total"));
+  put("parity_stand_in_shards", get("ckpt_parity_stand_in_shards_total"));
   for (const char* tier : {"memory", "peer", "local_disk", "shared"}) {
     put(absl::StrCat("commit_latency_mean_s_", tier),
         mean("ckpt_commit_latency_seconds", {{"tier", tier}}));
@@ -139,6 +155,25 @@ int Status(const std::string& data_dir, const std::string& socket_path,
     if (text.ok()) metrics = ckpt::tools::ParseMetricsText(*text);
   }
   if (!metrics.empty()) {
+    // Jobs this node only serves (replicas, parity, stand-in copies) have
+    // figures but no shards here.
+    std::set<std::string> listed, served;
+    for (const nlohmann::json& jj : j["jobs"]) {
+      listed.insert(jj["job"].get<std::string>());
+    }
+    for (const ckpt::tools::Sample& sample : metrics) {
+      auto job = sample.labels.find("job");
+      if (job != sample.labels.end() && !listed.count(job->second)) {
+        served.insert(job->second);
+      }
+    }
+    for (const std::string& job : served) {
+      nlohmann::json jj;
+      jj["job"] = job;
+      jj["world_size"] = 0;
+      jj["peer_only"] = true;
+      j["jobs"].push_back(std::move(jj));
+    }
     for (nlohmann::json& jj : j["jobs"]) {
       jj["figures"] = JobFigures(metrics, jj["job"].get<std::string>());
     }
@@ -148,6 +183,8 @@ int Status(const std::string& data_dir, const std::string& socket_path,
     };
     put("memory_budget_bytes", "ckpt_memory_budget_bytes");
     put("disk_budget_bytes", "ckpt_disk_budget_bytes");
+    put("parity_held_bytes", "ckpt_parity_bytes");
+    put("parity_pending_shards", "ckpt_parity_pending_shards");
   }
   j["shards_being_staged"] = staging;
   j["shards_waiting_to_persist"] = staged;
@@ -173,6 +210,13 @@ int Status(const std::string& data_dir, const std::string& socket_path,
               free_space.ok() ? HumanBytes(*free_space).c_str() : "?");
   std::printf("in flight  %d being staged, %d waiting to persist, %d failed\n",
               staging, staged, failed);
+  if (j.contains("parity_held_bytes")) {
+    std::printf(
+        "parity     %s of parity blocks held for peers, %.0f shard(s) "
+        "waiting for their group's parity\n",
+        HumanBytes(j["parity_held_bytes"].get<double>()).c_str(),
+        j.value("parity_pending_shards", 0.0));
+  }
   for (const nlohmann::json& jj : j["jobs"]) {
     std::string latest;
     if (jj.contains("latest")) {
@@ -182,10 +226,15 @@ int Status(const std::string& data_dir, const std::string& socket_path,
                         Age(c["committed_unix_micros"].get<int64_t>()), ")");
       }
     }
-    std::printf("job %-20s world %-5u last commit: %s\n",
-                jj["job"].get<std::string>().c_str(),
-                jj["world_size"].get<uint32_t>(),
-                latest.empty() ? "none" : latest.c_str());
+    if (jj.value("peer_only", false)) {
+      std::printf("job %-20s no shards here; served for peers\n",
+                  jj["job"].get<std::string>().c_str());
+    } else {
+      std::printf("job %-20s world %-5u last commit: %s\n",
+                  jj["job"].get<std::string>().c_str(),
+                  jj["world_size"].get<uint32_t>(),
+                  latest.empty() ? "none" : latest.c_str());
+    }
     if (!jj.contains("figures")) continue;
     const nlohmann::json& f = jj["figures"];
     auto num = [&f](const char* key) {
@@ -219,6 +268,20 @@ int Status(const std::string& data_dir, const std::string& socket_path,
           HumanBytes(static_cast<uint64_t>(num("shared_bytes"))).c_str(),
           secs("commit_latency_mean_s_peer").c_str(),
           secs("commit_latency_mean_s_shared").c_str());
+    }
+    if (f.contains("parity_sent_bytes") || f.contains("parity_rebuilt_bytes")) {
+      std::printf(
+          "  parity     %s of contributions sent (encode %s/s), %s rebuilt "
+          "(decode %s/s); %.0f shard(s) protected again, %.0f rebuilt on "
+          "this node as a stand-in\n",
+          HumanBytes(static_cast<uint64_t>(num("parity_sent_bytes"))).c_str(),
+          HumanBytes(static_cast<uint64_t>(num("parity_encode_bytes_per_s")))
+              .c_str(),
+          HumanBytes(static_cast<uint64_t>(num("parity_rebuilt_bytes")))
+              .c_str(),
+          HumanBytes(static_cast<uint64_t>(num("parity_decode_bytes_per_s")))
+              .c_str(),
+          num("parity_reprotected_shards"), num("parity_stand_in_shards"));
     }
     std::printf(
         "  at risk    %s since the last disk commit, %.0f step(s) "

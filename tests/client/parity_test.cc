@@ -20,6 +20,7 @@
 #include "tests/client/peer_ranks.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
+#include "tests/tools/run_cli.h"
 
 namespace ckpt::client {
 namespace {
@@ -300,6 +301,16 @@ TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(*metrics, ContainsRegex("ckpt_parity_stand_in_shards_total\\{"
                                       "job=\"stand\"\\} 1"));
+  // What operators see of it.
+  Result status = RunCli("--data-dir " + e.data_dir() + " status --socket " +
+                         e.socket() + " --json");
+  ASSERT_EQ(status.exit_code, 0) << status.out;
+  EXPECT_THAT(status.out, ContainsRegex("\"parity_stand_in_shards\": 1"));
+  EXPECT_THAT(status.out, ContainsRegex("\"parity_rebuilt_bytes\": [1-9]"));
+  EXPECT_THAT(status.out, HasSubstr("\"parity_held_bytes\""));
+  Result human =
+      RunCli("--data-dir " + e.data_dir() + " status --socket " + e.socket());
+  EXPECT_THAT(human.out, HasSubstr("1 rebuilt on this node as a stand-in"));
   // Two more of group 0 lost, b (rank 1) and c (parity block 0): only d's
   // parity block is left of the group's own, one of the two needed; e's
   // copy of rank 0 is the other.
