@@ -365,10 +365,7 @@ absl::Status ParityTier::PushContributions(
     XXH3_64bits_reset(s->hash);
     streams.push_back(std::move(s));
   }
-  const int m = code_.m();
-  std::vector<std::string> segment_out(m);
-  std::vector<uint8_t*> out(m);
-  std::string segment;
+  std::string segment, coded;
   const absl::Time start = absl::Now();
   bool first = true;
   absl::Status failed;
@@ -378,20 +375,24 @@ absl::Status ParityTier::PushContributions(
     segment.resize(n);
     RETURN_IF_ERROR(view.file->Read(
         at, absl::MakeSpan(reinterpret_cast<uint8_t*>(segment.data()), n)));
-    for (int j = 0; j < m; ++j) {
-      segment_out[j].resize(n);
-      out[j] = reinterpret_cast<uint8_t*>(segment_out[j].data());
-    }
-    code_.Contribute(static_cast<int>(position),
-                     absl::MakeConstSpan(
-                         reinterpret_cast<const uint8_t*>(segment.data()), n),
-                     out);
     for (auto& s : streams) {
       proto::ParityPiece piece =
           first ? first_piece(s->index) : proto::ParityPiece();
-      XXH3_64bits_update(s->hash, segment_out[s->index].data(), n);
-      piece.set_data(std::move(segment_out[s->index]));
-      segment_out[s->index] = std::string();
+      // Parity block 0's contribution is the segment itself; the others are
+      // computed for the blocks sent to only.
+      if (code_.Plain(static_cast<int>(position), static_cast<int>(s->index))) {
+        piece.set_data(segment);
+      } else {
+        coded.resize(n);
+        code_.ContributeTo(
+            static_cast<int>(position), static_cast<int>(s->index),
+            absl::MakeConstSpan(
+                reinterpret_cast<const uint8_t*>(segment.data()), n),
+            reinterpret_cast<uint8_t*>(coded.data()));
+        piece.set_data(std::move(coded));
+        coded = std::string();
+      }
+      XXH3_64bits_update(s->hash, piece.data().data(), n);
       if (!s->writer->Write(piece)) {
         failed = absl::UnavailableError(absl::StrCat(
             "node ", s->node, " stopped taking parity block ", s->index));

@@ -71,13 +71,30 @@ ErasureCode::ErasureCode(int k, int m) : k_(k), m_(m) {
   const int n = k + m;
   matrix_.resize(static_cast<size_t>(n) * k);
   gf_gen_cauchy1_matrix(matrix_.data(), n, k);
+  // Each column of the Cauchy rows scaled so that the first is all ones:
+  // parity block 0 is the XOR of the data blocks. Scaling a column by a
+  // non-zero factor scales the determinant of every square submatrix that
+  // has it, so every one of them stays invertible.
+  for (int i = 0; i < k; ++i) {
+    const uint8_t inverse = gf_inv(matrix_[k * k + i]);
+    for (int j = 0; j < m; ++j) {
+      uint8_t& a = matrix_[(k + j) * k + i];
+      a = gf_mul(a, inverse);
+    }
+  }
   parity_tables_.resize(32u * k * m);
   ec_init_tables(k, m, &matrix_[static_cast<size_t>(k) * k],
                  parity_tables_.data());
   column_tables_.resize(k);
+  coefficient_tables_.resize(static_cast<size_t>(k) * m);
   for (int i = 0; i < k; ++i) {
     std::vector<uint8_t> column(m);
-    for (int j = 0; j < m; ++j) column[j] = matrix_[(k + j) * k + i];
+    for (int j = 0; j < m; ++j) {
+      column[j] = matrix_[(k + j) * k + i];
+      std::vector<uint8_t>& one = coefficient_tables_[i * m + j];
+      one.resize(32);
+      ec_init_tables(1, 1, &column[j], one.data());
+    }
     column_tables_[i].resize(32u * m);
     ec_init_tables(1, m, column.data(), column_tables_[i].data());
   }
@@ -94,6 +111,24 @@ void ErasureCode::Contribute(int index, absl::Span<const uint8_t> data,
   ec_encode_data(static_cast<int>(data.size()), 1, m_,
                  const_cast<uint8_t*>(column_tables_[index].data()), &source,
                  const_cast<uint8_t**>(out.data()));
+}
+
+bool ErasureCode::Plain(int index, int j) const {
+  return matrix_[(k_ + j) * k_ + index] == 1;
+}
+
+void ErasureCode::ContributeTo(int index, int j, absl::Span<const uint8_t> data,
+                               uint8_t* out) const {
+  if (data.empty()) return;
+  if (Plain(index, j)) {
+    std::memcpy(out, data.data(), data.size());
+    return;
+  }
+  auto* source = const_cast<uint8_t*>(data.data());
+  ec_encode_data(
+      static_cast<int>(data.size()), 1, 1,
+      const_cast<uint8_t*>(coefficient_tables_[index * m_ + j].data()), &source,
+      &out);
 }
 
 void ErasureCode::Accumulate(absl::Span<const uint8_t> contribution,

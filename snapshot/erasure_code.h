@@ -3,7 +3,9 @@
 // shard files of one parity group) and m parity blocks, any k of the k+m
 // rebuild the others. It is systematic (data blocks are stored as they are)
 // and works over GF(2^8) with a Cauchy matrix, whose every square submatrix is
-// invertible, through Intel ISA-L.
+// invertible, through Intel ISA-L. Its columns are scaled so that parity block
+// 0 is the plain XOR of the data blocks: a data block's contribution to it is
+// the block itself, and only the other m-1 cost multiplications.
 //
 // Blocks of one group may differ in length: a shorter data block counts as
 // padded with zeros to the group's stripe length (its longest block), so
@@ -51,6 +53,12 @@ class ErasureCode {
   // at offset o of a contribution belong at offset o of parity block j.
   void Contribute(int index, absl::Span<const uint8_t> data,
                   absl::Span<uint8_t* const> out) const;
+  // True when data block `index`'s contribution to parity block `j` is its
+  // bytes themselves (coefficient 1: always for j == 0), to send as they are.
+  bool Plain(int index, int j) const;
+  // Its contribution to parity block j alone (data.size() bytes at `out`).
+  void ContributeTo(int index, int j, absl::Span<const uint8_t> data,
+                    uint8_t* out) const;
   // parity ^= contribution, byte by byte.
   static void Accumulate(absl::Span<const uint8_t> contribution,
                          uint8_t* parity);
@@ -119,6 +127,8 @@ class ErasureCode {
   std::vector<uint8_t> matrix_;
   // Per data block, the m x 1 tables of its column (Contribute).
   std::vector<std::vector<uint8_t>> column_tables_;
+  // Per data block and parity block, the 1 x 1 table of its coefficient.
+  std::vector<std::vector<uint8_t>> coefficient_tables_;
   // m x k tables of the parity rows (Encode).
   std::vector<uint8_t> parity_tables_;
 };

@@ -215,6 +215,37 @@ TEST(ErasureCodeTest, RebuildIntoBuffersWithSeveralThreadsMatchesRebuild) {
               HasSubstr("the buffer for data block 1 holds 10 bytes"));
 }
 
+TEST(ErasureCodeTest, ParityBlockZeroIsTheXorAndContributeToMatches) {
+  std::mt19937_64 rng(11);
+  for (auto [k, m] : {std::pair(4, 2), std::pair(6, 3), std::pair(1, 1)}) {
+    absl::StatusOr<ErasureCode> code = ErasureCode::Create(k, m);
+    ASSERT_TRUE(code.ok());
+    std::vector<Bytes> data;
+    for (int i = 0; i < k; ++i) data.push_back(Random(rng, 777));
+    const std::vector<Bytes> parity = ParityOf(*code, data);
+    Bytes x(777, 0);
+    for (const Bytes& d : data) {
+      for (size_t b = 0; b < x.size(); ++b) x[b] ^= d[b];
+    }
+    EXPECT_TRUE(parity[0] == x) << "rs:" << k << "+" << m;
+    for (int i = 0; i < k; ++i) {
+      EXPECT_TRUE(code->Plain(i, 0));
+      std::vector<Bytes> all(m, Bytes(777));
+      std::vector<uint8_t*> out;
+      for (Bytes& o : all) out.push_back(o.data());
+      code->Contribute(i, data[i], out);
+      for (int j = 0; j < m; ++j) {
+        Bytes one(777);
+        code->ContributeTo(i, j, data[i], one.data());
+        EXPECT_TRUE(one == all[j]) << "block " << i << " parity " << j;
+        if (code->Plain(i, j)) {
+          EXPECT_TRUE(one == data[i]);
+        }
+      }
+    }
+  }
+}
+
 TEST(ErasureCodeTest, AFlippedParityByteChangesTheRebuiltBlock) {
   std::mt19937_64 rng(7);
   absl::StatusOr<ErasureCode> code = ErasureCode::Create(4, 2);
