@@ -75,6 +75,38 @@ struct FiveNodes {
   testing::DaemonProcess a, b, c, d, e;
 };
 
+// Restores `step` of `ranks` of `job` through `node`, one after another,
+// each checked bit-exact.
+void RestoreOn(testing::DaemonProcess& node, const std::string& job,
+               std::vector<uint32_t> ranks, uint64_t step,
+               const std::string& logs = "") {
+  for (uint32_t rank : ranks) {
+    Rank moved(node.socket(), job, rank, 3, FiveNodes::kGlobal);
+    ASSERT_TRUE(moved.ckpt);
+    absl::Status restored = moved.ckpt->Restore(step);
+    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored << "\n"
+                               << node.log() << logs;
+    EXPECT_TRUE(moved.Matches(step)) << "rank " << rank;
+  }
+}
+
+// Waits up to 20 s for `text` in the logs of every one of `nodes`.
+::testing::AssertionResult LogsShow(std::vector<testing::DaemonProcess*> nodes,
+                                    const std::string& text) {
+  for (int i = 0; i < 400; ++i) {
+    bool all = true;
+    for (testing::DaemonProcess* p : nodes) {
+      all = all && p->log().find(text) != std::string::npos;
+    }
+    if (all) return ::testing::AssertionSuccess();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::testing::AssertionResult failure = ::testing::AssertionFailure();
+  failure << "no \"" << text << "\" in";
+  for (testing::DaemonProcess* p : nodes) failure << "\n" << p->log();
+  return failure;
+}
+
 TEST(ParityTest, TwoLostNodesOfAGroupRestoreFromParityAThirdFallsBack) {
   testing::TempDir shared;
   FiveNodes nodes;
@@ -107,14 +139,7 @@ TEST(ParityTest, TwoLostNodesOfAGroupRestoreFromParityAThirdFallsBack) {
   // lost with everything they had.
   a.Lose();
   b.Lose();
-  for (uint32_t rank : {0u, 1u}) {
-    Rank moved(e.socket(), "par", rank, 3, kGlobal);
-    ASSERT_TRUE(moved.ckpt);
-    absl::Status restored = moved.ckpt->Restore(2);
-    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored << "\n"
-                               << e.log();
-    EXPECT_TRUE(moved.Matches(2)) << "rank " << rank;
-  }
+  RestoreOn(e, "par", {0, 1}, 2);
   EXPECT_THAT(e.log(), ContainsRegex("job par step 2 rank 0: rebuilt [0-9]+ "
                                      "bytes from rs:2\\+2 group 0"));
   auto metrics = GetMetricsText(e.socket());
@@ -239,7 +264,6 @@ TEST(ParityTest, ALostParityHolderIsReplacedAndTheGroupSurvivesTwoMoreLosses) {
   FiveNodes nodes;
   ASSERT_TRUE(nodes.Start());
   auto& [etcd, a, b, c, d, e] = nodes;
-  constexpr int64_t kGlobal = FiveNodes::kGlobal;
   absl::Status saved = nodes.Save("again", 1);
   ASSERT_TRUE(saved.ok()) << saved;
   // Node c, which holds parity block 0 of group 0, is lost: once its lease
@@ -249,15 +273,7 @@ TEST(ParityTest, ALostParityHolderIsReplacedAndTheGroupSurvivesTwoMoreLosses) {
   const std::string redone =
       "protected again by rs:2+2 parity (group 0: "
       "block 0 on node-e for node-c)";
-  for (int i = 0; i < 400; ++i) {
-    if (a.log().find(redone) != std::string::npos &&
-        b.log().find(redone) != std::string::npos) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_THAT(a.log(), HasSubstr(redone)) << a.log();
-  ASSERT_THAT(b.log(), HasSubstr(redone)) << b.log();
+  ASSERT_TRUE(LogsShow({&a, &b}, redone));
   auto metrics = GetMetricsText(a.socket());
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(*metrics, ContainsRegex("ckpt_parity_reprotected_total\\{job="
@@ -268,14 +284,7 @@ TEST(ParityTest, ALostParityHolderIsReplacedAndTheGroupSurvivesTwoMoreLosses) {
   // Two more losses, a and b: group 0 decodes from e's block and d's.
   a.Lose();
   b.Lose();
-  for (uint32_t rank : {0u, 1u}) {
-    Rank moved(d.socket(), "again", rank, 3, kGlobal);
-    ASSERT_TRUE(moved.ckpt);
-    absl::Status restored = moved.ckpt->Restore(1);
-    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored << "\n"
-                               << d.log();
-    EXPECT_TRUE(moved.Matches(1)) << "rank " << rank;
-  }
+  RestoreOn(d, "again", {0, 1}, 1);
   EXPECT_THAT(d.log(), HasSubstr("rebuilt"));
 }
 
@@ -283,7 +292,6 @@ TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
   FiveNodes nodes;
   ASSERT_TRUE(nodes.Start());
   auto& [etcd, a, b, c, d, e] = nodes;
-  constexpr int64_t kGlobal = FiveNodes::kGlobal;
   absl::Status saved = nodes.Save("stand", 1);
   ASSERT_TRUE(saved.ok()) << saved;
   // Node a (rank 0, data block 0 of group 0) is lost: once its lease
@@ -293,10 +301,7 @@ TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
   const std::string ahead =
       "job stand step 1 rank 0: lost with node node-a, rebuilt ahead of any "
       "restore and kept here in its place (rs:2+2 group 0)";
-  for (int i = 0; i < 400 && e.log().find(ahead) == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_THAT(e.log(), HasSubstr(ahead)) << e.log();
+  ASSERT_TRUE(LogsShow({&e}, ahead));
   auto metrics = GetMetricsText(e.socket());
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(*metrics, ContainsRegex("ckpt_parity_stand_in_shards_total\\{"
@@ -316,14 +321,7 @@ TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
   // copy of rank 0 is the other.
   b.Lose();
   c.Lose();
-  for (uint32_t rank : {1u, 0u}) {
-    Rank moved(d.socket(), "stand", rank, 3, kGlobal);
-    ASSERT_TRUE(moved.ckpt);
-    absl::Status restored = moved.ckpt->Restore(1);
-    ASSERT_TRUE(restored.ok()) << "rank " << rank << ": " << restored << "\n"
-                               << d.log() << e.log();
-    EXPECT_TRUE(moved.Matches(1)) << "rank " << rank;
-  }
+  RestoreOn(d, "stand", {1, 0}, 1, e.log());
   EXPECT_THAT(d.log(), HasSubstr("job stand step 1 rank 1: rebuilt"));
 }
 
