@@ -175,7 +175,8 @@ class ParityTier {
   absl::Status PrepareBlock(const proto::ParityPlan& plan,
                             const proto::ParityGroup& group, int b,
                             const std::string& node, Source* source);
-  // Fills it: read here, or fetched from the peer at `address`.
+  // Fills a block PrepareBlock did not map: read here, or fetched from the
+  // peer at `address`.
   absl::Status FillBlock(const proto::ParityPlan& plan,
                          const proto::ParityGroup& group, int b,
                          const std::string& node, const std::string& address,

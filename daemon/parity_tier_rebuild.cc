@@ -203,7 +203,6 @@ absl::Status ParityTier::FillBlock(const proto::ParityPlan& plan,
                                    Arrivals* arrivals) {
   const std::string what = BlockName(group, b, node);
   auto arrived = [&](uint64_t n) { arrivals->Arrived(source, n); };
-  if (source->map != nullptr) return absl::OkStatus();  // parity held here
   const absl::Span<uint8_t> dst(source->owned.get(), source->bytes.size());
   if (b >= code_.k()) {
     auto stub = proto::CkptPeer::NewStub(channel_to_(address));
