@@ -4,6 +4,7 @@
 // GetShard).
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/checkpoint_service.h"
@@ -69,8 +70,10 @@ absl::Status CheckpointService::WithdrawNewer(const std::string& job,
                                               uint32_t rank, uint64_t step) {
   ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
                    catalog_->ListShards(job));
+  std::set<uint64_t> withdrawn_here;
   for (const proto::ShardRecord& shard : shards) {
     if (shard.rank() != rank || shard.step() <= step) continue;
+    withdrawn_here.insert(shard.step());
     const std::string what = Describe(job, shard.step(), rank);
     absl::Status withdrawn = shard.state() == proto::SHARD_STAGING
                                  ? AbortStage(job, shard.step(), rank)
@@ -90,6 +93,29 @@ absl::Status CheckpointService::WithdrawNewer(const std::string& job,
                           absl::StrCat("withdrawing ", what, " (rank ", rank,
                                        " resumed from step ", step,
                                        "): ", withdrawn.message()));
+    }
+  }
+  // Votes no catalog here knows of: cast for copies that are gone (a node
+  // that lost its memory and disks, or the rank's former node). Left, they
+  // would count for the rank when the other ranks save those steps again,
+  // and commit a step whose shard of this rank does not exist.
+  ASSIGN_OR_RETURN(std::set<uint64_t> voted,
+                   coordinator_->StepsVotedBy(job, rank, step));
+  for (uint64_t newer : voted) {
+    if (withdrawn_here.count(newer) > 0) continue;
+    const std::string what = Describe(job, newer, rank);
+    absl::Status withdrawn = coordinator_->WithdrawVote(job, newer, rank);
+    if (withdrawn.ok()) {
+      CKPT_LOG_INFO(
+          "{}: its vote, cast for a copy this node does not have, withdrawn: "
+          "rank {} resumed from step {}",
+          what, rank, step);
+      metrics_.Add("ckpt_shards_withdrawn_total", {{"job", job}});
+    } else if (withdrawn.code() != absl::StatusCode::kAlreadyExists) {
+      return absl::Status(withdrawn.code(),
+                          absl::StrCat("withdrawing the vote of ", what,
+                                       " (rank ", rank, " resumed from step ",
+                                       step, "): ", withdrawn.message()));
     }
   }
   return absl::OkStatus();

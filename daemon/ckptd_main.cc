@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -79,6 +81,10 @@ void StopDeadline(absl::Duration timeout, std::atomic<bool>& cancel,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A crash leaves its signal and stack on stderr (the daemon's log under a
+  // supervisor or ckpt-chaos), not a silent exit.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   ckpt::daemon::CkptdFlags f;
   if (std::optional<int> exit_code =
           ckpt::daemon::ParseCkptdFlags(argc, argv, f))

@@ -29,6 +29,9 @@ std::string StepPrefix(const std::string& job, uint64_t step) {
 std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank) {
   return absl::StrCat(StepPrefix(job, step), "votes/", Pad(rank, 10));
 }
+std::string HolderKey(const std::string& job, uint64_t step, uint32_t rank) {
+  return absl::StrCat(StepPrefix(job, step), "parity/holders/", Pad(rank, 10));
+}
 std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier) {
   return absl::StrCat(StepPrefix(job, step), "commit/", TierName(tier));
 }
@@ -269,6 +272,24 @@ absl::StatusOr<std::vector<std::string>> Coordinator::StoreKeys(
   return keys;
 }
 
+absl::StatusOr<std::set<uint64_t>> Coordinator::StepsVotedBy(
+    const std::string& job, uint32_t rank, uint64_t after) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  ASSIGN_OR_RETURN(std::vector<std::string> keys, StoreKeys(StepsPrefix(job)));
+  // Keys under the prefix: "<step:020>/votes/<rank:010>".
+  const std::string vote = absl::StrCat("/votes/", Pad(rank, 10));
+  std::set<uint64_t> steps;
+  for (const std::string& key : keys) {
+    uint64_t step = 0;
+    if (!absl::EndsWith(key, vote) ||
+        !absl::SimpleAtoi(absl::string_view(key).substr(0, 20), &step)) {
+      continue;
+    }
+    if (step > after) steps.insert(step);
+  }
+  return steps;
+}
+
 namespace {
 
 std::string ParityPrefix(const std::string& job, uint64_t step) {
@@ -281,9 +302,8 @@ absl::Status Coordinator::PublishShardHolder(const std::string& job,
                                              uint64_t step,
                                              const proto::ShardHolder& holder) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  return StorePut(
-      absl::StrCat(ParityPrefix(job, step), "holders/", Pad(holder.rank(), 10)),
-      holder.SerializeAsString(), /*ephemeral=*/false);
+  return StorePut(HolderKey(job, step, holder.rank()),
+                  holder.SerializeAsString(), /*ephemeral=*/false);
 }
 
 absl::StatusOr<std::vector<proto::ShardHolder>> Coordinator::ListShardHolders(

@@ -51,8 +51,15 @@ class Coordinator {
   // Takes back `rank`'s vote for a step that is not committed at any tier (its
   // shard is being replaced by a new save of the same step). Refused with
   // AlreadyExists once the step is committed anywhere: a commit never reverts.
+  // The rank's holder record (HolderKey) goes with the vote.
   virtual absl::Status WithdrawVote(const std::string& job, uint64_t step,
                                     uint32_t rank) = 0;
+  // The steps newer than `after` that `rank` has a vote for, whichever node
+  // cast it (a rank resuming from `after` withdraws them all, also those of
+  // a node that lost its catalog since: DESIGN.md §5).
+  absl::StatusOr<std::set<uint64_t>> StepsVotedBy(const std::string& job,
+                                                  uint32_t rank,
+                                                  uint64_t after);
   // Drops the votes and commit records of a step (garbage collection). Refused
   // for a step that is the latest committed one at any tier.
   virtual absl::Status ForgetStep(const std::string& job, uint64_t step) = 0;
@@ -141,6 +148,9 @@ class Coordinator {
 // Key helpers shared by the backends.
 std::string StepPrefix(const std::string& job, uint64_t step);
 std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank);
+// Where `rank`'s shard of the step lies (the erasure-coded peer tier):
+// withdrawing the rank's vote takes it back too.
+std::string HolderKey(const std::string& job, uint64_t step, uint32_t rank);
 std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier);
 std::string LatestKey(const std::string& job, proto::Tier tier);
 std::string RollbackKey(const std::string& job, int64_t unix_micros);

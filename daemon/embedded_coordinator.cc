@@ -142,6 +142,7 @@ absl::Status EmbeddedCoordinator::WithdrawVote(const std::string& job,
   }
   KvStore::Batch batch;
   batch.deletes.push_back(VoteKey(job, step, rank));
+  batch.deletes.push_back(HolderKey(job, step, rank));
   return store_->Write(batch);
 }
 

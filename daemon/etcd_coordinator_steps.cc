@@ -240,6 +240,8 @@ absl::Status EtcdCoordinator::WithdrawVote(const std::string& job,
   }
   txn.add_success()->mutable_request_delete_range()->set_key(
       VoteKey(job, step, rank));
+  txn.add_success()->mutable_request_delete_range()->set_key(
+      HolderKey(job, step, rank));
   // A commit record seen by the transaction may be gone by the time it is
   // looked for (garbage collection forgot the step meanwhile): try again.
   for (int attempt = 0; attempt < kAttempts; ++attempt) {

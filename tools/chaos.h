@@ -166,6 +166,10 @@ class Chaos {
   // delay ensures.
   void KillRanks();
 
+  // A daemon that died on its own (no fault killed it) is a violation: it is
+  // reported with its signal or exit code, and started again.
+  void ReapDeadDaemons();
+
   // Lets the job train for `ms`; false (with a violation) if a rank died.
   bool Train(int ms);
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -123,9 +124,25 @@ void Chaos::KillRanks() {
   }
 }
 
+void Chaos::ReapDeadDaemons() {
+  for (Node& node : nodes_) {
+    int status = 0;
+    if (node.pid <= 0 || !Exited(node.pid, &status)) continue;
+    node.pid = -1;
+    Violation(absl::StrCat(
+        node.id, "'s ckptd died on its own (",
+        WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status), ", ",
+                                           strsignal(WTERMSIG(status)))
+                            : absl::StrCat("exit code ", WEXITSTATUS(status)),
+        "); see ", node.log()));
+    StartDaemon(node, "");
+  }
+}
+
 bool Chaos::Train(int ms) {
   const Clock::time_point until = Clock::now() + std::chrono::milliseconds(ms);
   while (Clock::now() < until) {
+    ReapDeadDaemons();
     for (uint32_t r = 0; r < ranks_.size(); ++r) {
       int status;
       if (ranks_[r] > 0 && Exited(ranks_[r], &status)) {

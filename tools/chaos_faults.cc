@@ -154,7 +154,10 @@ void Chaos::InjectOne() {
         NewestAbove(proto::TIER_MEMORY, memory_lost ? kKeepMemory : 1,
                     before) &&
         NewestAbove(proto::TIER_LOCAL_DISK, lost ? kKeepDisk : 1, before);
-    if (!recovered) SleepMs(50);
+    if (!recovered) {
+      ReapDeadDaemons();
+      SleepMs(50);
+    }
   }
   if (!recovered) {
     Violation(absl::StrCat("no new step committed in memory and on disk ",

@@ -325,5 +325,67 @@ TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
   EXPECT_THAT(d.log(), HasSubstr("job stand step 1 rank 1: rebuilt"));
 }
 
+// Node c saves rank 2's step 2 ahead of the others, then is lost with it. Its
+// vote and holder record for step 2 outlive it in etcd; when the job resumes
+// from step 1, rank 2 (on c's replacement) withdraws them, so the others'
+// new saves of step 2 neither commit it without rank 2 nor plan its parity
+// with the lost copy.
+TEST(ParityTest, ALostNodesVotesForNewerStepsAreWithdrawnWhenTheJobResumes) {
+  FiveNodes nodes;
+  ASSERT_TRUE(nodes.Start());
+  auto& [etcd, a, b, c, d, e] = nodes;
+  constexpr int64_t kGlobal = FiveNodes::kGlobal;
+  absl::Status saved = nodes.Save("stale", 1);
+  ASSERT_TRUE(saved.ok()) << saved;
+  {
+    Rank ahead(c.socket(), "stale", 2, 3, kGlobal);
+    ASSERT_TRUE(ahead.ckpt);
+    ahead.Fill(2);
+    auto save = ahead.ckpt->SaveAsync(2);
+    ASSERT_TRUE(save.ok()) << save.status();
+    ASSERT_TRUE((*save)->WaitStaged().ok());
+  }
+  ASSERT_TRUE(LogsShow({&c}, "job stale step 2 rank 2: persisted"));
+  c.Lose();
+  ASSERT_TRUE(c.Start()) << c.log();
+  // The job resumes from step 1 on a, b and c's replacement.
+  Rank r0(a.socket(), "stale", 0, 3, kGlobal),
+      r1(b.socket(), "stale", 1, 3, kGlobal),
+      r2(c.socket(), "stale", 2, 3, kGlobal);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
+  for (Rank* r : {&r0, &r1, &r2}) {
+    absl::Status restored = r->ckpt->Restore(1);
+    ASSERT_TRUE(restored.ok()) << restored << "\n" << c.log();
+    EXPECT_TRUE(r->Matches(1));
+  }
+  EXPECT_THAT(c.log(), HasSubstr("job stale step 2 rank 2: its vote, cast for "
+                                 "a copy this node does not have, withdrawn"));
+  // Ranks 0 and 1 alone do not commit step 2 at any tier.
+  std::vector<std::shared_ptr<SaveHandle>> saves;
+  for (Rank* r : {&r0, &r1}) {
+    r->Fill(2);
+    auto save = r->ckpt->SaveAsync(2);
+    ASSERT_TRUE(save.ok()) << save.status();
+    saves.push_back(*save);
+  }
+  ASSERT_TRUE(LogsShow({&a}, "job stale step 2 rank 0: persisted"));
+  ASSERT_TRUE(LogsShow({&b}, "job stale step 2 rank 1: persisted"));
+  for (proto::Tier tier : {proto::TIER_MEMORY, proto::TIER_LOCAL_DISK}) {
+    auto latest = r0.ckpt->LatestCommitted(tier);
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_EQ(latest->value_or(0), 1u)
+        << "step 2 committed with the lost node's vote";
+  }
+  // Rank 2's new save completes it, up to tier peer (its parity planned with
+  // the new copy), and a restore elsewhere is bit-exact.
+  ASSERT_TRUE(SaveAll({&r2}, 2, kPeer).ok()) << c.log();
+  for (auto& save : saves) {
+    ASSERT_TRUE(save->WaitCommitted(kPeer).ok()) << a.log() << c.log();
+  }
+  EXPECT_THAT(c.log(), HasSubstr("job stale step 2 rank 2: protected by"));
+  c.Lose();
+  RestoreOn(d, "stale", {2}, 2, e.log());
+}
+
 }  // namespace
 }  // namespace ckpt::client

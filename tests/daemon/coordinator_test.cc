@@ -1,5 +1,6 @@
 // The embedded coordinator's commit rule, its durability across a reopen and a
 // SIGKILL, and its refusals.
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +117,38 @@ TEST_F(CoordinatorTest, ForgetStepNeverDropsTheLatest) {
   EXPECT_FALSE(coordinator_->GetCommit("job", 1, kMem)->has_value());
   EXPECT_EQ(coordinator_->ForgetStep("job", 2).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A rank resuming from a step finds every newer vote of its own, whichever
+// node cast it; withdrawing one takes its parity holder record along, and a
+// committed step's vote stays.
+TEST_F(CoordinatorTest, StepsVotedByARankAndWithdrawingTheirVotes) {
+  Vote(4, 0, 2, {kMem});
+  Vote(5, 1, 2, {kMem});
+  Vote(6, 0, 2, {kMem, kDisk});
+  Vote(6, 1, 2, {kMem});  // step 6 committed at memory
+  Vote(7, 1, 2, {kDisk});
+  Vote(9, 1, 2, {kMem});
+  proto::ShardHolder h;
+  h.set_rank(1);
+  h.set_node("gone");
+  ASSERT_TRUE(coordinator_->PublishShardHolder("job", 7, h).ok());
+  absl::StatusOr<std::set<uint64_t>> newer =
+      coordinator_->StepsVotedBy("job", 1, 5);
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  EXPECT_THAT(*newer, ElementsAre(6, 7, 9));
+  EXPECT_THAT(*coordinator_->StepsVotedBy("job", 0, 0), ElementsAre(4, 6));
+  EXPECT_THAT(*coordinator_->StepsVotedBy("other", 1, 0), IsEmpty());
+  EXPECT_EQ(coordinator_->StepsVotedBy("bad/job", 1, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(coordinator_->WithdrawVote("job", 6, 1).code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(coordinator_->WithdrawVote("job", 7, 1).ok());
+  EXPECT_TRUE(coordinator_->ListShardHolders("job", 7)->empty());
+  EXPECT_THAT(*coordinator_->StepsVotedBy("job", 1, 5), ElementsAre(6, 9));
+  // Rank 0's vote for step 7 alone then does not commit it.
+  EXPECT_THAT(Vote(7, 0, 2, {kDisk}), IsEmpty());
 }
 
 TEST_F(CoordinatorTest, ParityRecordsKeepTheFirstPlanAndGoWithTheStep) {

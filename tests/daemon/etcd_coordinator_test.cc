@@ -5,6 +5,7 @@
 #include "daemon/etcd_coordinator.h"
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "daemon/checkpoint_service.h"
@@ -94,6 +95,31 @@ TEST_F(EtcdCoordinatorTest, StepsVotedAtATierAfterAStep) {
   EXPECT_THAT(*all, ElementsAre(3, 7, 12));
   EXPECT_THAT(*a->StepsVotedAt("job", proto::TIER_PEER, 7), ElementsAre(12));
   EXPECT_THAT(*a->StepsVotedAt("job", kMem, 3), ElementsAre(5));
+}
+
+// Votes a node cast before it lost everything are found by any node through
+// the rank, and withdrawn with their holder records.
+TEST_F(EtcdCoordinatorTest, StepsVotedByARankWhicheverNodeCastThem) {
+  auto a = Node("node-a"), b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Vote("job", 8, 1, 2, {kMem, kDisk}).ok());
+  ASSERT_TRUE(a->Vote("job", 9, 1, 2, {kMem}).ok());
+  ASSERT_TRUE(b->Vote("job", 9, 0, 2, {kMem}).ok());  // 9 committed
+  proto::ShardHolder h;
+  h.set_rank(1);
+  h.set_node("node-a");
+  ASSERT_TRUE(a->PublishShardHolder("job", 8, h).ok());
+  a.reset();  // node-a is gone with its memory of those votes
+  absl::StatusOr<std::set<uint64_t>> newer = b->StepsVotedBy("job", 1, 7);
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  EXPECT_THAT(*newer, ElementsAre(8, 9));
+  ASSERT_TRUE(b->WithdrawVote("job", 8, 1).ok());
+  EXPECT_EQ(b->WithdrawVote("job", 9, 1).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(*b->StepsVotedBy("job", 1, 7), ElementsAre(9));
+  EXPECT_TRUE(b->ListShardHolders("job", 8)->empty());
+  // Rank 0 voting step 8 alone does not commit it.
+  EXPECT_THAT(*b->Vote("job", 8, 0, 2, {kMem, kDisk}), ElementsAre());
 }
 
 TEST_F(EtcdCoordinatorTest, TheLatestStepNeverGoesBackward) {
