@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   // supervisor or ckpt-chaos), not a silent exit.
   absl::InitializeSymbolizer(argv[0]);
   absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+  // A peer that hangs up mid-write is an error on that write, not the end of
+  // the daemon.
+  ::signal(SIGPIPE, SIG_IGN);
   ckpt::daemon::CkptdFlags f;
   if (std::optional<int> exit_code =
           ckpt::daemon::ParseCkptdFlags(argc, argv, f))

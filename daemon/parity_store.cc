@@ -119,6 +119,60 @@ absl::StatusOr<std::unique_ptr<ParityStore>> ParityStore::Open(
 
 ParityStore::~ParityStore() = default;
 
+std::vector<ParityStore::BlockCheck> ParityStore::Verify(
+    io::FileSystem* fs, const std::string& dir, const std::string& job,
+    absl::optional<uint64_t> step) {
+  std::vector<BlockCheck> checks;
+  const std::string job_dir = io::JoinPath(dir, job);
+  absl::StatusOr<std::vector<std::string>> names = fs->ListDir(job_dir);
+  if (!names.ok()) return checks;  // no parity of the job here
+  std::sort(names->begin(), names->end());
+  const ParityStore layout(fs, dir, 0);
+  for (const std::string& name : *names) {
+    if (!absl::EndsWith(name, kRecord)) continue;
+    BlockCheck c;
+    const std::string record_path = io::JoinPath(job_dir, name);
+    c.path = record_path.substr(0, record_path.size() - kRecord.size()) +
+             std::string(kBlock);
+    absl::StatusOr<std::string> bytes = io::ReadFileToString(fs, record_path);
+    absl::StatusOr<proto::ParityBlockRecord> r =
+        bytes.ok() ? ParseRecord<proto::ParityBlockRecord>(record_path, *bytes)
+                   : absl::StatusOr<proto::ParityBlockRecord>(bytes.status());
+    if (!r.ok()) {
+      c.problems.push_back(std::string(r.status().message()));
+      checks.push_back(std::move(c));
+      continue;
+    }
+    c.key = r->key();
+    if (step.has_value() && c.key.step() != *step) continue;
+    c.complete = r->complete();
+    if (c.key.job() != job || layout.PathOf(c.key, kRecord) != record_path) {
+      c.problems.push_back(absl::StrCat(record_path, " names ", Describe(c.key),
+                                        ", not itself"));
+    } else if (c.complete) {
+      io::MapOptions options;
+      options.writable = false;
+      absl::StatusOr<std::unique_ptr<io::MappedFile>> map =
+          fs->MapFile(c.path, options);
+      if (!map.ok()) {
+        c.problems.push_back(
+            absl::StrCat(Describe(c.key), ": ", map.status().message()));
+      } else if ((*map)->size() != r->group().stripe_bytes()) {
+        c.problems.push_back(absl::StrCat(Describe(c.key), ": ", (*map)->size(),
+                                          " bytes, not its group's ",
+                                          r->group().stripe_bytes()));
+      } else if (XXH3_64bits((*map)->data(), (*map)->size()) !=
+                 r->block_xxh3()) {
+        c.problems.push_back(absl::StrCat(
+            Describe(c.key),
+            ": its bytes changed since it completed (XXH3 mismatch)"));
+      }
+    }
+    checks.push_back(std::move(c));
+  }
+  return checks;
+}
+
 absl::Status ParityStore::WriteRecord(const proto::ParityBlockRecord& record) {
   const std::string path = PathOf(record.key(), kRecord);
   const std::string tmp = path + ".tmp";

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/optional.h"
 #include "absl/types/span.h"
 #include "io/file_system.h"
 #include "proto/peer.pb.h"
@@ -67,6 +68,21 @@ class ParityStore {
     uint64_t received_ = 0;
     bool done_ = false;
   };
+
+  // What `ckpt verify` finds of one block in a store's directory, read
+  // without opening the store (the daemon may be running): a complete block
+  // must be its group's stripe long and hash to the XXH3 its record took
+  // when it completed.
+  struct BlockCheck {
+    proto::ParityBlockKey key;
+    std::string path;
+    bool complete = false;
+    std::vector<std::string> problems;  // empty: intact
+  };
+  static std::vector<BlockCheck> Verify(io::FileSystem* fs,
+                                        const std::string& dir,
+                                        const std::string& job,
+                                        absl::optional<uint64_t> step);
 
   // Creates `dir` (mode 0700) if needed, drops blocks a crash cut into and
   // stray files, and adopts the rest.

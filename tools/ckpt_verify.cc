@@ -68,27 +68,36 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
     return Fail("verify", shards.status());
   }
   if (!shards.ok()) shards = std::vector<proto::ShardRecord>();
-  int problems = 0, copies = 0;
+  int problems = 0, copies = 0, parity_blocks = 0;
   uint64_t chunks = 0;
   nlohmann::json out = nlohmann::json::array();
   Progress progress("verify");
   int done = 0;
   auto record = [&](const ckpt::tools::TierCheck& c) {
-    ++copies;
+    ++(c.group >= 0 ? parity_blocks : copies);
     chunks += c.chunks;
     problems += static_cast<int>(c.problems.size());
     nlohmann::json cj;
     cj["tier"] = c.tier;
     cj["step"] = c.step;
-    cj["rank"] = c.rank;
+    const std::string where =
+        c.group >= 0 ? absl::StrCat("group ", c.group, " block ", c.block)
+                     : absl::StrCat("rank ", c.rank);
+    if (c.group >= 0) {
+      cj["group"] = c.group;
+      cj["block"] = c.block;
+    } else {
+      cj["rank"] = c.rank;
+    }
     cj["path"] = c.path;
     cj["chunks"] = c.chunks;
     cj["problems"] = c.problems;
     out.push_back(std::move(cj));
     if (!json) {
       for (const std::string& p : c.problems) {
-        std::printf("BAD %s step %lu rank %u: %s\n", c.tier.c_str(),
-                    static_cast<unsigned long>(c.step), c.rank, p.c_str());
+        std::printf("BAD %s step %lu %s: %s\n", c.tier.c_str(),
+                    static_cast<unsigned long>(c.step), where.c_str(),
+                    p.c_str());
       }
     }
   };
@@ -107,10 +116,13 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
     j["copies"] = out;
     std::cout << j.dump(2) << "\n";
   } else if (problems == 0) {
-    std::printf("OK  job %s%s: %d shard copies, %lu chunks verified\n",
-                job.c_str(),
-                step.has_value() ? absl::StrCat(" step ", *step).c_str() : "",
-                copies, static_cast<unsigned long>(chunks));
+    std::printf(
+        "OK  job %s%s: %d shard copies, %lu chunks verified%s\n", job.c_str(),
+        step.has_value() ? absl::StrCat(" step ", *step).c_str() : "", copies,
+        static_cast<unsigned long>(chunks),
+        parity_blocks == 0
+            ? ""
+            : absl::StrCat(", ", parity_blocks, " parity blocks").c_str());
   } else {
     std::printf("%d problem(s) in job %s\n", problems, job.c_str());
   }

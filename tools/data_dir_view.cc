@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/parity_store.h"
 #include "io/file_system.h"
 #include "io/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -99,6 +100,19 @@ std::vector<TierCheck> DataDirView::VerifyBeyond(
   scan("shared", daemon_->shared_dir.empty()
                      ? ""
                      : io::JoinPath(daemon_->shared_dir, job));
+  // The parity blocks held for peers (--peer-redundancy): complete ones must
+  // still hash to what they did when their last contribution arrived.
+  if (!daemon_->replica_dir.empty()) {
+    for (daemon::ParityStore::BlockCheck& b : daemon::ParityStore::Verify(
+             io::DefaultFileSystem(),
+             io::JoinPath(daemon_->replica_dir, "parity"), job, step)) {
+      TierCheck c{"parity", b.key.step(), 0, b.path};
+      c.group = static_cast<int>(b.key.group());
+      c.block = static_cast<int>(b.key.index());
+      c.problems = std::move(b.problems);
+      checks.push_back(std::move(c));
+    }
+  }
   return checks;
 }
 

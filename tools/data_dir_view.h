@@ -53,12 +53,16 @@ absl::optional<DaemonRecord> ReadDaemonRecord(const std::string& data_dir);
 
 // One problem `ckpt verify` found, or one shard copy it checked.
 struct TierCheck {
-  std::string tier;  // "memory", "local_disk", "peer" or "shared"
+  // "memory", "local_disk", "peer", "shared", or "parity": a parity block
+  // this node holds for its peers (group and block set, rank unused).
+  std::string tier;
   uint64_t step = 0;
   uint32_t rank = 0;
   std::string path;
   uint64_t chunks = 0;                // checked
   std::vector<std::string> problems;  // empty: intact
+  int group = -1;
+  int block = -1;
 };
 
 class DataDirView {

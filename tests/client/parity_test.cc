@@ -245,6 +245,17 @@ TEST(ParityTest, AFlippedByteInAParityBlockIsCaughtByTheChunkChecksums) {
     f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(block) / 2));
     f.write(&byte, 1);
   }
+  // `ckpt verify` on node c finds it: the block no longer hashes to what it
+  // did when it completed. Node d's blocks are intact.
+  Result verify = RunCli("--data-dir " + c.data_dir() + " verify flip");
+  EXPECT_EQ(verify.exit_code, 1) << verify.out;
+  EXPECT_THAT(verify.out,
+              HasSubstr("BAD parity step 1 group 0 block 0: parity block 0 of "
+                        "group 0 of job flip step 1: its bytes changed since "
+                        "it completed"));
+  Result fine = RunCli("--data-dir " + d.data_dir() + " verify flip --json");
+  EXPECT_EQ(fine.exit_code, 0) << fine.out;
+  EXPECT_THAT(fine.out, HasSubstr("\"tier\": \"parity\""));
   a.Lose();
   b.Lose();
   // Rank 0 decodes from both parity blocks: the decoded file fails its
