@@ -182,7 +182,9 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
     });
     tier->SetRepair(
         [replicator](const std::string& job, uint64_t step, uint32_t rank) {
-          return replicator->Fetch(job, step, rank).status();
+          RETURN_IF_ERROR(replicator->Fetch(job, step, rank).status());
+          replicator->KeepAsStandIn(job, step, rank);
+          return absl::OkStatus();
         });
   }
   if (!o.shared.dir.empty()) {
@@ -333,6 +335,11 @@ absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
     };
     mu_.Await(absl::Condition(&persisted));
   }
+  // A persist in flight may build on this shard (pinned while its step was
+  // committed on disk, before another node's collection forgot that): what
+  // it writes must be detached below too. No new pin comes: the step has no
+  // commit record now, or the withdrawal below fails.
+  RETURN_IF_ERROR(WaitUnpinned(id.job, id.rank, id.step));
   // Garbage collection rewrites records from its own snapshot of the catalog:
   // keep it from resurrecting the one deleted here. And a replication that
   // completes meanwhile must not vote again for the shard withdrawn here
@@ -353,6 +360,10 @@ absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
   if (!current.has_value()) return absl::OkStatus();
   CKPT_LOG_INFO("{}: replaced by a new save of the same step (was {})", what,
                 proto::ShardState_Name(current->state()));
+  // The new save takes this file's name: shards that store chunks in it are
+  // made self-contained first, or the new save fails (the vote is withdrawn,
+  // the file and the record stay).
+  RETURN_IF_ERROR(DetachDependents(*current));
   // The catalog forgets first: a crash in between leaves files that recovery
   // deletes, never a record naming a deleted file.
   RETURN_IF_ERROR(catalog_->DeleteShard(id.job, id.step, id.rank));

@@ -240,6 +240,15 @@ class CheckpointService {
                     proto::ShardManifest manifest, uint64_t manifest_xxh3);
   // Forgets the job's bases (its newer steps are being dropped).
   void ForgetBases(const std::string& job);
+  // `base` is about to be replaced by a new save of its step: every persisted
+  // shard of its rank that stores chunks in it is rewritten self-contained
+  // first (same bytes as its copies on other tiers), so that none is left
+  // pointing at a file that is gone or another.
+  absl::Status DetachDependents(const proto::ShardRecord& base)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
+  // Waits (up to a minute) until no persist in flight builds on the shard.
+  absl::Status WaitUnpinned(const std::string& job, uint32_t rank,
+                            uint64_t step);
   // (rank, step) of the job's shards pinned as bases of persists in flight.
   std::set<std::pair<uint32_t, uint64_t>> PinnedBases(const std::string& job);
   bool PinnedNow(const std::string& job, uint32_t rank, uint64_t step)

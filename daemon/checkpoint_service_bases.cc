@@ -5,24 +5,29 @@
 // files of every base a kept shard names (RetentionPolicy::pinned and
 // ShardRecord.base_steps). Persists never wait for a collection: pinning
 // and dropping records meet only under pin_mu_, briefly.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "daemon/checkpoint_service.h"
 #include "daemon/describe.h"
+#include "io/file_system.h"
 #include "io/logging.h"
+#include "io/status_macros.h"
+#include "snapshot/self_contained.h"
 
 namespace ckpt::daemon {
 
 std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
     const proto::ShardRecord& r) {
-  // Only with the embedded coordinator (one node). With etcd, other nodes'
-  // collections forget the commit records of steps they no longer hold, so a
-  // base's step can look uncommitted and be saved again over its file after
-  // a job restart (chaos.node_losses_close_together found a shard whose base
-  // had been replaced). Until superseding a base first makes the shards on it
-  // self-contained, many-node jobs save in full.
-  if (options_.full_every <= 1 || options_.coordinator != nullptr)
-    return nullptr;
+  // With etcd, other nodes' collections forget the commit records of steps
+  // they no longer hold, so a base's step can look uncommitted and be saved
+  // again over its file after a job restart (chaos.node_losses_close_together
+  // found that): Supersede then first makes the shards built on it
+  // self-contained (DetachDependents).
+  if (options_.full_every <= 1) return nullptr;
   std::vector<std::shared_ptr<const snapshot::ShardBase>> candidates;
   {
     absl::MutexLock lock(&mu_);
@@ -92,6 +97,80 @@ void CheckpointService::ForgetBases(const std::string& job) {
   for (auto it = bases_.begin(); it != bases_.end();) {
     it = it->first.first == job ? bases_.erase(it) : std::next(it);
   }
+}
+
+absl::Status CheckpointService::DetachDependents(
+    const proto::ShardRecord& base) {
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   catalog_->ListShards(base.job()));
+  for (proto::ShardRecord& r : shards) {
+    if (r.rank() != base.rank() || r.state() != proto::SHARD_PERSISTED ||
+        r.shard_path().empty() ||
+        std::find(r.base_steps().begin(), r.base_steps().end(), base.step()) ==
+            r.base_steps().end()) {
+      continue;
+    }
+    const std::string what = Describe(r.job(), r.step(), r.rank());
+    const std::string temp = r.shard_path() + ".detach.tmp";
+    uint64_t stored = 0;
+    auto detached = std::make_shared<snapshot::ShardBase>();
+    absl::Status written = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                       snapshot::OpenSelfContained(fs_, r.shard_path()));
+      proto::ShardManifest& m = detached->manifest;
+      detached->manifest_xxh3 =
+          XXH3_64bits(view.manifest_bytes.data(), view.manifest_bytes.size());
+      if (m.ParseFromString(view.manifest_bytes)) {
+        for (const proto::Item& item : m.items()) {
+          for (const proto::ChunkInfo& c : item.chunks()) {
+            stored += c.stored_size();
+          }
+        }
+      }
+      RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, temp));
+      RETURN_IF_ERROR(fs_->Rename(temp, r.shard_path()));
+      return fs_->SyncDir(io::DirName(r.shard_path()));
+    }();
+    if (!written.ok()) {
+      (void)fs_->Unlink(temp);
+      return absl::Status(
+          written.code(),
+          absl::StrCat(what, " stores chunks in step ", base.step(),
+                       ", which is being saved again, and could not be made "
+                       "self-contained: ",
+                       written.message()));
+    }
+    r.clear_base_steps();
+    r.set_stored_bytes(stored);
+    RETURN_IF_ERROR(catalog_->PutShard(r));
+    {
+      // The rank's next save may build on it: as the file it now is.
+      absl::MutexLock lock(&mu_);
+      auto mine = bases_.find({r.job(), r.rank()});
+      if (mine != bases_.end() && mine->second.count(r.step()) > 0) {
+        mine->second[r.step()] = std::move(detached);
+      }
+    }
+    CKPT_LOG_INFO(
+        "{}: made self-contained: step {}, which it stored chunks in, is "
+        "being saved again",
+        what, base.step());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::WaitUnpinned(const std::string& job,
+                                             uint32_t rank, uint64_t step) {
+  for (int i = 0; i < 6000; ++i) {
+    {
+      absl::MutexLock pins(&pin_mu_);
+      if (!PinnedNow(job, rank, step)) return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(Describe(job, step, rank),
+                   " is still the base of a persist in flight after a minute"));
 }
 
 std::set<std::pair<uint32_t, uint64_t>> CheckpointService::PinnedBases(

@@ -71,6 +71,12 @@ absl::Status CheckpointService::WithdrawNewer(const std::string& job,
   ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
                    catalog_->ListShards(job));
   std::set<uint64_t> withdrawn_here;
+  // Newest first: a shard built on an older one goes before its base, which
+  // then has nothing to detach (DetachDependents).
+  std::sort(shards.begin(), shards.end(),
+            [](const proto::ShardRecord& a, const proto::ShardRecord& b) {
+              return a.step() > b.step();
+            });
   for (const proto::ShardRecord& shard : shards) {
     if (shard.rank() != rank || shard.step() <= step) continue;
     withdrawn_here.insert(shard.step());

@@ -122,6 +122,12 @@ class Replicator {
   // fetched).
   absl::optional<proto::ShardRecord> LocalCopy(const std::string& job,
                                                uint64_t step, uint32_t rank);
+  // Keeps a fetched copy as a stand-in for a lost data shard of a parity
+  // group (ParityTier::RepairLostData): the cache never evicts it to make
+  // room, and it goes with the step's parity, not with the fetched copies.
+  // (Held in memory: after a restart the copy is an ordinary cached one until
+  // the next loss repairs its group again.)
+  void KeepAsStandIn(const std::string& job, uint64_t step, uint32_t rank);
   // Drops this node's replicas and cached copies of `job` that retention no
   // longer keeps.
   void CollectGarbage(const std::string& job);
@@ -248,6 +254,8 @@ class Replicator {
   // while after that, whatever retention says, so that the restore that asked
   // for it can open it.
   std::map<ReplicaStore::Key, absl::Time> fetched_used_ ABSL_GUARDED_BY(mu_);
+  std::set<ReplicaStore::Key> stand_ins_ ABSL_GUARDED_BY(mu_);
+  bool StandIn(const ReplicaStore::Key& key) const;
   std::thread thread_;
 };
 

@@ -297,7 +297,9 @@ Replicator::ReceiveFetched(const ReplicaStore::Key& key, uint64_t bytes) {
   if (absl::IsResourceExhausted(r.status())) {
     // A cache: copies no restore is about to read make room.
     for (const ReplicaStore::Entry& e : fetched_->List()) {
-      if (!InUse(e.key, absl::Seconds(10))) (void)fetched_->Drop(e.key);
+      if (!InUse(e.key, absl::Seconds(10)) && !StandIn(e.key)) {
+        (void)fetched_->Drop(e.key);
+      }
     }
     r = fetched_->Receive(key, bytes);
   }
@@ -436,11 +438,14 @@ void Replicator::CollectGarbage(const std::string& job) {
     }
   }
   for (const ReplicaStore::Entry& e : fetched_->List(job)) {
-    if (!r.KeepsFetched(e.key.step) && !InUse(e.key, absl::Minutes(1))) {
+    const bool keep =
+        StandIn(e.key) ? r.KeepsHeld(e.key.step) : r.KeepsFetched(e.key.step);
+    if (!keep && !InUse(e.key, absl::Minutes(1))) {
       (void)fetched_->Drop(e.key);
       cached.insert(e.key.step);
       absl::MutexLock lock(&mu_);
       fetched_used_.erase(e.key);
+      stand_ins_.erase(e.key);
     }
   }
   if (!held.empty() || !cached.empty()) {
@@ -450,6 +455,17 @@ void Replicator::CollectGarbage(const std::string& job) {
         job, StepList(held), StepList(cached),
         StepList({r.on_peers.begin(), r.on_peers.end()}), r.newest_on_peers);
   }
+}
+
+void Replicator::KeepAsStandIn(const std::string& job, uint64_t step,
+                               uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  stand_ins_.insert(ReplicaStore::Key{job, step, rank});
+}
+
+bool Replicator::StandIn(const ReplicaStore::Key& key) const {
+  absl::MutexLock lock(&mu_);
+  return stand_ins_.count(key) > 0;
 }
 
 void Replicator::Used(const ReplicaStore::Key& key) {

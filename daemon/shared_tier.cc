@@ -21,7 +21,6 @@
 namespace ckpt::daemon {
 namespace {
 
-constexpr size_t kCopyBytes = 8 << 20;
 constexpr int kAttempts = 5;
 
 std::string Describe(const std::string& job, uint64_t step, uint32_t rank) {
@@ -132,23 +131,9 @@ absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
   // bases, so the copy stands alone on the shared tier.
   ASSIGN_OR_RETURN(snapshot::SelfContained view,
                    snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  std::unique_ptr<io::ReadableFile> in = std::move(view.file);
   const uint64_t size = view.size;
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
-  {
-    ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> out,
-                     fs_->NewWritableFile(partial, {}));
-    for (uint64_t at = 0; at < size;) {
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(kCopyBytes, size - at));
-      io::AlignedBuffer buffer(n);
-      RETURN_IF_ERROR(in->Read(at, buffer.span()));
-      RETURN_IF_ERROR(out->Write(at, std::move(buffer)));
-      at += n;
-    }
-    RETURN_IF_ERROR(out->Sync());
-    RETURN_IF_ERROR(out->Close());
-  }
+  RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, partial));
   CKPT_KILL_POINT("shared.before_rename");
   RETURN_IF_ERROR(fs_->Rename(partial, path));
   RETURN_IF_ERROR(fs_->SyncDir(io::DirName(path)));

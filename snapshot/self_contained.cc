@@ -146,4 +146,21 @@ absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
   return out;
 }
 
+absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
+                                const std::string& path) {
+  constexpr size_t kCopyBytes = 8 << 20;
+  ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> out,
+                   fs->NewWritableFile(path, {}));
+  for (uint64_t at = 0; at < view.size;) {
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(kCopyBytes, view.size - at));
+    io::AlignedBuffer buffer(n);
+    RETURN_IF_ERROR(view.file->Read(at, buffer.span()));
+    RETURN_IF_ERROR(out->Write(at, std::move(buffer)));
+    at += n;
+  }
+  RETURN_IF_ERROR(out->Sync());
+  return out->Close();
+}
+
 }  // namespace ckpt::snapshot

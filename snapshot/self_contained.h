@@ -33,6 +33,11 @@ struct SelfContained {
 absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
                                                 const std::string& path);
 
+// Writes a view's bytes to `path` (created, or truncated) and syncs the file;
+// the caller renames it into place.
+absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
+                                const std::string& path);
+
 }  // namespace ckpt::snapshot
 
 #endif  // CKPT_SNAPSHOT_SELF_CONTAINED_H_
