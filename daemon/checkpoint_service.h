@@ -241,9 +241,9 @@ class CheckpointService {
   // Forgets the job's bases (its newer steps are being dropped).
   void ForgetBases(const std::string& job);
   // `base` is about to be replaced by a new save of its step: every persisted
-  // shard of its rank that stores chunks in it is rewritten self-contained
-  // first (same bytes as its copies on other tiers), so that none is left
-  // pointing at a file that is gone or another.
+  // shard of its rank that stores chunks in it, or in a shard rewritten so,
+  // is rewritten self-contained first (the same bytes as its copies on other
+  // tiers), so that none is left pointing at a file that is gone or another.
   absl::Status DetachDependents(const proto::ShardRecord& base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   // Waits (up to a minute) until no persist in flight builds on the shard.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "daemon/checkpoint_service.h"
@@ -103,13 +104,28 @@ absl::Status CheckpointService::DetachDependents(
     const proto::ShardRecord& base) {
   ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
                    catalog_->ListShards(base.job()));
+  // Rewriting a shard moves its chunks and changes its manifest, so the
+  // shards built on it go too: every shard that names `base` or one of those
+  // as a base (bases are earlier steps: one pass in step order finds them).
+  std::sort(shards.begin(), shards.end(),
+            [](const proto::ShardRecord& a, const proto::ShardRecord& b) {
+              return a.step() < b.step();
+            });
+  std::set<uint64_t> moving = {base.step()};
+  std::vector<proto::ShardRecord> dependents;
   for (proto::ShardRecord& r : shards) {
     if (r.rank() != base.rank() || r.state() != proto::SHARD_PERSISTED ||
         r.shard_path().empty() ||
-        std::find(r.base_steps().begin(), r.base_steps().end(), base.step()) ==
-            r.base_steps().end()) {
+        std::none_of(r.base_steps().begin(), r.base_steps().end(),
+                     [&](uint64_t s) { return moving.count(s) > 0; })) {
       continue;
     }
+    moving.insert(r.step());
+    dependents.push_back(std::move(r));
+  }
+  // Newest first: each is read through its bases as they still are.
+  for (auto it = dependents.rbegin(); it != dependents.rend(); ++it) {
+    proto::ShardRecord& r = *it;
     const std::string what = Describe(r.job(), r.step(), r.rank());
     const std::string temp = r.shard_path() + ".detach.tmp";
     uint64_t stored = 0;

@@ -1,7 +1,8 @@
-// Incremental saves across real ckptd processes on etcd: a shard that stores
-// chunks in an earlier step's shard keeps restoring bit-exact when that step is
-// saved again (its commit records forgotten by another node's collection),
-// because the shards built on it are made self-contained first.
+// Incremental saves across real ckptd processes on etcd: shards that store
+// chunks in an earlier step's shard (directly, or through a shard that does)
+// keep restoring bit-exact when that step is saved again (its commit records
+// forgotten by another node's collection), because they are made
+// self-contained first, newest first.
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -57,23 +58,31 @@ TEST(IncrementalNodesTest, AShardBuiltOnAStepSavedAgainIsMadeSelfContained) {
   ASSERT_TRUE(r0.ckpt && r1.ckpt);
   absl::Status s = SaveAll({&r0, &r1}, 1, kDisk);
   ASSERT_TRUE(s.ok()) << s << a.log() << b.log();
-  // Step 2: rank 0 changes only its last chunk.
-  r1.Fill(2);
-  for (int64_t i = r0.length - 16; i < r0.length; ++i) r0.w[i] = -1.0f * i;
-  const std::vector<float> step2 = r0.w;
-  r0.rng = "rng-2-0";
-  std::vector<std::shared_ptr<SaveHandle>> saves;
-  for (Rank* r : {&r0, &r1}) {
-    auto save = r->ckpt->SaveAsync(2);
-    ASSERT_TRUE(save.ok()) << save.status();
-    saves.push_back(*save);
-  }
-  for (auto& save : saves) {
-    ASSERT_TRUE(save->WaitCommitted(kDisk).ok()) << a.log() << b.log();
+  // Step 2: rank 0 changes only its last chunk; step 3 its first one too.
+  // Step 3 then stores chunks in steps 1 and 2.
+  std::vector<std::vector<float>> saved(4);
+  for (uint64_t step : {2u, 3u}) {
+    r1.Fill(step);
+    const int64_t from = step == 2 ? r0.length - 16 : 0;
+    for (int64_t i = from; i < from + 16; ++i) r0.w[i] = -1.0f * step * i;
+    saved[step] = r0.w;
+    r0.rng = absl::StrCat("rng-", step, "-0");
+    std::vector<std::shared_ptr<SaveHandle>> saves;
+    for (Rank* r : {&r0, &r1}) {
+      auto save = r->ckpt->SaveAsync(step);
+      ASSERT_TRUE(save.ok()) << save.status();
+      saves.push_back(*save);
+    }
+    for (auto& save : saves) {
+      ASSERT_TRUE(save->WaitCommitted(kDisk).ok()) << a.log() << b.log();
+    }
   }
   EXPECT_THAT(a.log(), ContainsRegex("job inc step 2 rank 0: persisted [0-9]+ "
                                      "bytes \\([0-9]+ stored, [1-9][0-9]* "
                                      "unchanged in 1 base shards\\)"));
+  EXPECT_THAT(a.log(), ContainsRegex("job inc step 3 rank 0: persisted [0-9]+ "
+                                     "bytes \\([0-9]+ stored, [1-9][0-9]* "
+                                     "unchanged in 2 base shards\\)"));
   // An operator's collection on node b keeps one step: it forgets step 1.
   Result gc = RunCli("--data-dir " + b.data_dir() +
                      " gc inc --keep 1 --socket " + b.socket());
@@ -84,7 +93,7 @@ TEST(IncrementalNodesTest, AShardBuiltOnAStepSavedAgainIsMadeSelfContained) {
   ASSERT_FALSE(Committed(*r0.ckpt, 1)) << gc.out << b.log();
 
   // Rank 0 saves step 1 again, with other values: its old step 1 goes, and
-  // step 2 is rewritten first with every chunk in it.
+  // steps 3 and 2 are rewritten first with every chunk in them.
   r0.Fill(7);
   auto again = r0.ckpt->SaveAsync(1);
   ASSERT_TRUE(again.ok()) << again.status() << a.log();
@@ -99,19 +108,32 @@ TEST(IncrementalNodesTest, AShardBuiltOnAStepSavedAgainIsMadeSelfContained) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_THAT(a.log(), HasSubstr(detached));
+  EXPECT_THAT(a.log(), HasSubstr("job inc step 3 rank 0: made self-contained"));
 
-  // Step 2 restores as saved from disk (its memory copy dropped first), and
-  // every copy on node a verifies.
+  // Step 3 (still committed) restores as saved from disk, its memory copy
+  // dropped first, and every copy on node a verifies, step 2's too (its
+  // records went with node b's collection).
   Result dropped = RunCli("--data-dir " + a.data_dir() +
                           " gc inc --memory --socket " + a.socket());
   ASSERT_EQ(dropped.exit_code, 0) << dropped.out;
-  Rank back(a.socket(), "inc", 0, 2, kGlobal);
-  ASSERT_TRUE(back.ckpt);
-  absl::Status restored = back.ckpt->Restore(2);
+  auto reader = Checkpointer::Connect({.job = "inc",
+                                       .rank = 0,
+                                       .world_size = 2,
+                                       .socket_path = a.socket(),
+                                       .read_only = true});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> w(r0.length);
+  std::string rng;
+  ASSERT_TRUE((*reader)
+                  ->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
+                                   {kGlobal}, {0}, {r0.length})
+                  .ok());
+  ASSERT_TRUE((*reader)->RegisterBytes("rng", &rng).ok());
+  absl::Status restored = (*reader)->Restore(3);
   ASSERT_TRUE(restored.ok()) << restored << "\n" << a.log();
-  EXPECT_EQ(back.w, step2);
-  EXPECT_EQ(back.rng, "rng-2-0");
-  Result verify = RunCli("--data-dir " + a.data_dir() + " verify inc 2");
+  EXPECT_EQ(w, saved[3]);
+  EXPECT_EQ(rng, "rng-3-0");
+  Result verify = RunCli("--data-dir " + a.data_dir() + " verify inc");
   EXPECT_EQ(verify.exit_code, 0) << verify.out;
 }
 
