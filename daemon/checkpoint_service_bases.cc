@@ -136,11 +136,12 @@ absl::Status CheckpointService::DetachDependents(
       proto::ShardManifest& m = detached->manifest;
       detached->manifest_xxh3 =
           XXH3_64bits(view.manifest_bytes.data(), view.manifest_bytes.size());
-      if (m.ParseFromString(view.manifest_bytes)) {
-        for (const proto::Item& item : m.items()) {
-          for (const proto::ChunkInfo& c : item.chunks()) {
-            stored += c.stored_size();
-          }
+      if (!m.ParseFromString(view.manifest_bytes)) {
+        return absl::DataLossError("its manifest does not parse");
+      }
+      for (const proto::Item& item : m.items()) {
+        for (const proto::ChunkInfo& c : item.chunks()) {
+          stored += c.stored_size();
         }
       }
       RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, temp));

@@ -34,6 +34,15 @@ bool Contributed(const proto::ParityBlockRecord& r, uint32_t position) {
   return false;
 }
 
+// Where a block's `suffix` file lies in a store rooted at `dir`.
+std::string BlockPath(const std::string& dir, const proto::ParityBlockKey& key,
+                      absl::string_view suffix) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "%020" PRIu64 "-g%06" PRIu32 "-p%02" PRIu32,
+                key.step(), key.group(), key.index());
+  return io::JoinPath(io::JoinPath(dir, key.job()), absl::StrCat(name, suffix));
+}
+
 }  // namespace
 
 ParityStore::Key ParityStore::KeyOf(const proto::ParityBlockKey& key) {
@@ -42,11 +51,7 @@ ParityStore::Key ParityStore::KeyOf(const proto::ParityBlockKey& key) {
 
 std::string ParityStore::PathOf(const proto::ParityBlockKey& key,
                                 absl::string_view suffix) const {
-  char name[64];
-  std::snprintf(name, sizeof(name), "%020" PRIu64 "-g%06" PRIu32 "-p%02" PRIu32,
-                key.step(), key.group(), key.index());
-  return io::JoinPath(io::JoinPath(dir_, key.job()),
-                      absl::StrCat(name, suffix));
+  return BlockPath(dir_, key, suffix);
 }
 
 absl::StatusOr<std::unique_ptr<ParityStore>> ParityStore::Open(
@@ -127,13 +132,11 @@ std::vector<ParityStore::BlockCheck> ParityStore::Verify(
   absl::StatusOr<std::vector<std::string>> names = fs->ListDir(job_dir);
   if (!names.ok()) return checks;  // no parity of the job here
   std::sort(names->begin(), names->end());
-  const ParityStore layout(fs, dir, 0);
   for (const std::string& name : *names) {
     if (!absl::EndsWith(name, kRecord)) continue;
     BlockCheck c;
     const std::string record_path = io::JoinPath(job_dir, name);
-    c.path = record_path.substr(0, record_path.size() - kRecord.size()) +
-             std::string(kBlock);
+    c.path = record_path;
     absl::StatusOr<std::string> bytes = io::ReadFileToString(fs, record_path);
     absl::StatusOr<proto::ParityBlockRecord> r =
         bytes.ok() ? ParseRecord<proto::ParityBlockRecord>(record_path, *bytes)
@@ -146,7 +149,8 @@ std::vector<ParityStore::BlockCheck> ParityStore::Verify(
     c.key = r->key();
     if (step.has_value() && c.key.step() != *step) continue;
     c.complete = r->complete();
-    if (c.key.job() != job || layout.PathOf(c.key, kRecord) != record_path) {
+    c.path = BlockPath(dir, c.key, kBlock);
+    if (c.key.job() != job || BlockPath(dir, c.key, kRecord) != record_path) {
       c.problems.push_back(absl::StrCat(record_path, " names ", Describe(c.key),
                                         ", not itself"));
     } else if (c.complete) {
