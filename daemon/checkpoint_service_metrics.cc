@@ -37,6 +37,9 @@ void CheckpointService::DeclareMetrics() {
                    "the adaptive codec's effort: below 1 the fraction of "
                    "chunks compressed, 1 all at --zstd-level, above 1 some "
                    "at higher levels");
+  metrics_.Declare("ckpt_codec_raw_write_bytes_per_second", T::kGauge,
+                   "the rate of persisting raw chunks, as the adaptive codec "
+                   "last measured it: compressing must not persist slower");
   metrics_.Declare("ckpt_disk_recycled_bytes", T::kGauge,
                    "bytes of retired shard files kept for the next persists "
                    "to write over");

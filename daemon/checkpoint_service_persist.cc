@@ -234,9 +234,16 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
     }
   }
   double effort = 1.0;
+  double raw_rate = 0;
   if (options_.writer.governor != nullptr) {
-    effort = options_.writer.governor->stats().effort;
+    const snapshot::CodecGovernor::Stats g = options_.writer.governor->stats();
+    effort = g.effort;
+    raw_rate = g.raw_mib_s;
     metrics_.Set("ckpt_codec_effort", {}, effort);
+    if (raw_rate > 0) {
+      metrics_.Set("ckpt_codec_raw_write_bytes_per_second", {},
+                   raw_rate * (1 << 20));
+    }
   }
   if (raw > 0) {
     metrics_.Set("ckpt_compression_ratio", job_label,
@@ -252,14 +259,16 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
       "{}: persisted {} bytes ({} stored, {} unchanged in {} base shards) in "
       "{:.1f} ms, {:.0f} MiB/s (map {:.1f} ms, write+sync {:.1f} ms, "
       "catalog+vote {:.1f} ms); chunks: {} compressed, {} raw by choice, {} "
-      "raw incompressible, {} unchanged; codec effort now {:.2f}",
+      "raw incompressible, {} unchanged; codec effort now {:.2f} (raw "
+      "persists measured at {:.0f} MiB/s)",
       Describe(r.job(), r.step(), r.rank()), raw, stored, reused,
       r.base_steps_size(), seconds * 1e3,
       seconds > 0 ? raw / seconds / (1 << 20) : 0.0,
       absl::ToDoubleMilliseconds(mapped - start),
       absl::ToDoubleMilliseconds(written - mapped),
       absl::ToDoubleMilliseconds(end - written), chunks.compressed,
-      chunks.raw_chosen, chunks.raw_incompressible, chunks.unchanged, effort);
+      chunks.raw_chosen, chunks.raw_incompressible, chunks.unchanged, effort,
+      raw_rate);
   return absl::OkStatus();
 }
 

@@ -8,18 +8,34 @@ namespace ckpt::snapshot {
 CodecGovernor::CodecGovernor(const CodecGovernorOptions& options)
     : options_(options),
       effort_(std::clamp(options.initial_effort, 0.0,
-                         std::max(options.max_effort, 0.0))) {}
-
-CodecChoice CodecGovernor::Choose() {
+                         std::max(options.max_effort, 0.0))) {
   absl::MutexLock lock(&mu_);
+  stats_.effort = effort_;
+  Open();
+}
+
+void CodecGovernor::Open() {
+  Window w;
+  w.number = windows_.empty() ? 1 : windows_.back().number + 1;
+  w.probe = options_.probe_every > 0 && effort_ > 0.0 &&
+            (w.number == 2 || w.number % options_.probe_every == 0);
+  w.effort = w.probe ? 0.0 : effort_;
+  windows_.push_back(w);
+  while (windows_.size() > kMaxOpenWindows) windows_.pop_front();
+}
+
+CodecChoice CodecGovernor::Choose(uint64_t raw_bytes) {
+  absl::MutexLock lock(&mu_);
+  Window& w = windows_.back();
   CodecChoice choice;
   choice.level = options_.base_level;
-  if (effort_ < 1.0) {
-    compress_credit_ += effort_;
+  choice.window = w.number;
+  if (w.effort < 1.0) {
+    compress_credit_ += w.effort;
     choice.compress = compress_credit_ >= 1.0;
     if (choice.compress) compress_credit_ -= 1.0;
   } else {
-    const double above = effort_ - 1.0;
+    const double above = w.effort - 1.0;
     const double whole = std::floor(above);
     choice.level += static_cast<int>(whole);
     level_credit_ += above - whole;
@@ -33,23 +49,51 @@ CodecChoice CodecGovernor::Choose() {
   } else {
     ++stats_.stored_raw;
   }
+  w.chosen_bytes += raw_bytes;
+  if (w.chosen_bytes >= std::max<uint64_t>(options_.window_bytes, 1)) {
+    w.closed = true;
+    Open();
+  }
   return choice;
 }
 
-void CodecGovernor::Observe(Signal signal) {
+void CodecGovernor::Written(const CodecChoice& choice, uint64_t raw_bytes,
+                            double seconds) {
   absl::MutexLock lock(&mu_);
-  ++stats_.observations;
-  switch (signal) {
-    case Signal::kAhead:
-      effort_ = std::min(options_.max_effort, effort_ + options_.step_up);
-      break;
-    case Signal::kDiskBusy:
-      break;
-    case Signal::kDiskStarved:
-      ++stats_.starved;
-      effort_ = std::max(0.0, effort_ - options_.step_down);
-      break;
+  auto it =
+      std::find_if(windows_.begin(), windows_.end(),
+                   [&](const Window& w) { return w.number == choice.window; });
+  if (it == windows_.end()) return;  // long gone
+  it->reported_bytes += raw_bytes;
+  it->seconds += std::max(seconds, 0.0);
+  if (it->closed && it->reported_bytes >= it->chosen_bytes) {
+    const Window w = *it;
+    windows_.erase(it);
+    Measure(w);
   }
+}
+
+void CodecGovernor::Measure(const Window& w) {
+  if (w.seconds <= 0 || w.reported_bytes == 0) return;
+  const double rate =
+      static_cast<double>(w.reported_bytes) / w.seconds / (1 << 20);
+  ++stats_.windows;
+  stats_.last_mib_s = rate;
+  if (w.effort == 0.0) {
+    if (w.probe) ++stats_.probes;
+    stats_.raw_mib_s =
+        stats_.raw_mib_s == 0 ? rate : 0.5 * (stats_.raw_mib_s + rate);
+  }
+  const double raw = stats_.raw_mib_s;
+  if (w.probe || raw == 0) return;
+  if (rate < raw * (1.0 - options_.tolerance)) {
+    effort_ = std::min(effort_, w.effort * rate / raw);
+    ++stats_.lowered;
+  } else {
+    effort_ = std::min(std::max(options_.max_effort, 0.0),
+                       effort_ + options_.step_up);
+  }
+  stats_.effort = effort_;
 }
 
 CodecGovernor::Stats CodecGovernor::stats() const {

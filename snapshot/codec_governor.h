@@ -12,22 +12,31 @@
 // Fractions are dithered (an accumulator, not a random draw), so the chunks
 // of a shard follow x closely.
 //
-// The writer, which writes encoded chunks in file order, tells the governor
-// each time it needs the next chunk what it found (Observe):
-//   kAhead        the chunk was encoded already: the encoders keep ahead of
-//                 the disk, so they can afford more work: x rises;
-//   kDiskBusy     the writer waits for the encoders, but the disk still has
-//                 queued writes to work on: x stays;
-//   kDiskStarved  the writer waits and the disk has (almost) nothing queued:
-//                 compression is what the persist waits for: x falls.
-// One governor is meant to serve every shard written to one disk, so what it
-// learnt carries over from one persist to the next.
+// It steers by the throughput it is there to protect. Chunks are chosen in
+// windows of `window_bytes` raw bytes; a window's chunks all get its effort.
+// Writers report each chunk they hand to the disk (Written): the time since
+// their previous report, i.e. what the chunk cost end to end (compressing,
+// waiting for the disk, and for a persist's last chunk the final drain). Once
+// every chunk of a window is reported, its rate r is known. A window at effort
+// 0 measures the raw rate R: window 2 and every `probe_every`-th one after are
+// such probes, to learn R and keep it current (the disk, the data and the
+// load on the cores change). After a window at effort x > 0 measures r:
+//   r < R * (1 - tolerance)   compressing costs throughput: x becomes
+//                             x * r / R;
+//   otherwise                 x rises by step_up (compression keeps up with
+//                             the disk, or makes the persist faster, as on a
+//                             slow disk where fewer bytes win).
+// The new effort applies from the next window opened. One governor is meant
+// to serve every shard written to one disk, so what it learnt carries over
+// from one persist to the next. Concurrent writers each report their own
+// chunks; their rates average, in probe and ordinary windows alike.
 //
-// Thread-safety: thread-safe; encoding threads call Choose, writers Observe.
+// Thread-safety: thread-safe; encoding threads call Choose, writers Written.
 #ifndef CKPT_SNAPSHOT_CODEC_GOVERNOR_H_
 #define CKPT_SNAPSHOT_CODEC_GOVERNOR_H_
 
 #include <cstdint>
+#include <deque>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -42,53 +51,78 @@ struct CodecGovernorOptions {
   // Where a new governor starts: 1 compresses every chunk, as a persist
   // without a governor does.
   double initial_effort = 1.0;
-  // Change of x per observation.
+  // Raw bytes per measuring window.
+  uint64_t window_bytes = 32 << 20;
+  // Window 2 and every window whose number is a multiple of this measure
+  // the raw rate (effort 0). 0: none, except while the effort is 0 anyway.
+  int probe_every = 8;
+  // How much slower than raw a window may be before the effort falls.
+  double tolerance = 0.05;
+  // Rise of x after a window that kept up.
   double step_up = 0.05;
-  double step_down = 0.1;
-  // The disk counts as starved while fewer than this many bytes of writes are
-  // queued when the writer starts waiting.
-  uint64_t starved_below_bytes = 8 << 20;
 };
 
-// What one chunk gets.
+// What one chunk gets. `window` says under which window it was chosen; the
+// writer hands the choice back with its report.
 struct CodecChoice {
   bool compress = true;
   int level = 1;
+  uint64_t window = 0;
 };
 
 class CodecGovernor {
  public:
-  enum class Signal { kAhead, kDiskBusy, kDiskStarved };
-
   struct Stats {
     double effort = 1.0;
-    uint64_t compressed = 0;    // chunks given to the compressor
-    uint64_t stored_raw = 0;    // chunks the governor chose to store raw
-    uint64_t starved = 0;       // kDiskStarved observations
-    uint64_t observations = 0;  // all of them
+    uint64_t compressed = 0;  // chunks given to the compressor
+    uint64_t stored_raw = 0;  // chunks the governor chose to store raw
+    uint64_t windows = 0;     // windows measured
+    uint64_t probes = 0;      // of them, at effort 0 to measure the raw rate
+    uint64_t lowered = 0;     // windows after which the effort fell
+    double raw_mib_s = 0;     // the raw rate R (0: not measured yet)
+    double last_mib_s = 0;    // the rate of the last window
   };
 
   explicit CodecGovernor(const CodecGovernorOptions& options);
   CodecGovernor(const CodecGovernor&) = delete;
   CodecGovernor& operator=(const CodecGovernor&) = delete;
 
-  // The codec for the next chunk.
-  CodecChoice Choose();
-  void Observe(Signal signal);
-  // kDiskBusy or kDiskStarved, from the bytes the disk has queued.
-  Signal Waiting(uint64_t pending_write_bytes) const {
-    return pending_write_bytes >= options_.starved_below_bytes
-               ? Signal::kDiskBusy
-               : Signal::kDiskStarved;
-  }
+  // The codec for the next chunk, of `raw_bytes` raw bytes.
+  CodecChoice Choose(uint64_t raw_bytes);
+  // A writer handed a chunk encoded under `choice` with `raw_bytes` raw bytes
+  // to the disk, `seconds` after its previous report or the start of its
+  // persist. `raw_bytes` 0: time spent draining the writes at the end.
+  void Written(const CodecChoice& choice, uint64_t raw_bytes, double seconds);
 
   Stats stats() const;
   const CodecGovernorOptions& options() const { return options_; }
 
  private:
+  // A window: its effort, and the raw bytes chosen in it and reported of it.
+  struct Window {
+    uint64_t number = 0;
+    double effort = 1.0;  // 0 in a probe
+    bool probe = false;
+    bool closed = false;  // no more chunks are chosen in it
+    uint64_t chosen_bytes = 0;
+    uint64_t reported_bytes = 0;
+    double seconds = 0;
+  };
+  // Windows closed but not yet measured that are kept: a writer that failed
+  // never reports the rest of its chunks.
+  static constexpr size_t kMaxOpenWindows = 16;
+
+  // Opens the next window at the current effort.
+  void Open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adjusts the effort from a window whose every chunk was reported.
+  void Measure(const Window& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const CodecGovernorOptions options_;
   mutable absl::Mutex mu_;
   double effort_ ABSL_GUARDED_BY(mu_);
+  // The window chunks are chosen in (back), and the closed ones whose chunks
+  // are still being written, oldest first.
+  std::deque<Window> windows_ ABSL_GUARDED_BY(mu_);
   // Dithering accumulators: whether to compress (x < 1), whether to go one
   // level up (x > 1).
   double compress_credit_ ABSL_GUARDED_BY(mu_) = 0;

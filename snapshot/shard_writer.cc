@@ -29,8 +29,8 @@ struct ChunkTask {
   std::optional<uint64_t> known_xxh3;
   // Its raw bytes hash like the base chunk's: recorded, not written.
   bool unchanged ABSL_GUARDED_BY(mu) = false;
-  // The governor chose to store it raw.
-  bool raw_chosen ABSL_GUARDED_BY(mu) = false;
+  // What the governor chose for it, if it was asked.
+  std::optional<CodecChoice> choice ABSL_GUARDED_BY(mu);
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<EncodedChunk> result ABSL_GUARDED_BY(mu) =
@@ -245,7 +245,8 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
       task->raw = data.subspan(
           off, std::min<uint64_t>(options_.chunk_size, data.size() - off));
       if (!known_xxh3_[i].empty()) task->known_xxh3 = known_xxh3_[i][index];
-      if (base_item != nullptr && index < base_item->chunks_size()) {
+      if (base_item != nullptr &&
+          index < static_cast<uint32_t>(base_item->chunks_size())) {
         const proto::ChunkInfo& old = base_item->chunks(index);
         if (old.raw_offset() == off && old.raw_size() == task->raw.size() &&
             old.element_width() == width) {
@@ -286,18 +287,17 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
         }
       }
       CodecOptions chunk_codec = codec;
-      bool raw_chosen = false;
+      std::optional<CodecChoice> choice;
       if (governor != nullptr) {
-        const CodecChoice choice = governor->Choose();
-        raw_chosen = !choice.compress;
-        if (raw_chosen) chunk_codec.codec = proto::CODEC_NONE;
-        chunk_codec.zstd_level = choice.level;
+        choice = governor->Choose(task->raw.size());
+        if (!choice->compress) chunk_codec.codec = proto::CODEC_NONE;
+        chunk_codec.zstd_level = choice->level;
       }
       absl::StatusOr<EncodedChunk> encoded =
           EncodeChunk(task->raw, header.element_width, chunk_codec, &buffers,
                       &header, hash);
       absl::MutexLock l(&task->mu);
-      task->raw_chosen = raw_chosen;
+      task->choice = choice;
       task->header = header;
       task->result = std::move(encoded);
       task->done = true;
@@ -311,34 +311,44 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   }
   absl::Status status;
   uint64_t file_pos = 0;
+  // What each chunk cost end to end, for the governor: the time from handing
+  // the previous one to the disk to handing this one.
+  auto last_handed = std::chrono::steady_clock::now();
+  auto seconds_since_last = [&last_handed] {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - last_handed).count();
+    last_handed = now;
+    return s;
+  };
+  // The last chunk handed to the disk is reported with the next one, and
+  // the persist's last one after the writes drained: the drain is part of
+  // what it cost.
+  struct Report {
+    CodecChoice choice;
+    uint64_t raw_bytes = 0;
+    double seconds = 0;
+  };
+  std::optional<Report> unreported;
   // Waits only for scheduled tasks, so an error stops the pipeline after they
   // drained.
   for (size_t t = 0; t < next_to_schedule; ++t) {
     ChunkTask* task = tasks[t].get();
     absl::StatusOr<EncodedChunk> encoded = absl::UnknownError("pending");
-    bool unchanged, raw_chosen;
-    if (governor != nullptr && t > 0 && status.ok()) {
-      // What the writer finds tells the governor who is waiting for whom.
-      bool ready;
-      {
-        absl::MutexLock l(&task->mu);
-        ready = task->done;
-      }
-      governor->Observe(ready ? CodecGovernor::Signal::kAhead
-                              : governor->Waiting(file->PendingWriteBytes()));
-    }
+    bool unchanged;
+    std::optional<CodecChoice> choice;
     {
       absl::MutexLock l(&task->mu);
       task->mu.Await(absl::Condition(&task->done));
       encoded = std::move(task->result);
       unchanged = task->unchanged;
-      raw_chosen = task->raw_chosen;
+      choice = task->choice;
     }
     if (status.ok() && !encoded.ok()) status = encoded.status();
     if (!status.ok()) continue;
     if (next_to_schedule < tasks.size())
       schedule(tasks[next_to_schedule++].get());
     if (unchanged) {
+      (void)seconds_since_last();  // what a hash costs is not the codec's
       ++stats_.unchanged;
       proto::ChunkInfo* info =
           manifest_.mutable_items(task->header.item_index)->add_chunks();
@@ -349,7 +359,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
     const ChunkHeader& h = task->header;
     if (h.codec != proto::CODEC_NONE) {
       ++stats_.compressed;
-    } else if (raw_chosen) {
+    } else if (choice.has_value() && !choice->compress) {
       ++stats_.raw_chosen;
     } else {
       ++stats_.raw_incompressible;
@@ -378,6 +388,13 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
           file->Write(body_at + encoded->body.size(), std::move(encoded->tail));
     }
     file_pos += footprint;
+    if (governor != nullptr && choice.has_value() && status.ok()) {
+      if (unreported.has_value()) {
+        governor->Written(unreported->choice, unreported->raw_bytes,
+                          unreported->seconds);
+      }
+      unreported = Report{*choice, h.raw_size, seconds_since_last()};
+    }
     CKPT_KILL_POINT("shard.chunk_written");
     if (options_.on_chunk) options_.on_chunk();
     if (status.ok() && options_.cancel != nullptr &&
@@ -414,6 +431,11 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   manifest_xxh3_ = footer.manifest_xxh3;
   EncodeFooter(footer, tail.data() + tail_size - kFooterSize);
   RETURN_IF_ERROR(file->Write(file_pos, std::move(tail)));
+  if (unreported.has_value()) {
+    RETURN_IF_ERROR(file->Flush());
+    governor->Written(unreported->choice, unreported->raw_bytes,
+                      unreported->seconds + seconds_since_last());
+  }
   return file->Truncate(footer.file_size);
 }
 

@@ -84,8 +84,9 @@ struct ShardWriterOptions {
   // Null: every chunk is stored in this shard.
   std::shared_ptr<const ShardBase> base;
   // Decides per chunk between compressing (codec.codec, at the level it
-  // picks) and storing raw, from how the writes keep up. Null: every chunk is
-  // offered to the compressor at codec.zstd_level.
+  // picks) and storing raw; the writer reports to it what each chunk cost end
+  // to end. Null: every chunk is offered to the compressor at
+  // codec.zstd_level.
   std::shared_ptr<CodecGovernor> governor;
   // When it turns true, Commit() stops before the next chunk, removes the
   // temporary file and returns Cancelled (a daemon stopping within its

@@ -366,6 +366,9 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   j["persist_zstd_all_stored_fraction_float"] =
       static_cast<double>(zstd_all.file_bytes) / static_cast<double>(big.raw());
   j["codec_effort"] = governor->stats().effort;
+  j["codec_raw_mib_s"] = governor->stats().raw_mib_s;
+  j["codec_windows"] = governor->stats().windows;
+  j["codec_probes"] = governor->stats().probes;
   j["persist_chunks_compressed"] = full.chunks.compressed;
   j["persist_chunks_raw_chosen"] = full.chunks.raw_chosen;
   j["fio_read_mib_s"] = fio_read;

@@ -1,7 +1,7 @@
-// The adaptive codec: the governor's dithered choices follow its effort, its
-// signals move the effort within bounds, and a writer under it compresses
-// everything for a slow disk and stops making a fast one wait for the
-// compressor, with every chunk reading back bit-exact either way.
+// The adaptive codec: the governor's dithered choices follow its effort, the
+// rates its windows measure move the effort within bounds, and a writer under
+// it compresses everything for a slow disk and stops making a fast one wait
+// for the compressor, with every chunk reading back bit-exact either way.
 #include "snapshot/codec_governor.h"
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "io/fault_injection_fs.h"
@@ -21,10 +22,11 @@ namespace ckpt::snapshot {
 namespace {
 
 TEST(CodecGovernorTest, ChoicesFollowTheEffort) {
-  CodecGovernor part({.initial_effort = 0.3});
+  // One window: no probe among these choices.
+  CodecGovernor part({.initial_effort = 0.3, .window_bytes = 1 << 30});
   int compressed = 0;
   for (int i = 0; i < 1000; ++i) {
-    CodecChoice c = part.Choose();
+    CodecChoice c = part.Choose(1000);
     if (c.compress) {
       ++compressed;
       EXPECT_EQ(c.level, 1);
@@ -34,11 +36,13 @@ TEST(CodecGovernorTest, ChoicesFollowTheEffort) {
   EXPECT_EQ(part.stats().compressed, static_cast<uint64_t>(compressed));
   EXPECT_EQ(part.stats().stored_raw, static_cast<uint64_t>(1000 - compressed));
 
-  CodecGovernor harder(
-      {.base_level = 1, .max_effort = 3.0, .initial_effort = 2.25});
+  CodecGovernor harder({.base_level = 1,
+                        .max_effort = 3.0,
+                        .initial_effort = 2.25,
+                        .window_bytes = 1 << 30});
   std::map<int, int> levels;
   for (int i = 0; i < 1000; ++i) {
-    CodecChoice c = harder.Choose();
+    CodecChoice c = harder.Choose(1000);
     ASSERT_TRUE(c.compress);
     ++levels[c.level];
   }
@@ -47,21 +51,77 @@ TEST(CodecGovernorTest, ChoicesFollowTheEffort) {
   EXPECT_NEAR(levels[3], 250, 1);
 }
 
-TEST(CodecGovernorTest, SignalsMoveTheEffortWithinItsBounds) {
-  CodecGovernor g({.max_effort = 2.0, .step_up = 0.25, .step_down = 0.5});
+// Chooses `chunks` chunks of `bytes` each and reports them written at
+// `mib_s`; returns how many were compressed.
+int WriteWindow(CodecGovernor& g, int chunks, uint64_t bytes, double mib_s) {
+  std::vector<CodecChoice> choices;
+  for (int i = 0; i < chunks; ++i) choices.push_back(g.Choose(bytes));
+  int compressed = 0;
+  for (const CodecChoice& c : choices) {
+    compressed += c.compress;
+    g.Written(c, bytes, static_cast<double>(bytes) / (mib_s * (1 << 20)));
+  }
+  return compressed;
+}
+
+TEST(CodecGovernorTest, MeasuredRatesMoveTheEffortWithinItsBounds) {
+  constexpr uint64_t kMiB = 1 << 20;
+  CodecGovernor g({.max_effort = 2.0,
+                   .window_bytes = 4 * kMiB,
+                   .probe_every = 4,
+                   .tolerance = 0.05,
+                   .step_up = 0.25});
   EXPECT_DOUBLE_EQ(g.stats().effort, 1.0);
-  g.Observe(CodecGovernor::Signal::kDiskBusy);
+  // Window 1, every chunk compressed: 100 MiB/s, with no raw rate to compare.
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 100), 4);
   EXPECT_DOUBLE_EQ(g.stats().effort, 1.0);
-  for (int i = 0; i < 3; ++i) g.Observe(CodecGovernor::Signal::kDiskStarved);
-  EXPECT_DOUBLE_EQ(g.stats().effort, 0.0);
-  for (int i = 0; i < 10; ++i) g.Observe(CodecGovernor::Signal::kAhead);
+  EXPECT_EQ(g.stats().windows, 1u);
+  // Window 2 probes: every chunk raw, at 400 MiB/s.
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 400), 0);
+  EXPECT_EQ(g.stats().probes, 1u);
+  EXPECT_NEAR(g.stats().raw_mib_s, 400, 1e-6);
+  EXPECT_DOUBLE_EQ(g.stats().effort, 1.0);
+  // Window 3 compresses every chunk again and is 4x slower than raw: the
+  // effort falls to a quarter.
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 100), 4);
+  EXPECT_NEAR(g.stats().effort, 0.25, 1e-9);
+  EXPECT_EQ(g.stats().lowered, 1u);
+  // Window 4 probes again (raw rate now the mean of 400 and 200).
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 200), 0);
+  EXPECT_NEAR(g.stats().raw_mib_s, 300, 1e-6);
+  // Windows 5 to 7 keep up with the raw rate: the effort rises by a step
+  // each. A window gets the effort of when it opened, as its predecessor's
+  // last chunk was chosen: windows 5 and 6 opened at 0.25, 7 at 0.5.
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 300), 1);
+  EXPECT_NEAR(g.stats().effort, 0.5, 1e-9);
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 300), 1);
+  EXPECT_NEAR(g.stats().effort, 0.75, 1e-9);
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 300), 2);
+  EXPECT_NEAR(g.stats().effort, 1.0, 1e-9);
+  // Faster than raw (a slow disk, fewer bytes): up to the bound, not past.
+  for (int w = 0; w < 12; ++w) WriteWindow(g, 4, kMiB, 1000);
   EXPECT_DOUBLE_EQ(g.stats().effort, 2.0);
-  EXPECT_EQ(g.stats().starved, 3u);
-  EXPECT_EQ(g.stats().observations, 14u);
-  // Starved: fewer queued bytes than the threshold.
-  EXPECT_EQ(g.Waiting(0), CodecGovernor::Signal::kDiskStarved);
-  EXPECT_EQ(g.Waiting(g.options().starved_below_bytes),
-            CodecGovernor::Signal::kDiskBusy);
+  EXPECT_EQ(g.stats().lowered, 1u);
+}
+
+TEST(CodecGovernorTest, AWindowIsMeasuredOnceEveryChunkChosenInItIsWritten) {
+  constexpr uint64_t kMiB = 1 << 20;
+  CodecGovernor g({.window_bytes = 2 * kMiB, .probe_every = 0});
+  // Chunks of two windows chosen before any is written (a pipeline), then
+  // written out of order with a chunk of an unknown window.
+  const CodecChoice a = g.Choose(kMiB), b = g.Choose(kMiB);
+  const CodecChoice c = g.Choose(kMiB);
+  EXPECT_EQ(a.window, b.window);
+  EXPECT_NE(b.window, c.window);
+  g.Written(c, kMiB, 1.0);
+  g.Written(CodecChoice{.window = 999}, kMiB, 100.0);
+  g.Written(a, kMiB, 0.5);
+  EXPECT_EQ(g.stats().windows, 0u);
+  g.Written(b, kMiB, 0.5);  // its window's last chunk
+  EXPECT_EQ(g.stats().windows, 1u);
+  EXPECT_NEAR(g.stats().last_mib_s, 2.0, 1e-9);
+  // c's window is not closed: more chunks may still be chosen in it.
+  EXPECT_EQ(g.stats().windows, 1u);
 }
 
 // Float32 weights drawn from a normal distribution: their exponent bytes
@@ -117,15 +177,18 @@ TEST_F(WriterUnderGovernorTest, ASlowDiskGetsItsChunksCompressed) {
   fs.DisableDurabilityModel();
   // About 10 ms per compressed chunk: far slower than compressing one.
   fs.SetWriteThroughput(20 << 20);
-  auto governor = std::make_shared<CodecGovernor>(CodecGovernorOptions{});
+  auto governor = std::make_shared<CodecGovernor>(
+      CodecGovernorOptions{.window_bytes = 4 * kChunk});
   ShardWriteStats stats =
       WriteAndCheck(&fs, dir_.path() + "/slow.shard", data, governor);
   EXPECT_EQ(stats.compressed + stats.raw_chosen + stats.raw_incompressible,
             24u);
-  // The compressor keeps ahead of such a disk: the governor keeps the effort
-  // at its maximum (a stalled test machine may cost it a step or two).
-  EXPECT_GE(stats.compressed, 20u) << "seed " << seed;
-  EXPECT_GE(governor->stats().effort, 0.8) << "seed " << seed;
+  // Compressed chunks are fewer bytes for such a disk, so every window but
+  // the probe of the raw rate (window 2, 4 chunks) compresses them all (a
+  // stalled test machine may cost a few).
+  EXPECT_EQ(governor->stats().probes, 1u) << "seed " << seed;
+  EXPECT_GE(stats.raw_chosen, 4u) << "seed " << seed;
+  EXPECT_GE(stats.compressed, 16u) << "seed " << seed;
 }
 
 TEST_F(WriterUnderGovernorTest, AFastDiskDoesNotWaitForTheCompressor) {
@@ -136,14 +199,18 @@ TEST_F(WriterUnderGovernorTest, AFastDiskDoesNotWaitForTheCompressor) {
   // writer waits for an encoded chunk the "disk" is idle.
   io::FaultInjectionFs fs(io::DefaultFileSystem());
   fs.DisableDurabilityModel();
-  auto governor = std::make_shared<CodecGovernor>(CodecGovernorOptions{});
+  auto governor = std::make_shared<CodecGovernor>(
+      CodecGovernorOptions{.window_bytes = 4 * kChunk});
   ShardWriteStats stats = WriteAndCheck(
       &fs, "/dev/shm/ckpt-governor-" + std::to_string(seed) + ".shard", data,
       governor);
   (void)io::DefaultFileSystem()->Unlink("/dev/shm/ckpt-governor-" +
                                         std::to_string(seed) + ".shard");
-  EXPECT_GT(governor->stats().starved, 0u) << "seed " << seed;
-  EXPECT_GT(stats.raw_chosen, 0u) << "seed " << seed;
+  // Storing raw is far faster than compressing there: after the probe the
+  // effort falls, and most chunks are stored raw.
+  EXPECT_GT(governor->stats().lowered, 0u) << "seed " << seed;
+  EXPECT_LT(governor->stats().effort, 0.8) << "seed " << seed;
+  EXPECT_GT(stats.raw_chosen, 16u) << "seed " << seed;
   EXPECT_EQ(stats.compressed + stats.raw_chosen + stats.raw_incompressible,
             64u);
 }
