@@ -61,6 +61,15 @@ class ShardReader {
   absl::StatusOr<const proto::Item*> FindItem(absl::string_view name) const;
   // Reads the whole item; out.size() must equal its raw size.
   absl::Status ReadItem(absl::string_view name, absl::Span<uint8_t> out);
+  // Reads whole items in one pass: the chunks of all of them are read and
+  // decoded in one pipeline, which keeps the disk busy across items (a model
+  // has many small tensors). Each out.size() must equal its item's raw size;
+  // a name may appear once.
+  struct ItemRead {
+    std::string name;
+    absl::Span<uint8_t> out;
+  };
+  absl::Status ReadItems(absl::Span<const ItemRead> reads);
   // Reads bytes [offset, offset + out.size()) of an item, decoding only the
   // chunks that overlap.
   absl::Status ReadItemRange(absl::string_view name, uint64_t offset,

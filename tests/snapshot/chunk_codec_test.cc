@@ -38,6 +38,29 @@ TEST(FilterTest, ShuffleGroupsBytesByPositionAndKeepsTheTail) {
   }
 }
 
+// The vector paths (widths 2 and 4, 16 elements at a time) against the
+// definition, byte by byte, over sizes around every multiple of a vector.
+TEST(FilterTest, ShuffleMatchesTheDefinitionAtEverySize) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  for (size_t width : {2u, 4u, 8u}) {
+    for (size_t n = 0; n < 16 * width * 5; ++n) {
+      std::vector<uint8_t> in(n), out(n), back(n), expected(n);
+      for (uint8_t& b : in) b = static_cast<uint8_t>(rng());
+      const size_t elements = n / width;
+      for (size_t i = 0; i < elements; ++i) {
+        for (size_t b = 0; b < width; ++b)
+          expected[b * elements + i] = in[i * width + b];
+      }
+      for (size_t t = elements * width; t < n; ++t) expected[t] = in[t];
+      ByteShuffle(in.data(), out.data(), n, width);
+      ASSERT_EQ(out, expected) << "width " << width << " n " << n;
+      ByteUnshuffle(out.data(), back.data(), n, width);
+      ASSERT_EQ(back, in) << "width " << width << " n " << n;
+    }
+  }
+}
+
 TEST(ChunkCodecTest, CompressibleDataIsCompressedAndShuffled) {
   std::vector<uint8_t> raw(1 << 20);
   for (size_t i = 0; i < raw.size() / 4; ++i) {
