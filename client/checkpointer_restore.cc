@@ -246,30 +246,41 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
       }
       return reader_status;
     }
-    // Tensors in device memory are read into host memory first.
-    std::vector<uint8_t> host;
+    // Host memory (tensors and byte items) is read in one pass, so the disk
+    // stays busy across small items; tensors in device memory are read into
+    // host memory first, one at a time.
+    std::vector<snapshot::ShardReader::ItemRead> direct;
+    std::vector<std::pair<Registered*, std::string>> values;
+    values.reserve(items_.size());
+    std::vector<Registered*> on_device;
     for (Registered& r : items_) {
       ASSIGN_OR_RETURN(const proto::Item* item,
                        reader->FindItem(r.item.name()));
       report_.disk_bytes += item->raw_size();
       if (r.is_tensor() && device_->host_resident()) {
-        RETURN_IF_ERROR(reader->ReadItem(
-            r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
-                                               r.item.raw_size())));
+        direct.push_back(
+            {r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                                r.item.raw_size())});
       } else if (r.is_tensor()) {
-        host.resize(r.item.raw_size());
-        RETURN_IF_ERROR(reader->ReadItem(r.item.name(), absl::MakeSpan(host)));
-        RETURN_IF_ERROR(
-            device_->CopyFromHost(host.data(), r.tensor, host.size()));
-        RETURN_IF_ERROR(device_->Synchronize());
+        on_device.push_back(&r);
       } else {
-        std::string value(item->raw_size(), '\0');
-        RETURN_IF_ERROR(reader->ReadItem(
-            r.item.name(),
-            absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
-                                value.size())));
-        *r.bytes = std::move(value);
+        std::string& value =
+            values.emplace_back(&r, std::string(item->raw_size(), '\0')).second;
+        direct.push_back(
+            {r.item.name(),
+             absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                                 value.size())});
       }
+    }
+    RETURN_IF_ERROR(reader->ReadItems(direct));
+    for (auto& [r, value] : values) *r->bytes = std::move(value);
+    std::vector<uint8_t> host;
+    for (Registered* r : on_device) {
+      host.resize(r->item.raw_size());
+      RETURN_IF_ERROR(reader->ReadItem(r->item.name(), absl::MakeSpan(host)));
+      RETURN_IF_ERROR(
+          device_->CopyFromHost(host.data(), r->tensor, host.size()));
+      RETURN_IF_ERROR(device_->Synchronize());
     }
     return absl::OkStatus();
   };

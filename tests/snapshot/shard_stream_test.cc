@@ -137,9 +137,13 @@ TEST(ShardStreamTest, ErrorsNameTheChunkAndTheCause) {
   const Shard s = Write(dir, 3);
   auto manifest = ParseStreamManifest(s.manifest_bytes, s.file.size());
   ASSERT_TRUE(manifest.ok());
-  // A flip in the raw bytes of the second chunk of "random".
+  // A flip in the raw bytes of the second chunk of "random" (behind its
+  // header, or padded to the alignment when its bytes happened to lie
+  // page-aligned in memory and it was stored in place).
   std::string bad = s.file;
-  const uint64_t offset = manifest->items(0).chunks(1).file_offset() + 64 + 7;
+  const proto::ChunkInfo& raw_chunk = manifest->items(0).chunks(1);
+  const uint64_t offset =
+      raw_chunk.file_offset() + StoredOffset(raw_chunk) + 7;
   bad[offset] ^= 1;
   std::vector<std::vector<uint8_t>> got;
   absl::Status read = ReadAllItems(s, bad, s.manifest_bytes, &got);
@@ -148,7 +152,8 @@ TEST(ShardStreamTest, ErrorsNameTheChunkAndTheCause) {
   EXPECT_THAT(read.message(), HasSubstr("checksum mismatch"));
   // The same in a compressed chunk decoded on a pool.
   bad = s.file;
-  bad[manifest->items(1).chunks(1).file_offset() + 64 + 7] ^= 1;
+  const proto::ChunkInfo& zstd_chunk = manifest->items(1).chunks(1);
+  bad[zstd_chunk.file_offset() + StoredOffset(zstd_chunk) + 7] ^= 1;
   io::ThreadPool pool(2);
   read = ReadAllItems(s, bad, s.manifest_bytes, &got, &pool);
   EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss);
