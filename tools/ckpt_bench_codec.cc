@@ -166,14 +166,56 @@ CodecResult Ckpt(const Snapshot& s) {
         const uint8_t* stored = e->head.data() + header.stored_offset;
         if (!e->body.empty()) stored = e->body.data();
         start = std::chrono::steady_clock::now();
-        absl::Status d = snapshot::DecodeChunk(
-            header, {stored, header.stored_size},
-            absl::MakeSpan(back.data(), raw.size()));
+        absl::Status d =
+            snapshot::DecodeChunk(header, {stored, header.stored_size},
+                                  absl::MakeSpan(back.data(), raw.size()));
         r.decode_seconds += Seconds(start);
         if (!d.ok()) Die(std::string(d.message()));
       });
   r.seconds = total;
   return r;
+}
+
+// What storing changed chunks as the XOR with the same chunk of an earlier
+// save would gain (#22 part 2, measured, not built): for each save after the
+// first, the stored size of every changed chunk encoded as it is, over the
+// smaller of that and its XOR with the previous save's chunk
+// (`from_previous`, a delta chain as long as the save chain) or with the
+// chain's first save (a chain of one delta). One core, ckpt's codec.
+double XorDeltaGain(const std::vector<Snapshot>& run, bool from_previous) {
+  const snapshot::CodecOptions options;
+  io::BufferPool pool(snapshot::MaxEncodedSize(snapshot::kDefaultChunkSize), 2);
+  std::vector<uint8_t> delta(snapshot::kDefaultChunkSize);
+  auto stored = [&](absl::Span<const uint8_t> raw, uint32_t width) {
+    snapshot::ChunkHeader header;
+    absl::StatusOr<snapshot::EncodedChunk> e =
+        snapshot::EncodeChunk(raw, width, options, &pool, &header);
+    if (!e.ok()) Die(std::string(e.status().message()));
+    return static_cast<double>(header.stored_size);
+  };
+  double as_is = 0, as_delta = 0;
+  for (size_t i = 1; i < run.size(); ++i) {
+    const Snapshot& base = run[from_previous ? i - 1 : 0];
+    for (size_t t = 0; t < run[i].tensors.size(); ++t) {
+      const Tensor& now = run[i].tensors[t];
+      const Tensor& then = base.tensors[t];
+      const Tensor& before = run[i - 1].tensors[t];
+      const auto width = static_cast<uint32_t>(snapshot::DTypeSize(now.dtype));
+      for (size_t off = 0; off < now.data.size();
+           off += snapshot::kDefaultChunkSize) {
+        const size_t n = std::min<size_t>(snapshot::kDefaultChunkSize,
+                                          now.data.size() - off);
+        const auto chunk = now.data.subspan(off, n);
+        if (std::memcmp(chunk.data(), before.data.data() + off, n) == 0)
+          continue;  // unchanged: not written at all
+        for (size_t k = 0; k < n; ++k) delta[k] = chunk[k] ^ then.data[off + k];
+        const double whole = stored(chunk, width);
+        as_is += whole;
+        as_delta += std::min(whole, stored({delta.data(), n}, width));
+      }
+    }
+  }
+  return as_delta > 0 ? as_is / as_delta : 1.0;
 }
 
 struct Written {
@@ -395,6 +437,13 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
       static_cast<double>(full.file_bytes) / static_cast<double>(big.raw());
   j["persist_zstd_all_stored_fraction_float"] =
       static_cast<double>(zstd_all.file_bytes) / static_cast<double>(big.raw());
+  const std::vector<Snapshot> bf16_state = LoadRun(data, "dense_bf16", "grad/");
+  j["xor_delta_gain_dense_fp32_previous"] = XorDeltaGain(dense, true);
+  j["xor_delta_gain_dense_fp32_chain_start"] = XorDeltaGain(dense, false);
+  j["xor_delta_gain_dense_bf16_previous"] = XorDeltaGain(bf16_state, true);
+  j["xor_delta_gain_dense_bf16_chain_start"] = XorDeltaGain(bf16_state, false);
+  j["xor_delta_gain_frozen90_previous"] = XorDeltaGain(frozen, true);
+  j["xor_delta_gain_frozen90_chain_start"] = XorDeltaGain(frozen, false);
   j["codec_effort"] = governor->stats().effort;
   j["codec_raw_mib_s"] = governor->stats().raw_mib_s;
   j["codec_windows"] = governor->stats().windows;
