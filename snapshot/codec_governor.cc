@@ -10,6 +10,8 @@ CodecGovernor::CodecGovernor(const CodecGovernorOptions& options)
       effort_(std::clamp(options.initial_effort, 0.0,
                          std::max(options.max_effort, 0.0))) {
   absl::MutexLock lock(&mu_);
+  probe_every_ = std::max(options_.probe_every, 0);
+  stats_.probe_every = probe_every_;
   stats_.effort = effort_;
   Open();
 }
@@ -17,8 +19,8 @@ CodecGovernor::CodecGovernor(const CodecGovernorOptions& options)
 void CodecGovernor::Open() {
   Window w;
   w.number = windows_.empty() ? 1 : windows_.back().number + 1;
-  w.probe = options_.probe_every > 0 && effort_ > 0.0 &&
-            (w.number == 2 || w.number % options_.probe_every == 0);
+  w.probe = probe_every_ > 0 && effort_ > 0.0 && w.number >= next_probe_;
+  if (w.probe) next_probe_ = w.number + static_cast<uint64_t>(probe_every_);
   w.effort = w.probe ? 0.0 : effort_;
   windows_.push_back(w);
   while (windows_.size() > kMaxOpenWindows) windows_.pop_front();
@@ -80,12 +82,29 @@ void CodecGovernor::Measure(const Window& w) {
   ++stats_.windows;
   stats_.last_mib_s = rate;
   if (w.effort == 0.0) {
-    if (w.probe) ++stats_.probes;
     stats_.raw_mib_s =
         stats_.raw_mib_s == 0 ? rate : 0.5 * (stats_.raw_mib_s + rate);
   }
+  if (w.probe) {
+    ++stats_.probes;
+    // Compressing won against this probe: the next one moves out (twice the
+    // interval), else it comes as often as at first.
+    const bool compressing_wins =
+        last_ordinary_mib_s_ > rate * (1.0 + options_.tolerance);
+    const int before = probe_every_;
+    probe_every_ =
+        compressing_wins
+            ? std::min(2 * probe_every_,
+                       std::max(options_.max_probe_every, options_.probe_every))
+            : options_.probe_every;
+    next_probe_ = next_probe_ - static_cast<uint64_t>(before) +
+                  static_cast<uint64_t>(probe_every_);
+    stats_.probe_every = probe_every_;
+    return;
+  }
+  last_ordinary_mib_s_ = rate;
   const double raw = stats_.raw_mib_s;
-  if (w.probe || raw == 0) return;
+  if (raw == 0) return;
   if (rate < raw * (1.0 - options_.tolerance)) {
     effort_ = std::min(effort_, w.effort * rate / raw);
     ++stats_.lowered;

@@ -18,9 +18,14 @@
 // their previous report, i.e. what the chunk cost end to end (compressing,
 // waiting for the disk, and for a persist's last chunk the final drain). Once
 // every chunk of a window is reported, its rate r is known. A window at effort
-// 0 measures the raw rate R: window 2 and every `probe_every`-th one after are
-// such probes, to learn R and keep it current (the disk, the data and the
-// load on the cores change). After a window at effort x > 0 measures r:
+// 0 measures the raw rate R: window 2 is such a probe, and one every
+// `probe_every` windows after, to keep R current (the disk, the data and the
+// load on the cores change). While probes find raw slower than the window
+// before them (compressing wins: a slow disk, compressible data), the
+// interval doubles, up to `max_probe_every`: a probe stores raw what would
+// have been compressed, which on highly compressible state multiplies the
+// bytes written. A probe that finds raw faster brings the interval back.
+// After a window at effort x > 0 measures r:
 //   r < R * (1 - tolerance)   compressing costs throughput: x becomes
 //                             x * r / R;
 //   otherwise                 x rises by step_up (compression keeps up with
@@ -53,9 +58,11 @@ struct CodecGovernorOptions {
   double initial_effort = 1.0;
   // Raw bytes per measuring window.
   uint64_t window_bytes = 32 << 20;
-  // Window 2 and every window whose number is a multiple of this measure
-  // the raw rate (effort 0). 0: none, except while the effort is 0 anyway.
+  // Windows between probes of the raw rate (effort 0), the first being
+  // window 2; while compressing wins, up to max_probe_every. 0: no probes,
+  // the raw rate is known only from windows whose effort fell to 0.
   int probe_every = 8;
+  int max_probe_every = 64;
   // How much slower than raw a window may be before the effort falls.
   double tolerance = 0.05;
   // Rise of x after a window that kept up.
@@ -81,6 +88,7 @@ class CodecGovernor {
     uint64_t lowered = 0;     // windows after which the effort fell
     double raw_mib_s = 0;     // the raw rate R (0: not measured yet)
     double last_mib_s = 0;    // the rate of the last window
+    int probe_every = 0;      // windows from the last probe to the next
   };
 
   explicit CodecGovernor(const CodecGovernorOptions& options);
@@ -123,6 +131,11 @@ class CodecGovernor {
   // The window chunks are chosen in (back), and the closed ones whose chunks
   // are still being written, oldest first.
   std::deque<Window> windows_ ABSL_GUARDED_BY(mu_);
+  // The next probe's window number, and the interval that set it.
+  uint64_t next_probe_ ABSL_GUARDED_BY(mu_) = 2;
+  int probe_every_ ABSL_GUARDED_BY(mu_) = 0;
+  // The rate of the last window that was not a probe (0: none yet).
+  double last_ordinary_mib_s_ ABSL_GUARDED_BY(mu_) = 0;
   // Dithering accumulators: whether to compress (x < 1), whether to go one
   // level up (x > 1).
   double compress_credit_ ABSL_GUARDED_BY(mu_) = 0;

@@ -69,6 +69,7 @@ TEST(CodecGovernorTest, MeasuredRatesMoveTheEffortWithinItsBounds) {
   CodecGovernor g({.max_effort = 2.0,
                    .window_bytes = 4 * kMiB,
                    .probe_every = 4,
+                   .max_probe_every = 8,
                    .tolerance = 0.05,
                    .step_up = 0.25});
   EXPECT_DOUBLE_EQ(g.stats().effort, 1.0);
@@ -76,30 +77,40 @@ TEST(CodecGovernorTest, MeasuredRatesMoveTheEffortWithinItsBounds) {
   EXPECT_EQ(WriteWindow(g, 4, kMiB, 100), 4);
   EXPECT_DOUBLE_EQ(g.stats().effort, 1.0);
   EXPECT_EQ(g.stats().windows, 1u);
-  // Window 2 probes: every chunk raw, at 400 MiB/s.
+  // Window 2 probes: every chunk raw, at 400 MiB/s. Raw is faster, so the
+  // next probe comes after the first interval (window 6).
   EXPECT_EQ(WriteWindow(g, 4, kMiB, 400), 0);
   EXPECT_EQ(g.stats().probes, 1u);
   EXPECT_NEAR(g.stats().raw_mib_s, 400, 1e-6);
+  EXPECT_EQ(g.stats().probe_every, 4);
   EXPECT_DOUBLE_EQ(g.stats().effort, 1.0);
   // Window 3 compresses every chunk again and is 4x slower than raw: the
   // effort falls to a quarter.
   EXPECT_EQ(WriteWindow(g, 4, kMiB, 100), 4);
   EXPECT_NEAR(g.stats().effort, 0.25, 1e-9);
   EXPECT_EQ(g.stats().lowered, 1u);
-  // Window 4 probes again (raw rate now the mean of 400 and 200).
-  EXPECT_EQ(WriteWindow(g, 4, kMiB, 200), 0);
-  EXPECT_NEAR(g.stats().raw_mib_s, 300, 1e-6);
-  // Windows 5 to 7 keep up with the raw rate: the effort rises by a step
-  // each. A window gets the effort of when it opened, as its predecessor's
-  // last chunk was chosen: windows 5 and 6 opened at 0.25, 7 at 0.5.
-  EXPECT_EQ(WriteWindow(g, 4, kMiB, 300), 1);
+  // A window gets the effort of when it opened, as its predecessor's last
+  // chunk was chosen: window 4 opened at 1, window 5 at 0.25. Both keep up
+  // with the raw rate: the effort rises a step each.
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 400), 4);
   EXPECT_NEAR(g.stats().effort, 0.5, 1e-9);
-  EXPECT_EQ(WriteWindow(g, 4, kMiB, 300), 1);
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 400), 1);
   EXPECT_NEAR(g.stats().effort, 0.75, 1e-9);
-  EXPECT_EQ(WriteWindow(g, 4, kMiB, 300), 2);
-  EXPECT_NEAR(g.stats().effort, 1.0, 1e-9);
-  // Faster than raw (a slow disk, fewer bytes): up to the bound, not past.
-  for (int w = 0; w < 12; ++w) WriteWindow(g, 4, kMiB, 1000);
+  // Window 6 probes, and raw is now slower than the window before (200
+  // against 400 MiB/s): compressing wins, so the probes space out.
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 200), 0);
+  EXPECT_EQ(g.stats().probes, 2u);
+  EXPECT_NEAR(g.stats().raw_mib_s, 300, 1e-6);
+  EXPECT_EQ(g.stats().probe_every, 8);
+  // Windows 7 to 13 are no probes; window 14 is, and finds raw faster: the
+  // interval comes back.
+  for (int w = 7; w <= 13; ++w) EXPECT_GT(WriteWindow(g, 4, kMiB, 1000), 0);
+  EXPECT_EQ(g.stats().probes, 2u);
+  EXPECT_EQ(WriteWindow(g, 4, kMiB, 2000), 0);
+  EXPECT_EQ(g.stats().probes, 3u);
+  EXPECT_EQ(g.stats().probe_every, 4);
+  // Keeping up: up to the bound, not past it.
+  for (int w = 0; w < 12; ++w) WriteWindow(g, 4, kMiB, 5000);
   EXPECT_DOUBLE_EQ(g.stats().effort, 2.0);
   EXPECT_EQ(g.stats().lowered, 1u);
 }
