@@ -180,10 +180,9 @@ absl::Status ShardReader::ReadItems(absl::Span<const ItemRead> reads) {
   for (const ItemRead& read : reads) {
     ASSIGN_OR_RETURN(const proto::Item* item, FindItem(read.name));
     if (read.out.size() != item->raw_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shard ", path_, " item \"", read.name, "\" has ",
-                       item->raw_size(), " bytes; the buffer ",
-                       read.out.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", path_, " item \"", read.name, "\" has ", item->raw_size(),
+          " bytes; the buffer ", read.out.size()));
     }
     if (!seen.insert(item).second) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -193,9 +192,9 @@ absl::Status ShardReader::ReadItems(absl::Span<const ItemRead> reads) {
     while (&manifest_.items(static_cast<int>(item_index)) != item) ++item_index;
     for (int c = 0; c < item->chunks_size(); ++c) {
       const proto::ChunkInfo& chunk = item->chunks(c);
-      pieces.push_back(Piece{item, item_index, static_cast<uint32_t>(c), 0,
-                             read.out.subspan(chunk.raw_offset(),
-                                              chunk.raw_size())});
+      pieces.push_back(
+          Piece{item, item_index, static_cast<uint32_t>(c), 0,
+                read.out.subspan(chunk.raw_offset(), chunk.raw_size())});
     }
   }
   return ReadPieces(pieces, nullptr);

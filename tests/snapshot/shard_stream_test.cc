@@ -142,8 +142,7 @@ TEST(ShardStreamTest, ErrorsNameTheChunkAndTheCause) {
   // page-aligned in memory and it was stored in place).
   std::string bad = s.file;
   const proto::ChunkInfo& raw_chunk = manifest->items(0).chunks(1);
-  const uint64_t offset =
-      raw_chunk.file_offset() + StoredOffset(raw_chunk) + 7;
+  const uint64_t offset = raw_chunk.file_offset() + StoredOffset(raw_chunk) + 7;
   bad[offset] ^= 1;
   std::vector<std::vector<uint8_t>> got;
   absl::Status read = ReadAllItems(s, bad, s.manifest_bytes, &got);
