@@ -288,6 +288,50 @@ TEST(ShardReaderTest, MissingItemsAndBadRangesNameTheShard) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 
+// Many items read in one pass come back as each read alone does, small and
+// multi-chunk ones mixed; a wrong size, an unknown name or a name asked twice
+// is refused before anything is read.
+TEST(ShardReaderTest, ItemsReadInOnePassMatchEachReadAlone) {
+  testing::TempDir dir;
+  const std::string path = dir.File("s.shard");
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  ShardWriterOptions options;
+  options.chunk_size = 64 << 10;
+  ShardWriter writer(io::DefaultFileSystem(), path, {"j", 1, 0, 1}, options);
+  std::vector<std::vector<uint8_t>> items;
+  for (size_t size : {size_t{7}, size_t{300} << 10, size_t{0}, size_t{4096},
+                      size_t{64} << 10}) {
+    std::vector<uint8_t>& data = items.emplace_back(size);
+    for (uint8_t& b : data) b = static_cast<uint8_t>(rng() % 16);
+    ASSERT_TRUE(
+        writer.AddBytes("item" + std::to_string(items.size() - 1), data).ok());
+  }
+  ASSERT_TRUE(writer.Commit().ok());
+  auto reader = ShardReader::Open(io::DefaultFileSystem(), path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::vector<uint8_t>> back(items.size());
+  std::vector<ShardReader::ItemRead> reads;
+  for (size_t i = items.size(); i-- > 0;) {  // in another order than stored
+    back[i].resize(items[i].size());
+    reads.push_back({"item" + std::to_string(i), absl::MakeSpan(back[i])});
+  }
+  ASSERT_TRUE((*reader)->ReadItems(reads).ok()) << "seed " << seed;
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(back[i], items[i]) << "item " << i << " seed " << seed;
+  }
+  std::vector<uint8_t> small(3);
+  absl::Status s = (*reader)->ReadItems({{"item0", absl::MakeSpan(small)}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("\"item0\" has 7 bytes"));
+  EXPECT_EQ((*reader)->ReadItems({{"nope", {}}}).code(),
+            absl::StatusCode::kNotFound);
+  s = (*reader)->ReadItems(
+      {{"item3", absl::MakeSpan(back[3])}, {"item3", absl::MakeSpan(back[3])}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("asked for twice"));
+}
+
 // A file written in format 1 (before chunks could be stored in place) reads
 // and verifies, from a file and as a stream.
 TEST(ShardReaderTest, FormatOneFilesStillRead) {
