@@ -52,7 +52,6 @@ class FaultInjectionFs::File final : public WritableFile {
     return ShortWrite(offset, err);
   }
   absl::Status Flush() override { return base_->Flush(); }
-  uint64_t PendingWriteBytes() override { return base_->PendingWriteBytes(); }
   absl::Status Allocate(uint64_t size) override {
     RETURN_IF_ERROR(fs_->OnMetadata(absl::StrCat("fallocate ", path())));
     RETURN_IF_ERROR(fs_->PersistentWriteFault(path()));

@@ -54,10 +54,6 @@ class WritableFile {
                                      absl::Span<const uint8_t> bytes) = 0;
   // Waits for every queued write.
   virtual absl::Status Flush() = 0;
-  // Bytes of queued writes not yet complete, without waiting: what the disk
-  // still has to do before it idles. A file that writes synchronously has
-  // none. A failed write found here is reported by the next call.
-  virtual uint64_t PendingWriteBytes() { return 0; }
   // Reserves blocks for [0, size) and sets the file size to at least `size`, so
   // the writes that follow do not extend the file (ext4 serializes extending
   // O_DIRECT writes). A file system without fallocate makes this a no-op.

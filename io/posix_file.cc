@@ -137,13 +137,6 @@ class PosixWritableFile final : public WritableFile {
     return error_;
   }
 
-  uint64_t PendingWriteBytes() override {
-    if (engine_ == nullptr) return 0;
-    absl::Status s = engine_->Poll();
-    if (!s.ok() && error_.ok()) error_ = s;
-    return engine_->pending_bytes();
-  }
-
   absl::Status Allocate(uint64_t size) override {
     RETURN_IF_ERROR(error_);
     if (size == 0) return absl::OkStatus();

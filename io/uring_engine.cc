@@ -66,7 +66,6 @@ absl::Status UringEngine::SubmitRead(int fd, const std::string* path,
 }
 
 absl::Status UringEngine::Submit(std::unique_ptr<Request> request) {
-  pending_bytes_ += request->length;
   while (in_flight_ >= options_.queue_depth || !retry_.empty()) {
     RETURN_IF_ERROR(ReapOne());
   }
@@ -195,7 +194,6 @@ absl::Status UringEngine::Handle(Request* r, int res) {
 void UringEngine::Complete(Request* r, absl::Status status) {
   std::unique_ptr<Request> owned(r);
   ++completed_;
-  pending_bytes_ -= owned->length;
   if (owned->done) owned->done(std::move(status));
 }
 

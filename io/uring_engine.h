@@ -58,9 +58,6 @@ class UringEngine {
   // Runs the callbacks of requests that completed, without waiting.
   absl::Status Poll();
   size_t in_flight() const { return in_flight_; }
-  // Bytes of requests submitted whose callbacks have not run yet (they may
-  // have completed in the kernel since the last Poll or wait).
-  uint64_t pending_bytes() const { return pending_bytes_; }
 
  private:
   struct Request;
@@ -76,7 +73,6 @@ class UringEngine {
   io_uring ring_;
   bool ring_ready_ = false;
   size_t in_flight_ = 0;
-  uint64_t pending_bytes_ = 0;
   uint64_t completed_ = 0;
   // Requests waiting for a free submission slot after a short completion or
   // EAGAIN.
