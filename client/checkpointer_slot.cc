@@ -1,0 +1,164 @@
+// Checkpointer: restoring from a memory-tier slot. The slot is the daemon's,
+// so what is copied out of it is checked against the persisted manifest's
+// chunk checksums, or the hashes the saving client took, on several threads.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "client/checkpointer_internal.h"
+#include "client/parallel_copy.h"
+#include "io/status_macros.h"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/format.h"
+#include "snapshot/shard_reader.h"
+
+namespace ckpt::client {
+namespace {
+// Whether the saving client hashed the item's chunks (one hash per chunk).
+bool HasChunkHashes(const proto::StagedItem& staged) {
+  return staged.chunk_xxh3_size() > 0 &&
+         static_cast<uint64_t>(staged.chunk_xxh3_size()) ==
+             snapshot::ChunkCount(staged.item().raw_size(),
+                                  staged.chunk_size());
+}
+
+}  // namespace
+
+absl::Status Checkpointer::CopyAndVerify(
+    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader* reader) {
+  // What each copied run must hash to: the persisted manifest's chunk
+  // checksum, else the hash the saving client took of the run in the slot
+  // (StagedItem.chunk_xxh3). Neither (a save that took no hashes, not
+  // persisted yet): nothing to check.
+  struct Unit {
+    const uint8_t* src;
+    uint8_t* dst;
+    uint64_t bytes;
+    std::optional<uint64_t> xxh3;
+    const proto::StagedItem* staged;
+    int chunk;
+  };
+  std::vector<Unit> units;
+  uint64_t total = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const proto::StagedItem& staged = *sources[i];
+    const uint8_t* src = slot + staged.slot_offset();
+    const uint64_t n = staged.item().raw_size();
+    const proto::Item* item = nullptr;
+    if (reader != nullptr) {
+      ASSIGN_OR_RETURN(item, reader->FindItem(staged.item().name()));
+      if (item->raw_size() != n) {
+        return absl::DataLossError(absl::StrCat(
+            "item \"", item->name(), "\" has ", n, " bytes in the slot but ",
+            item->raw_size(), " in ", reader->path()));
+      }
+    }
+    uint8_t* dst;
+    if (items_[i].is_tensor()) {
+      dst = static_cast<uint8_t*>(items_[i].tensor);
+      total += n;
+    } else {
+      items_[i].bytes->resize(n);
+      dst = reinterpret_cast<uint8_t*>(items_[i].bytes->data());
+    }
+    if (item != nullptr) {
+      for (int c = 0; c < item->chunks_size(); ++c) {
+        const proto::ChunkInfo& chunk = item->chunks(c);
+        if (chunk.raw_offset() > n ||
+            chunk.raw_size() > n - chunk.raw_offset()) {
+          return absl::DataLossError(absl::StrCat(
+              "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
+        }
+        units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
+                         chunk.raw_size(), chunk.raw_xxh3(), &staged, c});
+      }
+      continue;
+    }
+    const bool hashed = HasChunkHashes(staged);
+    const uint64_t piece = hashed ? staged.chunk_size() : uint64_t{4} << 20;
+    int c = 0;
+    for (uint64_t off = 0; off < n; off += piece, ++c) {
+      units.push_back({src + off, dst + off, std::min(piece, n - off),
+                       hashed ? std::optional<uint64_t>(staged.chunk_xxh3(c))
+                              : std::nullopt,
+                       &staged, c});
+    }
+  }
+  std::vector<absl::Status> results(units.size());
+  ParallelFor(units.size(), CopyThreadsFor(total), [&](size_t u) {
+    const Unit& unit = units[u];
+    std::memcpy(unit.dst, unit.src, unit.bytes);
+    if (!unit.xxh3.has_value() || snapshot::Checksum(absl::MakeConstSpan(
+                                      unit.dst, unit.bytes)) == *unit.xxh3) {
+      return;
+    }
+    results[u] = absl::DataLossError(absl::StrCat(
+        "item \"", unit.staged->item().name(), "\" chunk ", unit.chunk,
+        ": the copy from the staging slot does not match ",
+        reader != nullptr ? "the checksum in " + reader->path()
+                          : std::string("the hash taken when it was saved")));
+  });
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::VerifySlot(
+    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader* reader) const {
+  // Items are checked on several threads: hashing a large slot on one core
+  // would be most of a restore from memory.
+  std::vector<absl::Status> results(sources.size());
+  uint64_t total = 0;
+  for (const proto::StagedItem* staged : sources)
+    total += staged->item().raw_size();
+  ParallelFor(sources.size(), CopyThreadsFor(total), [&](size_t i) {
+    const proto::StagedItem* staged = sources[i];
+    const uint64_t n = staged->item().raw_size();
+    if (reader == nullptr) {
+      // Not persisted: the hashes the saving client took, if it took any.
+      if (!HasChunkHashes(*staged)) return;
+      const uint64_t size = staged->chunk_size();
+      int c = 0;
+      for (uint64_t off = 0; off < n; off += size, ++c) {
+        if (snapshot::Checksum(absl::MakeConstSpan(
+                slot + staged->slot_offset() + off, std::min(size, n - off))) !=
+            staged->chunk_xxh3(c)) {
+          results[i] = absl::DataLossError(absl::StrCat(
+              "the staging slot's item \"", staged->item().name(), "\" chunk ",
+              c, " differs from the hash taken when it was saved"));
+          return;
+        }
+      }
+      return;
+    }
+    absl::StatusOr<const proto::Item*> item =
+        reader->FindItem(staged->item().name());
+    if (!item.ok()) {
+      results[i] = item.status();
+      return;
+    }
+    if ((*item)->raw_size() != n) {
+      results[i] = absl::DataLossError(absl::StrCat(
+          "item \"", (*item)->name(), "\" has ", n, " bytes in the slot but ",
+          (*item)->raw_size(), " in ", reader->path()));
+      return;
+    }
+    std::vector<absl::Status> bad = snapshot::VerifyRawItem(
+        absl::MakeConstSpan(slot + staged->slot_offset(), n), **item,
+        /*max_errors=*/1);
+    if (!bad.empty()) {
+      results[i] = absl::DataLossError(
+          absl::StrCat("the staging slot differs from ", reader->path(), ": ",
+                       bad.front().message()));
+    }
+  });
+  for (absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+}  // namespace ckpt::client
