@@ -165,44 +165,40 @@ absl::StatusOr<const proto::Item*> ShardReader::FindItem(
 
 absl::Status ShardReader::ReadItem(absl::string_view name,
                                    absl::Span<uint8_t> out) {
-  ASSIGN_OR_RETURN(const proto::Item* item, FindItem(name));
-  if (out.size() != item->raw_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", path_, " item \"", name, "\" has ",
-                     item->raw_size(), " bytes; the buffer ", out.size()));
-  }
-  return ReadItemRange(name, 0, out);
+  std::vector<Piece> pieces;
+  RETURN_IF_ERROR(AddPieces(name, 0, out, /*whole=*/true, &pieces));
+  return ReadPieces(pieces, nullptr);
 }
 
 absl::Status ShardReader::ReadItems(absl::Span<const ItemRead> reads) {
   std::vector<Piece> pieces;
-  std::set<const proto::Item*> seen;
+  std::set<std::string> seen;
   for (const ItemRead& read : reads) {
-    ASSIGN_OR_RETURN(const proto::Item* item, FindItem(read.name));
-    if (read.out.size() != item->raw_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard ", path_, " item \"", read.name, "\" has ", item->raw_size(),
-          " bytes; the buffer ", read.out.size()));
-    }
-    if (!seen.insert(item).second) {
+    if (!seen.insert(read.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shard ", path_, " item \"", read.name, "\" is asked for twice"));
     }
-    uint32_t item_index = 0;
-    while (&manifest_.items(static_cast<int>(item_index)) != item) ++item_index;
-    for (int c = 0; c < item->chunks_size(); ++c) {
-      const proto::ChunkInfo& chunk = item->chunks(c);
-      pieces.push_back(
-          Piece{item, item_index, static_cast<uint32_t>(c), 0,
-                read.out.subspan(chunk.raw_offset(), chunk.raw_size())});
-    }
+    RETURN_IF_ERROR(AddPieces(read.name, 0, read.out, /*whole=*/true, &pieces));
   }
   return ReadPieces(pieces, nullptr);
 }
 
 absl::Status ShardReader::ReadItemRange(absl::string_view name, uint64_t offset,
                                         absl::Span<uint8_t> out) {
+  std::vector<Piece> pieces;
+  RETURN_IF_ERROR(AddPieces(name, offset, out, /*whole=*/false, &pieces));
+  return ReadPieces(pieces, nullptr);
+}
+
+absl::Status ShardReader::AddPieces(absl::string_view name, uint64_t offset,
+                                    absl::Span<uint8_t> out, bool whole,
+                                    std::vector<Piece>* pieces) {
   ASSIGN_OR_RETURN(const proto::Item* item, FindItem(name));
+  if (whole && out.size() != item->raw_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", path_, " item \"", name, "\" has ",
+                     item->raw_size(), " bytes; the buffer ", out.size()));
+  }
   uint32_t item_index = 0;
   while (&manifest_.items(static_cast<int>(item_index)) != item) ++item_index;
   if (offset > item->raw_size() || out.size() > item->raw_size() - offset) {
@@ -210,7 +206,6 @@ absl::Status ShardReader::ReadItemRange(absl::string_view name, uint64_t offset,
         "shard ", path_, " item \"", name, "\": range [", offset, ", +",
         out.size(), ") is outside its ", item->raw_size(), " bytes"));
   }
-  std::vector<Piece> pieces;
   const uint64_t end = offset + out.size();
   for (int c = 0; c < item->chunks_size(); ++c) {
     const proto::ChunkInfo& chunk = item->chunks(c);
@@ -218,11 +213,11 @@ absl::Status ShardReader::ReadItemRange(absl::string_view name, uint64_t offset,
     uint64_t hi =
         std::min<uint64_t>(end, chunk.raw_offset() + chunk.raw_size());
     if (lo >= hi) continue;
-    pieces.push_back(Piece{item, item_index, static_cast<uint32_t>(c),
-                           lo - chunk.raw_offset(),
-                           out.subspan(lo - offset, hi - lo)});
+    pieces->push_back(Piece{item, item_index, static_cast<uint32_t>(c),
+                            lo - chunk.raw_offset(),
+                            out.subspan(lo - offset, hi - lo)});
   }
-  return ReadPieces(pieces, nullptr);
+  return absl::OkStatus();
 }
 
 std::vector<absl::Status> ShardReader::VerifyAll() {

@@ -101,6 +101,11 @@ class ShardReader {
               std::unique_ptr<io::ReadableFile> file,
               const ShardReaderOptions& options);
   absl::Status LoadManifest();
+  // Appends the pieces that read bytes [offset, offset + out.size()) of item
+  // `name` into `out`; `whole`: out must be the whole item.
+  absl::Status AddPieces(absl::string_view name, uint64_t offset,
+                         absl::Span<uint8_t> out, bool whole,
+                         std::vector<Piece>* pieces);
   // Opens base `index` on first use and checks it is the file named.
   Source& SourceOf(uint32_t index);
   // Reads and decodes `pieces`, from whichever files hold them; stops at the
