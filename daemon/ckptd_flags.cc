@@ -159,6 +159,13 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "nodes' shards with M parity blocks on M other nodes "
                  "(Reed-Solomon): any M nodes may be lost, for M/K of the "
                  "state in peer memory; every node needs the same setting");
+  app.add_option("--reprotect-delay", f.reprotect_delay_s,
+                 "seconds from a node's loss to making again what it held "
+                 "(replicas, parity, lost shards rebuilt on stand-ins): the "
+                 "restores that follow a loss have the network and the cores "
+                 "first; 0 re-protects at once")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_option("--failure-domain", f.failure_domain,
                  "this node's failure domain (rack, switch): replicas go to "
                  "other domains first");
@@ -269,6 +276,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
     r.replicas = f.peer_replicas;
     r.dir = f.replica_dir.empty() ? f.staging_dir + ".peer" : f.replica_dir;
     r.keep_steps = f.keep_memory;
+    r.reprotect_delay = absl::Seconds(f.reprotect_delay_s);
     if (!ParseBytes(f.replica_budget, &r.held_budget_bytes)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--replica-budget \"", f.replica_budget,

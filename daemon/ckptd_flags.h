@@ -32,6 +32,7 @@ struct CkptdFlags {
   std::string peer_address, failure_domain, replica_dir, replica_budget = "1G";
   std::string tls_ca, tls_cert, tls_key;
   int peer_replicas = 1;
+  double reprotect_delay_s = 10;
   std::string peer_redundancy;
   std::string shared_dir;
   uint64_t shared_every = 1;

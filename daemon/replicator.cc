@@ -181,6 +181,27 @@ void Replicator::Loop() {
         }
       }
       known_peers_ = std::move(now);
+      // A node back as another start is checked at once (it is here to be
+      // pushed to); one gone, once the delay has passed.
+      std::erase_if(lost, [&](const std::string& node) {
+        if (known_peers_.count(node) > 0) return false;
+        if (lost_since_.emplace(node, absl::Now()).second &&
+            options_.reprotect_delay > absl::ZeroDuration()) {
+          CKPT_LOG_INFO(
+              "node {} lost: what it held is made again in {} "
+              "(--reprotect-delay), restores first",
+              node, absl::FormatDuration(options_.reprotect_delay));
+        }
+        return true;
+      });
+      for (auto it = lost_since_.begin(); it != lost_since_.end();) {
+        if (absl::Now() - it->second < options_.reprotect_delay) {
+          ++it;
+          continue;
+        }
+        lost.push_back(it->first);
+        it = lost_since_.erase(it);
+      }
       if (!lost.empty() && on_peers_lost_) {
         on_peers_lost_(lost);
         absl::MutexLock lock(&mu_);

@@ -7,7 +7,9 @@
 // peers is tried again every `retry_interval`, so replication reaches K again
 // when peers return; when a peer that held replicas leaves, or comes back as a
 // new incarnation (a restarted daemon, a replacement machine under the same
-// id), the shards it held are checked and pushed again where missing. It also
+// id), the shards it held are checked and pushed again where missing, once
+// `reprotect_delay` has passed (restores first: the ones that follow a loss
+// have the network and the cores to themselves meanwhile). It also
 // fetches, for a restore, a shard this node lacks from the peers that have one
 // (a replica in memory first, then the owner's disk), verifies it and keeps it
 // in a local cache. It keeps the replicas peers pushed here (ReplicaStore) and
@@ -67,6 +69,9 @@ struct ReplicationOptions {
   // Credentials for the connections to peers (mutual TLS); null: insecure.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration retry_interval = absl::Seconds(1);
+  // From a loss seen to OnPeersLost: what the lost nodes held (replicas,
+  // parity, data shards rebuilt on stand-ins) is made again only then.
+  absl::Duration reprotect_delay = absl::Seconds(10);
   int max_message_bytes = 8 << 20;
 };
 
@@ -236,6 +241,9 @@ class Replicator {
   const OnPeersLost on_peers_lost_;
   // The pushing thread's last view: node id -> incarnation.
   std::map<std::string, std::string> known_peers_;
+  // Losses seen whose re-protection waits for `reprotect_delay`: node -> when
+  // it was seen lost (the loop's thread only).
+  std::map<std::string, absl::Time> lost_since_;
   const std::string incarnation_;  // this start's
   std::unique_ptr<ReplicaStore> held_;
   std::unique_ptr<ReplicaStore> fetched_;

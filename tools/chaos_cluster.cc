@@ -37,6 +37,8 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
           std::string("--lease-ttl"), std::to_string(kLeaseTtlS),
           std::string("--node-id"), node.id, std::string("--failure-domain"),
           node.id, std::string("--peer-address"), std::string("127.0.0.1:0"),
+          // Kills come faster than real failures: re-protection at once.
+          std::string("--reprotect-delay"), std::string("0"),
           o_.peer_redundancy.empty() ? std::string("--peer-replicas")
                                      : std::string("--peer-redundancy"),
           o_.peer_redundancy.empty() ? std::string("1") : o_.peer_redundancy,

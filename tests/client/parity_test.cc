@@ -27,6 +27,7 @@ namespace {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr proto::Tier kPeer = proto::TIER_PEER;
 
@@ -334,6 +335,29 @@ TEST(ParityTest, ALostDataNodeIsRebuiltOnAStandInAndTheGroupSurvivesTwoMore) {
   c.Lose();
   RestoreOn(d, "stand", {1, 0}, 1, e.log());
   EXPECT_THAT(d.log(), HasSubstr("job stand step 1 rank 1: rebuilt"));
+}
+
+// With --reprotect-delay, a loss leaves the network and the cores to the
+// restores that follow it: no stand-in rebuilds the lost shard and no parity
+// is made again meanwhile, so the group is decoded once, by the restore.
+TEST(ParityTest, RestoresComeFirstAndReprotectionWaitsForItsDelay) {
+  FiveNodes nodes;
+  ASSERT_TRUE(nodes.Start({"--reprotect-delay", "600"}));
+  auto& [etcd, a, b, c, d, e] = nodes;
+  absl::Status saved = nodes.Save("first", 1);
+  ASSERT_TRUE(saved.ok()) << saved;
+  // Node a (rank 0, data block 0 of group 0; parity block 0 of group 1) is
+  // lost.
+  a.Lose();
+  const std::string later =
+      "node node-a lost: what it held is made again in 10m (--reprotect-delay)";
+  ASSERT_TRUE(LogsShow({&b, &c, &d, &e}, later));
+  RestoreOn(d, "first", {0}, 1);
+  EXPECT_THAT(d.log(), HasSubstr("job first step 1 rank 0: rebuilt"));
+  for (testing::DaemonProcess* p : {&b, &c, &d, &e}) {
+    EXPECT_THAT(p->log(), Not(HasSubstr("rebuilt ahead of any restore")));
+    EXPECT_THAT(p->log(), Not(HasSubstr("protected again")));
+  }
 }
 
 // Node c saves rank 2's step 2 ahead of the others, then is lost with it. Its

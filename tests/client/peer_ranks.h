@@ -5,6 +5,7 @@
 #ifndef CKPT_TESTS_CLIENT_PEER_RANKS_H_
 #define CKPT_TESTS_CLIENT_PEER_RANKS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,6 +73,11 @@ inline std::vector<std::string> NodeArgs(const std::string& etcd,
                                    "--node-id",       node,
                                    "--peer-address",  "127.0.0.1:0",
                                    "--peer-replicas", "1"};
+  // What a lost node held is made again at once, as these tests expect,
+  // unless the test says otherwise.
+  if (std::find(more.begin(), more.end(), "--reprotect-delay") == more.end()) {
+    args.insert(args.end(), {"--reprotect-delay", "0"});
+  }
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
