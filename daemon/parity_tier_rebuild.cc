@@ -26,99 +26,190 @@
 
 namespace ckpt::daemon {
 
-// One block of the group as a rebuild reads it: its bytes (owned, or a
-// mapping of a parity block held here) and how many have arrived.
+// One block of the group as a rebuild reads it: mapped whole (a parity block
+// held here), or received into a ring of segments that the decode frees as it
+// goes, so a rebuild holds a few MiB per block, not whole blocks, and the
+// bytes are decoded while still in the cache.
 struct ParityTier::Source {
-  std::unique_ptr<uint8_t[]> owned;
+  static constexpr uint64_t kRingSegments = 8;
+  std::string name;  // BlockName
+  uint64_t size = 0;
   std::unique_ptr<io::MappedFile> map;
-  absl::Span<const uint8_t> bytes;
+  std::unique_ptr<uint8_t[]> ring;
   uint64_t arrived = 0;  // guarded by Arrivals::mu
   bool done = false;     // guarded by Arrivals::mu
   absl::Status status;   // once done
+
+  uint8_t* Slot(uint64_t seg) const {
+    return ring.get() + (seg % kRingSegments) * snapshot::ErasureCode::kSegment;
+  }
 };
 
-// What the fetching threads tell the decoding ones.
-struct ParityTier::Arrivals {
+// Between the fetching threads, which receive into the rings, and the
+// decoding ones, which read and free them.
+struct ParityTier::Arrivals : snapshot::ErasureCode::SegmentFeed {
+  static constexpr uint64_t kSegment = snapshot::ErasureCode::kSegment;
+  explicit Arrivals(std::vector<Source>* s) : sources(s) {}
+
+  std::vector<Source>* const sources;
   absl::Mutex mu;
   absl::CondVar changed;
+  uint64_t decoded ABSL_GUARDED_BY(mu) = 0;  // segments below it are done
+  std::set<uint64_t> decoded_above ABSL_GUARDED_BY(mu);
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+
+  // Where the next bytes of `s` go: the rest of the segment its next byte is
+  // in, once the ring has room for it (the decode freed the segment that
+  // slot held).
+  absl::StatusOr<absl::Span<uint8_t>> Space(Source* s) {
+    absl::MutexLock lock(&mu);
+    const uint64_t seg = s->arrived / kSegment;
+    while (!cancelled && seg >= decoded + Source::kRingSegments) {
+      changed.Wait(&mu);
+    }
+    if (cancelled) return absl::CancelledError("the rebuild stopped");
+    const uint64_t at = s->arrived % kSegment;
+    return absl::MakeSpan(
+        s->Slot(seg) + at,
+        std::min<uint64_t>(kSegment - at, s->size - s->arrived));
+  }
   void Arrived(Source* s, uint64_t bytes) {
     absl::MutexLock lock(&mu);
-    s->arrived = bytes;
+    s->arrived += bytes;
     changed.SignalAll();
   }
   void Done(Source* s, absl::Status status) {
     absl::MutexLock lock(&mu);
-    if (status.ok()) s->arrived = s->bytes.size();  // checked by the fetch
+    if (status.ok() && s->arrived != s->size) {
+      status = absl::DataLossError(absl::StrCat(
+          s->name, ": ", s->arrived, " of ", s->size, " bytes arrived"));
+    }
     s->status = std::move(status);
     s->done = true;
+    changed.SignalAll();
+  }
+  void Cancel() {
+    absl::MutexLock lock(&mu);
+    cancelled = true;
+    changed.SignalAll();
+  }
+
+  absl::StatusOr<absl::Span<const uint8_t>> Acquire(int b,
+                                                    uint64_t seg) override {
+    Source& s = (*sources)[b];
+    const uint64_t off = seg * kSegment;
+    if (off >= s.size) return absl::Span<const uint8_t>();
+    const uint64_t n = std::min<uint64_t>(kSegment, s.size - off);
+    if (s.map != nullptr) return absl::MakeConstSpan(s.map->data() + off, n);
+    absl::MutexLock lock(&mu);
+    while (s.arrived < off + n && !s.done) changed.Wait(&mu);
+    if (s.arrived < off + n) return absl::UnavailableError(s.name);
+    return absl::MakeConstSpan(s.Slot(seg), n);
+  }
+  void Release(uint64_t seg) override {
+    absl::MutexLock lock(&mu);
+    decoded_above.insert(seg);
+    while (!decoded_above.empty() && *decoded_above.begin() == decoded) {
+      decoded_above.erase(decoded_above.begin());
+      ++decoded;
+    }
     changed.SignalAll();
   }
 };
 
 namespace {
 
-constexpr uint64_t kPiece = 4 << 20;
+// Where a fetched block's bytes go, in order: `space` gives the next region
+// (waiting for room), `arrived` takes how much of it was filled.
+struct Into {
+  std::function<absl::StatusOr<absl::Span<uint8_t>>()> space;
+  std::function<void(uint64_t)> arrived;
+};
 
-// Reads a server stream of ShardPiece whose first piece says the size into
-// `dst`, telling `arrived` after every piece.
-absl::Status ReadPieces(grpc::ClientReader<proto::ShardPiece>* reader,
-                        absl::Span<uint8_t> dst, const std::string& what,
-                        const std::function<void(uint64_t)>& arrived) {
+// Reads a server stream of ShardPiece whose first piece says the size (`size`
+// expected) into `into`; an error cancels the stream.
+absl::Status ReadPieces(grpc::ClientContext* context,
+                        grpc::ClientReader<proto::ShardPiece>* reader,
+                        uint64_t size, const std::string& what,
+                        const Into& into) {
   uint64_t got = 0;
   proto::ShardPiece piece;
-  bool first = true;
-  while (reader->Read(&piece)) {
-    if (first && piece.file_bytes() != dst.size()) {
-      reader->Finish();
-      return absl::DataLossError(absl::StrCat(what, " is ", piece.file_bytes(),
-                                              " bytes, its plan says ",
-                                              dst.size()));
+  absl::Status failed;
+  while (failed.ok() && reader->Read(&piece)) {
+    if (got == 0 && piece.file_bytes() != size) {
+      failed = absl::DataLossError(absl::StrCat(
+          what, " is ", piece.file_bytes(), " bytes, its plan says ", size));
+      break;
     }
-    first = false;
-    if (piece.data().size() > dst.size() - got) {
-      reader->Finish();
-      return absl::DataLossError(
-          absl::StrCat(what, ": more than ", dst.size(), " bytes arrived"));
+    if (piece.data().size() > size - got) {
+      failed = absl::DataLossError(
+          absl::StrCat(what, ": more than ", size, " bytes arrived"));
+      break;
     }
-    std::memcpy(dst.data() + got, piece.data().data(), piece.data().size());
+    for (uint64_t at = 0; at < piece.data().size();) {
+      absl::StatusOr<absl::Span<uint8_t>> dst = into.space();
+      if (!dst.ok()) {
+        failed = dst.status();
+        break;
+      }
+      const uint64_t n =
+          std::min<uint64_t>(dst->size(), piece.data().size() - at);
+      std::memcpy(dst->data(), piece.data().data() + at, n);
+      at += n;
+      into.arrived(n);
+    }
     got += piece.data().size();
-    arrived(got);
+  }
+  if (!failed.ok()) {
+    context->TryCancel();
+    reader->Finish();
+    return failed;
   }
   RETURN_IF_ERROR(FromGrpc(reader->Finish(), what));
-  if (got != dst.size()) {
+  if (got != size) {
     return absl::DataLossError(
-        absl::StrCat(what, ": ", got, " of ", dst.size(), " bytes arrived"));
+        absl::StrCat(what, ": ", got, " of ", size, " bytes arrived"));
   }
   return absl::OkStatus();
 }
 
-// A block from a peer into `dst`: offered as a bulk transfer over plain TCP
-// when the peer can (`offer`), else streamed over gRPC (`stream`).
+// A block of `size` bytes from a peer: offered as a bulk transfer over plain
+// TCP when the peer can (`offer`), else streamed over gRPC (`stream`).
 absl::Status FromPeer(
-    const std::string& address, absl::Span<uint8_t> dst,
-    const std::string& what,
+    const std::string& address, uint64_t size, const std::string& what,
     const std::function<grpc::Status(grpc::ClientContext*, proto::ShardOffer*)>&
         offer,
     const std::function<std::unique_ptr<grpc::ClientReader<proto::ShardPiece>>(
         grpc::ClientContext*)>& stream,
-    const std::function<void(uint64_t)>& arrived) {
+    const Into& into) {
   {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     proto::ShardOffer o;
     grpc::Status offered = offer(&context, &o);
     if (offered.ok()) {
-      if (o.file_bytes() != dst.size()) {
-        return absl::DataLossError(absl::StrCat(what, " is ", o.file_bytes(),
-                                                " bytes, its plan says ",
-                                                dst.size()));
+      if (o.file_bytes() != size) {
+        return absl::DataLossError(absl::StrCat(
+            what, " is ", o.file_bytes(), " bytes, its plan says ", size));
       }
-      absl::Status got = io::BulkFetch(address.substr(0, address.rfind(':')),
-                                       static_cast<int>(o.port()), o.ticket(),
-                                       dst, absl::Seconds(30), arrived);
-      if (!got.ok()) {
-        return absl::Status(got.code(),
-                            absl::StrCat(what, ": ", got.message()));
+      auto failed = [&](const absl::Status& st) {
+        return absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+      };
+      absl::StatusOr<std::unique_ptr<io::BulkStream>> bulk =
+          io::BulkStream::Open(address.substr(0, address.rfind(':')),
+                               static_cast<int>(o.port()), o.ticket(),
+                               absl::Seconds(30));
+      if (!bulk.ok()) return failed(bulk.status());
+      if ((*bulk)->size() != size) {
+        return absl::DataLossError(absl::StrCat(what, ": the bulk transfer is ",
+                                                (*bulk)->size(), " bytes"));
+      }
+      for (uint64_t got = 0; got < size;) {
+        ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, into.space());
+        absl::Status read = (*bulk)->Read(dst);
+        if (!read.ok()) return failed(read);
+        got += dst.size();
+        into.arrived(dst.size());
       }
       return absl::OkStatus();
     }
@@ -130,14 +221,9 @@ absl::Status FromPeer(
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(
       absl::Now() + absl::Seconds(30) +
-      absl::Seconds(static_cast<double>(dst.size()) / (20 << 20))));
+      absl::Seconds(static_cast<double>(size) / (20 << 20))));
   auto reader = stream(&context);
-  return ReadPieces(reader.get(), dst, what, arrived);
-}
-
-// An uninitialized buffer (every byte is written by the fetch).
-std::unique_ptr<uint8_t[]> Buffer(uint64_t bytes) {
-  return std::unique_ptr<uint8_t[]>(new uint8_t[std::max<uint64_t>(bytes, 1)]);
+  return ReadPieces(&context, reader.get(), size, what, into);
 }
 
 }  // namespace
@@ -169,30 +255,23 @@ std::string ParityTier::BlockName(const proto::ParityGroup& group, int b,
 absl::Status ParityTier::PrepareBlock(const proto::ParityPlan& plan,
                                       const proto::ParityGroup& group, int b,
                                       const std::string& node, Source* source) {
-  if (b < code_.k()) {
-    const uint64_t bytes = group.data(b).file_bytes();
-    source->owned = Buffer(bytes);
-    source->bytes = absl::MakeConstSpan(source->owned.get(), bytes);
-    return absl::OkStatus();
-  }
-  if (node == options_.node_id) {
+  source->name = BlockName(group, b, node);
+  source->size =
+      b < code_.k() ? group.data(b).file_bytes() : group.stripe_bytes();
+  if (b >= code_.k() && node == options_.node_id) {
     ASSIGN_OR_RETURN(ParityStore::Complete block,
                      store_->OpenComplete(BlockKey(plan.job(), plan.step(),
                                                    group, b - code_.k())));
     if (block.map->size() != group.stripe_bytes()) {
       return absl::DataLossError(
-          absl::StrCat(BlockName(group, b, node), " is ", block.map->size(),
+          absl::StrCat(source->name, " is ", block.map->size(),
                        " bytes, its plan says ", group.stripe_bytes()));
     }
     source->map = std::move(block.map);
-    source->bytes =
-        absl::MakeConstSpan(source->map->data(), source->map->size());
-    source->arrived = source->bytes.size();
     return absl::OkStatus();
   }
-  source->owned = Buffer(group.stripe_bytes());
-  source->bytes =
-      absl::MakeConstSpan(source->owned.get(), group.stripe_bytes());
+  source->ring = std::make_unique<uint8_t[]>(Source::kRingSegments *
+                                             snapshot::ErasureCode::kSegment);
   return absl::OkStatus();
 }
 
@@ -201,21 +280,21 @@ absl::Status ParityTier::FillBlock(const proto::ParityPlan& plan,
                                    const std::string& node,
                                    const std::string& address, Source* source,
                                    Arrivals* arrivals) {
-  const std::string what = BlockName(group, b, node);
-  auto arrived = [&](uint64_t n) { arrivals->Arrived(source, n); };
-  const absl::Span<uint8_t> dst(source->owned.get(), source->bytes.size());
+  const std::string& what = source->name;
+  const Into into{[&] { return arrivals->Space(source); },
+                  [&](uint64_t n) { arrivals->Arrived(source, n); }};
   if (b >= code_.k()) {
     auto stub = proto::CkptPeer::NewStub(channel_to_(address));
     proto::ParityBlockRequest req;
     *req.mutable_block() =
         BlockKey(plan.job(), plan.step(), group, b - code_.k());
     return FromPeer(
-        address, dst, what,
+        address, source->size, what,
         [&](grpc::ClientContext* c, proto::ShardOffer* o) {
           return stub->OfferParity(c, req, o);
         },
         [&](grpc::ClientContext* c) { return stub->FetchParity(c, req); },
-        arrived);
+        into);
   }
   const proto::ShardHolder& holder = group.data(b);
   if (node == options_.node_id) {
@@ -230,10 +309,11 @@ absl::Status ParityTier::FillBlock(const proto::ParityPlan& plan,
       return absl::DataLossError(
           absl::StrCat(what, " is another save (", view.size, " bytes)"));
     }
-    for (uint64_t off = 0; off < dst.size(); off += kPiece) {
-      const uint64_t n = std::min<uint64_t>(kPiece, dst.size() - off);
-      RETURN_IF_ERROR(view.file->Read(off, dst.subspan(off, n)));
-      arrived(off + n);
+    for (uint64_t off = 0; off < source->size;) {
+      ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, into.space());
+      RETURN_IF_ERROR(view.file->Read(off, dst));
+      off += dst.size();
+      into.arrived(dst.size());
     }
     return absl::OkStatus();
   }
@@ -243,12 +323,11 @@ absl::Status ParityTier::FillBlock(const proto::ParityPlan& plan,
   req.mutable_shard()->set_step(plan.step());
   req.mutable_shard()->set_rank(holder.rank());
   return FromPeer(
-      address, dst, what,
+      address, source->size, what,
       [&](grpc::ClientContext* c, proto::ShardOffer* o) {
         return stub->OfferShard(c, req, o);
       },
-      [&](grpc::ClientContext* c) { return stub->FetchShard(c, req); },
-      arrived);
+      [&](grpc::ClientContext* c) { return stub->FetchShard(c, req); }, into);
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
@@ -338,15 +417,17 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
   };
   RETURN_IF_ERROR(want(at.index));
   for (int b : lost) RETURN_IF_ERROR(want(b));
-  Arrivals arrivals;
+  std::unique_ptr<Arrivals> arrivals;
   std::vector<std::thread> fetching;
-  absl::Cleanup join = [&] {
+  auto stop_fetching = [&] {
+    if (arrivals != nullptr) arrivals->Cancel();
     for (std::thread& t : fetching) t.join();
+    fetching.clear();
   };
-  std::vector<absl::Span<const uint8_t>> spans(n);
+  absl::Cleanup join = stop_fetching;
   size_t next = 0;
   for (;;) {
-    // k blocks that arrived or are arriving; more in place of failed ones.
+    // k blocks; more in place of failed ones.
     int have =
         static_cast<int>(std::count(present.begin(), present.end(), true));
     for (; have < k && next < candidates.size(); ++next) {
@@ -358,14 +439,7 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
         continue;
       }
       present[b] = true;
-      spans[b] = sources[b].bytes;
       ++have;
-      if (sources[b].map != nullptr) continue;  // here already
-      const std::string address = live.at(node_of[b]).address();
-      fetching.emplace_back([&, b, address] {
-        arrivals.Done(&sources[b], FillBlock(*plan, group, b, node_of[b],
-                                             address, &sources[b], &arrivals));
-      });
     }
     if (have < k) {
       return absl::FailedPreconditionError(
@@ -373,41 +447,41 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
                        have, " of the ", k, " blocks needed could be had (",
                        absl::StrJoin(failures, "; "), ")"));
     }
-    // Decoded as the blocks arrive: a segment once every source has it.
+    // Decoded as the blocks stream in, each from its start.
+    arrivals = std::make_unique<Arrivals>(&sources);
     std::vector<int> reading;
     for (int b = 0; b < n; ++b) {
-      if (present[b]) reading.push_back(b);
+      if (!present[b] || sources[b].ring == nullptr) continue;
+      reading.push_back(b);
+      Source* source = &sources[b];
+      source->arrived = 0;
+      source->done = false;
+      source->status = absl::OkStatus();
+      const std::string address = live.at(node_of[b]).address();
+      fetching.emplace_back([&, b, source, address, feed = arrivals.get()] {
+        feed->Done(source, FillBlock(*plan, group, b, node_of[b], address,
+                                     source, feed));
+      });
     }
-    auto ready = [&](uint64_t end) -> absl::Status {
-      absl::MutexLock lock(&arrivals.mu);
-      for (int b : reading) {
-        const Source& s = sources[b];
-        const uint64_t need = std::min<uint64_t>(end, s.bytes.size());
-        while (s.arrived < need && !s.done) arrivals.changed.Wait(&arrivals.mu);
-        if (s.done && !s.status.ok()) {
-          return absl::UnavailableError(BlockName(group, b, node_of[b]));
-        }
-      }
-      return absl::OkStatus();
-    };
-    absl::Status decoded =
-        code_.RebuildInto(spans, present, lengths, wanted, out,
-                          /*threads=*/2, ready);
+    absl::Status decoded = code_.RebuildStreamed(present, lengths, wanted, out,
+                                                 /*threads=*/2, *arrivals);
+    stop_fetching();
     if (decoded.ok()) break;
     if (!absl::IsUnavailable(decoded)) return decoded;
     // Some block failed to arrive: its place goes to another.
-    for (std::thread& t : fetching) t.join();
-    fetching.clear();
+    bool replaced = false;
     for (int b : reading) {
-      if (sources[b].done && !sources[b].status.ok()) {
-        failures.push_back(std::string(sources[b].status.message()));
-        CKPT_LOG_WARN("{}: {}", what, sources[b].status.ToString());
-        present[b] = false;
-        spans[b] = {};
-        // A data block that cannot be had is likely lost too.
-        if (b < group.data_size()) RETURN_IF_ERROR(want(b));
-      }
+      const absl::Status& status = sources[b].status;
+      if (status.ok() || absl::IsCancelled(status)) continue;
+      failures.push_back(std::string(status.message()));
+      CKPT_LOG_WARN("{}: {}", what, status.ToString());
+      present[b] = false;
+      sources[b] = Source();
+      replaced = true;
+      // A data block that cannot be had is likely lost too.
+      if (b < group.data_size()) RETURN_IF_ERROR(want(b));
     }
+    if (!replaced) return decoded;
   }
   std::move(join).Invoke();
   uint64_t bytes = 0;

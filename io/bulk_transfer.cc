@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
+#include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 
@@ -256,6 +257,7 @@ void BulkServer::Send(int connection, const Offered& offered) {
   if (offered.fd < 0) {
     std::vector<uint8_t> buffer(std::min<uint64_t>(bytes, 1u << 20));
     for (uint64_t at = 0; at < bytes;) {
+      CKPT_KILL_POINT("bulk.sending");
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(buffer.size(), bytes - at));
       absl::Status read =
@@ -271,6 +273,7 @@ void BulkServer::Send(int connection, const Offered& offered) {
   }
   off_t at = 0;
   while (static_cast<uint64_t>(at) < bytes) {
+    CKPT_KILL_POINT("bulk.sending");
     const ssize_t sent =
         ::sendfile(connection, offered.fd, &at,
                    static_cast<size_t>(std::min<uint64_t>(

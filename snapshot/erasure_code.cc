@@ -13,12 +13,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "io/status_macros.h"
 
 namespace ckpt::snapshot {
 namespace {
 
 // Rebuild decodes this much of every block at a time.
-constexpr size_t kRebuildSegment = 1 << 20;
 
 std::string BlockName(int index, int k) {
   return index < k ? absl::StrCat("data block ", index)
@@ -282,6 +282,46 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> ErasureCode::Rebuild(
   return out;
 }
 
+namespace {
+// Whole blocks in memory, or arriving in order (`ready`).
+class SpanFeed : public ErasureCode::SegmentFeed {
+ public:
+  SpanFeed(absl::Span<const absl::Span<const uint8_t>> blocks,
+           const ErasureCode::Ready& ready)
+      : blocks_(blocks), ready_(ready) {}
+  absl::StatusOr<absl::Span<const uint8_t>> Acquire(int b,
+                                                    uint64_t seg) override {
+    const uint64_t off = seg * ErasureCode::kSegment;
+    if (ready_) {
+      absl::Status st = ready_(off + ErasureCode::kSegment);
+      if (!st.ok()) return st;
+    }
+    const absl::Span<const uint8_t> block = blocks_[b];
+    if (off >= block.size()) return absl::Span<const uint8_t>();
+    return block.subspan(off, ErasureCode::kSegment);
+  }
+  void Release(uint64_t) override {}
+
+ private:
+  const absl::Span<const absl::Span<const uint8_t>> blocks_;
+  const ErasureCode::Ready& ready_;
+};
+}  // namespace
+
+absl::StatusOr<uint64_t> ErasureCode::StripeOf(
+    const std::vector<uint64_t>& lengths) const {
+  const uint64_t stripe =
+      *std::max_element(lengths.begin(), lengths.begin() + k_);
+  for (int b = k_; b < k_ + m_; ++b) {
+    if (lengths[b] != stripe) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ToString(), ": ", BlockName(b, k_), " is ", lengths[b],
+                       " bytes, not the stripe's ", stripe));
+    }
+  }
+  return stripe;
+}
+
 absl::Status ErasureCode::RebuildInto(
     absl::Span<const absl::Span<const uint8_t>> blocks,
     const std::vector<bool>& present, const std::vector<uint64_t>& lengths,
@@ -297,22 +337,34 @@ absl::Status ErasureCode::RebuildInto(
         " (got ",
         blocks.size(), ", ", present.size(), ", ", lengths.size(), ")"));
   }
-  const uint64_t stripe =
-      *std::max_element(lengths.begin(), lengths.begin() + k_);
-  std::vector<int> available;
+  RETURN_IF_ERROR(StripeOf(lengths).status());
   for (int b = 0; b < n; ++b) {
-    if (b >= k_ && lengths[b] != stripe) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ToString(), ": ", BlockName(b, k_), " is ", lengths[b],
-                       " bytes, not the stripe's ", stripe));
-    }
-    if (!present[b]) continue;
-    if (blocks[b].size() != lengths[b]) {
+    if (present[b] && blocks[b].size() != lengths[b]) {
       return absl::InvalidArgumentError(absl::StrCat(
           ToString(), ": ", BlockName(b, k_), " has ", blocks[b].size(),
           " bytes, its record says ", lengths[b]));
     }
-    available.push_back(b);
+  }
+  SpanFeed feed(blocks, ready);
+  return RebuildStreamed(present, lengths, std::move(wanted), out, threads,
+                         feed);
+}
+
+absl::Status ErasureCode::RebuildStreamed(
+    const std::vector<bool>& present, const std::vector<uint64_t>& lengths,
+    std::vector<int> wanted, absl::Span<const absl::Span<uint8_t>> out,
+    int threads, SegmentFeed& feed) const {
+  const int n = k_ + m_;
+  if (static_cast<int>(present.size()) != n ||
+      static_cast<int>(lengths.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ToString(), ": rebuild needs ", n, " presence flags and lengths (got ",
+        present.size(), ", ", lengths.size(), ")"));
+  }
+  ASSIGN_OR_RETURN(const uint64_t stripe, StripeOf(lengths));
+  std::vector<int> available;
+  for (int b = 0; b < n; ++b) {
+    if (present[b]) available.push_back(b);
   }
   absl::StatusOr<Decoder> decoder = MakeDecoder(available, std::move(wanted));
   if (!decoder.ok()) return decoder.status();
@@ -330,7 +382,7 @@ absl::Status ErasureCode::RebuildInto(
           lengths[decoder->wanted()[w]]));
     }
   }
-  const uint64_t segments = (stripe + kRebuildSegment - 1) / kRebuildSegment;
+  const uint64_t segments = (stripe + kSegment - 1) / kSegment;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> stopped{false};
   absl::Mutex mu;
@@ -342,26 +394,24 @@ absl::Status ErasureCode::RebuildInto(
     std::vector<const uint8_t*> in(k_);
     std::vector<uint8_t*> dest(nw);
     for (uint64_t seg = next++; seg < segments && !stopped; seg = next++) {
-      const uint64_t off = seg * kRebuildSegment;
-      const size_t len = std::min<uint64_t>(kRebuildSegment, stripe - off);
-      if (ready) {
-        absl::Status st = ready(off + len);
-        if (!st.ok()) {
+      const uint64_t off = seg * kSegment;
+      const size_t len = std::min<uint64_t>(kSegment, stripe - off);
+      for (int s = 0; s < k_; ++s) {
+        absl::StatusOr<absl::Span<const uint8_t>> bytes =
+            feed.Acquire(sources[s], seg);
+        if (!bytes.ok()) {
           absl::MutexLock lock(&mu);
-          if (failed.ok()) failed = std::move(st);
+          if (failed.ok()) failed = bytes.status();
           stopped = true;
           return;
         }
-      }
-      for (int s = 0; s < k_; ++s) {
-        const absl::Span<const uint8_t> block = blocks[sources[s]];
-        if (off + len <= block.size()) {
-          in[s] = block.data() + off;
+        if (bytes->size() >= len) {
+          in[s] = bytes->data();
           continue;
         }
         padded[s].assign(len, 0);
-        if (off < block.size()) {
-          std::memcpy(padded[s].data(), block.data() + off, block.size() - off);
+        if (!bytes->empty()) {
+          std::memcpy(padded[s].data(), bytes->data(), bytes->size());
         }
         in[s] = padded[s].data();
       }
@@ -379,6 +429,7 @@ absl::Status ErasureCode::RebuildInto(
           std::memcpy(out[w].data() + off, dest[w], out[w].size() - off);
         }
       }
+      feed.Release(seg);
     }
   };
   std::vector<std::thread> helpers;

@@ -119,8 +119,33 @@ class ErasureCode {
                            absl::Span<const absl::Span<uint8_t>> out,
                            int threads = 1, const Ready& ready = nullptr) const;
 
+  // Rebuilds decode segment after segment, kSegment bytes each (fewer at the
+  // stripe's end).
+  static constexpr size_t kSegment = 1 << 20;
+  // The sources of a rebuild as they stream in, of which only a window need
+  // be held at once.
+  class SegmentFeed {
+   public:
+    virtual ~SegmentFeed() = default;
+    // Waits for segment `seg` of available block `b` and returns its bytes:
+    // the segment's length, or fewer (none) where the block ends in (before)
+    // it; the decoder reads zeros past them. An error stops the rebuild.
+    virtual absl::StatusOr<absl::Span<const uint8_t>> Acquire(int b,
+                                                              uint64_t seg) = 0;
+    // Segment `seg` is decoded: what Acquire gave for it may be reused.
+    virtual void Release(uint64_t seg) = 0;
+  };
+  // RebuildInto, reading the available blocks (`present`) through `feed`.
+  absl::Status RebuildStreamed(const std::vector<bool>& present,
+                               const std::vector<uint64_t>& lengths,
+                               std::vector<int> wanted,
+                               absl::Span<const absl::Span<uint8_t>> out,
+                               int threads, SegmentFeed& feed) const;
+
  private:
   ErasureCode(int k, int m);
+  // The longest data block's length, which every parity block must have.
+  absl::StatusOr<uint64_t> StripeOf(const std::vector<uint64_t>& lengths) const;
   int k_;
   int m_;
   // (k+m) x k: identity over the Cauchy rows.

@@ -49,7 +49,9 @@ uint64_t BytesUnder(const std::string& dir, const std::string& suffix) {
 struct FiveNodes {
   static constexpr int64_t kGlobal = 3 << 18;  // 1 MiB per rank of 3
 
-  ::testing::AssertionResult Start(const std::vector<std::string>& more = {}) {
+  // `kill_point_c`: node c starts with CKPT_KILL_POINT set to it.
+  ::testing::AssertionResult Start(const std::vector<std::string>& more = {},
+                                   const std::string& kill_point_c = "") {
     if (!etcd.Start()) return ::testing::AssertionFailure() << etcd.log();
     std::vector<std::string> args = {"--peer-redundancy", "rs:2+2"};
     args.insert(args.end(), more.begin(), more.end());
@@ -57,7 +59,11 @@ struct FiveNodes {
     for (testing::DaemonProcess* p : all()) {
       p->set_extra_args(
           NodeArgs(etcd.endpoint(), std::string("node-") + id++, args));
-      if (!p->Start()) return ::testing::AssertionFailure() << p->log();
+      const bool armed = p == &c && !kill_point_c.empty();
+      if (armed) ::setenv("CKPT_KILL_POINT", kill_point_c.c_str(), 1);
+      const bool started = p->Start();
+      if (armed) ::unsetenv("CKPT_KILL_POINT");
+      if (!started) return ::testing::AssertionFailure() << p->log();
     }
     return ::testing::AssertionSuccess();
   }
@@ -358,6 +364,39 @@ TEST(ParityTest, RestoresComeFirstAndReprotectionWaitsForItsDelay) {
     EXPECT_THAT(p->log(), Not(HasSubstr("rebuilt ahead of any restore")));
     EXPECT_THAT(p->log(), Not(HasSubstr("protected again")));
   }
+}
+
+// A rebuild streams its blocks through rings the decode frees as it goes. A
+// block cut short (its node dies as it starts sending) stops the others'
+// transfers, blocked on full rings, and the rebuild starts over with another
+// block of the group in its place.
+TEST(ParityTest, ABlockCutShortMidRebuildIsReplacedByAnother) {
+  FiveNodes nodes;
+  ASSERT_TRUE(nodes.Start({"--reprotect-delay", "600"}, "bulk.sending"));
+  auto& [etcd, a, b, c, d, e] = nodes;
+  // 16 MiB per rank: twice what a ring holds.
+  constexpr int64_t kBig = 3 << 22;
+  {
+    Rank r0(a.socket(), "cut", 0, 3, kBig), r1(b.socket(), "cut", 1, 3, kBig),
+        r2(c.socket(), "cut", 2, 3, kBig);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt && r2.ckpt);
+    absl::Status saved = SaveAll({&r0, &r1, &r2}, 1, kPeer);
+    ASSERT_TRUE(saved.ok()) << saved << a.log() << c.log();
+  }
+  ASSERT_TRUE(c.Accepting()) << "node c sent a bulk transfer while saving";
+  // Rank 0 rebuilds on e from b's shard and c's parity block, the first
+  // ones it asks for; c dies sending its block, and d's takes its place.
+  a.Lose();
+  Rank moved(e.socket(), "cut", 0, 3, kBig);
+  ASSERT_TRUE(moved.ckpt);
+  absl::Status restored = moved.ckpt->Restore(1);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << e.log();
+  EXPECT_TRUE(moved.Matches(1));
+  EXPECT_FALSE(c.Accepting());
+  EXPECT_THAT(e.log(),
+              ContainsRegex("job cut step 1 rank 0: .*parity block 0 \\(on "
+                            "node node-c\\)"));
+  EXPECT_THAT(e.log(), HasSubstr("job cut step 1 rank 0: rebuilt"));
 }
 
 // Node c saves rank 2's step 2 ahead of the others, then is lost with it. Its
