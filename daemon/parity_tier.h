@@ -90,14 +90,17 @@ class ParityTier {
   // Shards not yet protected (for tests and `ckpt status`).
   size_t pending() const;
 
-  // Where a rebuilt shard file goes: a buffer of exactly `bytes` bytes to
-  // fill (a fetched copy's receiver), or an error: that shard is then not
-  // rebuilt (the one asked for: the rebuild fails with the error).
-  using RebuildSink = std::function<absl::StatusOr<absl::Span<uint8_t>>(
+  // Where a rebuilt shard file of `bytes` bytes goes: a writer that takes it
+  // segment by segment, at their offsets, from the decoding threads (a
+  // fetched copy's receiver), or an error: that shard is then not rebuilt
+  // (the one asked for: the rebuild fails with the error).
+  using RebuildWriter = std::function<absl::Status(
+      uint64_t offset, absl::Span<const uint8_t> bytes)>;
+  using RebuildSink = std::function<absl::StatusOr<RebuildWriter>(
       uint32_t rank, uint64_t bytes)>;
   // Decodes a shard's file (self-contained) from k blocks of its group on
   // live nodes, fetched at once and decoded as they arrive, together with
-  // the group's other shards whose nodes are gone too, into buffers from
+  // the group's other shards whose nodes are gone too, through writers from
   // `sink`. Returns the ranks rebuilt, the one asked for first.
   // FailedPrecondition names the group and every block that could not be
   // had when fewer than k could; NotFound when the step has no parity plan.

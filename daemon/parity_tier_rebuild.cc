@@ -119,6 +119,20 @@ struct ParityTier::Arrivals : snapshot::ErasureCode::SegmentFeed {
 
 namespace {
 
+// The rebuilt files' writers, as the decode hands segments over.
+class Writers : public snapshot::ErasureCode::SegmentSink {
+ public:
+  explicit Writers(const std::vector<ParityTier::RebuildWriter>& out)
+      : out_(out) {}
+  absl::Status Put(size_t w, uint64_t off,
+                   absl::Span<const uint8_t> bytes) override {
+    return out_[w](off, bytes);
+  }
+
+ private:
+  const std::vector<ParityTier::RebuildWriter>& out_;
+};
+
 // Where a fetched block's bytes go, in order: `space` gives the next region
 // (waiting for room), `arrived` takes how much of it was filled.
 struct Into {
@@ -397,12 +411,12 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
   // Rebuilt: the one asked for, and the group's other data blocks whose
   // nodes are gone with it, each into the buffer the sink gives.
   std::vector<int> wanted;
-  std::vector<absl::Span<uint8_t>> out;
+  std::vector<RebuildWriter> out;
   std::vector<uint32_t> ranks;
   // Adds data block `b` to what is rebuilt, if the sink has room for it.
   auto want = [&](int b) -> absl::Status {
     const proto::ShardHolder& holder = group.data(b);
-    absl::StatusOr<absl::Span<uint8_t>> buffer =
+    absl::StatusOr<RebuildWriter> buffer =
         sink(holder.rank(), holder.file_bytes());
     if (!buffer.ok() && b == at.index) return buffer.status();
     if (!buffer.ok()) {
@@ -463,8 +477,9 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
                                      source, feed));
       });
     }
-    absl::Status decoded = code_.RebuildStreamed(present, lengths, wanted, out,
-                                                 /*threads=*/2, *arrivals);
+    Writers writers(out);
+    absl::Status decoded = code_.RebuildStreamed(
+        present, lengths, wanted, /*threads=*/2, *arrivals, writers);
     stop_fetching();
     if (decoded.ok()) break;
     if (!absl::IsUnavailable(decoded)) return decoded;
@@ -485,7 +500,7 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
   }
   std::move(join).Invoke();
   uint64_t bytes = 0;
-  for (const auto& o : out) bytes += o.size();
+  for (int b : wanted) bytes += lengths[b];
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const Labels labels = {{"job", job}};
   metrics_->Add("ckpt_parity_rebuilt_bytes_total", labels,
@@ -494,7 +509,7 @@ absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
   CKPT_LOG_INFO(
       "{}: rebuilt {} bytes from {} in {:.1f} ms, {:.0f} MiB/s ({} shards "
       "of it)",
-      what, out[0].size(), group_name, seconds * 1e3,
+      what, lengths[wanted[0]], group_name, seconds * 1e3,
       seconds > 0 ? bytes / seconds / (1 << 20) : 0.0, ranks.size());
   return ranks;
 }

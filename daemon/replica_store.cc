@@ -80,7 +80,7 @@ std::string ReplicaStore::PathOf(const Key& key) const {
 }
 
 absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> ReplicaStore::Receive(
-    const Key& key, uint64_t bytes) {
+    const Key& key, uint64_t bytes, bool mapped) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(key.job));
   if (bytes == 0) {
     return absl::InvalidArgumentError(
@@ -101,11 +101,18 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> ReplicaStore::Receive(
   r->partial_ = absl::StrCat(path, kPartial);
   absl::Status s = fs_->CreateDirs(io::DirName(path));
   if (s.ok()) (void)fs_->Unlink(r->partial_);  // a leftover of a failed push
-  if (s.ok()) {
+  if (s.ok() && mapped) {
     absl::StatusOr<std::unique_ptr<io::MappedFile>> map =
         fs_->MapFile(r->partial_, {.create_size = bytes, .populate = true});
     s = map.status();
     if (map.ok()) r->map_ = *std::move(map);
+  } else if (s.ok()) {
+    absl::StatusOr<std::unique_ptr<io::WritableFile>> file =
+        fs_->NewWritableFile(r->partial_, {});
+    s = file.status();
+    if (file.ok()) s = (*file)->Truncate(bytes);
+    absl::MutexLock lock(&r->write_mu_);
+    if (file.ok()) r->file_ = *std::move(file);
   }
   if (!s.ok()) {
     r->partial_.clear();  // nothing of ours to delete
@@ -121,6 +128,10 @@ ReplicaStore::Receiver::Receiver(ReplicaStore* store, Key key, uint64_t bytes)
 ReplicaStore::Receiver::~Receiver() {
   if (done_) return;
   map_.reset();
+  {
+    absl::MutexLock lock(&write_mu_);
+    file_.reset();
+  }
   if (!partial_.empty()) (void)store_->fs_->Unlink(partial_);
   store_->Release(bytes_);
 }
@@ -154,9 +165,41 @@ absl::Status ReplicaStore::Receiver::Filled(size_t n) {
   return absl::OkStatus();
 }
 
+absl::Status ReplicaStore::Receiver::WriteAt(uint64_t offset,
+                                             absl::Span<const uint8_t> bytes) {
+  absl::MutexLock lock(&write_mu_);
+  if (done_ || file_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(key_), ": not a transfer written at offsets"));
+  }
+  if (offset > bytes_ || bytes.size() > bytes_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(key_), ": bytes at ", offset, " to ", offset + bytes.size(),
+        " are past the announced ", bytes_));
+  }
+  RETURN_IF_ERROR(file_->WriteBorrowed(offset, bytes));
+  RETURN_IF_ERROR(file_->Flush());
+  received_ += bytes.size();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReplicaStore::Entry> ReplicaStore::Receiver::Finish(
     bool every_chunk) {
   const std::string what = Describe(key_);
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (file_ != nullptr) {
+      // Written: closed, then mapped to be checked where it lies.
+      absl::Status closed = file_->Close();
+      file_.reset();
+      RETURN_IF_ERROR(closed);
+      if (received_ != bytes_) {
+        return absl::DataLossError(absl::StrCat(what, ": ", received_, " of ",
+                                                bytes_, " bytes arrived"));
+      }
+      ASSIGN_OR_RETURN(map_, store_->fs_->MapFile(partial_, {}));
+    }
+  }
   if (done_ || map_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the transfer is over"));

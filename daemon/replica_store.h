@@ -59,6 +59,11 @@ class ReplicaStore {
     // in place (a bulk transfer's recv); then Filled(n) for n written.
     absl::Span<uint8_t> Unfilled();
     absl::Status Filled(size_t n);
+    // A receiver opened unmapped takes its bytes here instead, at any
+    // offsets, from several threads at once (disjoint ranges, each byte
+    // once): written, not stored through a mapping, so no page is zeroed
+    // before it is filled (a file rebuilt from parity, segment by segment).
+    absl::Status WriteAt(uint64_t offset, absl::Span<const uint8_t> bytes);
     // Checks that every announced byte arrived, verifies the shard (its
     // footer and manifest, and with `every_chunk` every chunk), and makes it
     // visible (replacing an older copy of the same shard). A copy whose
@@ -74,6 +79,9 @@ class ReplicaStore {
     const uint64_t bytes_;
     std::string partial_;
     std::unique_ptr<io::MappedFile> map_;
+    absl::Mutex write_mu_;
+    // Unmapped: the partial file, until Finish.
+    std::unique_ptr<io::WritableFile> file_ ABSL_GUARDED_BY(write_mu_);
     uint64_t received_ = 0;
     bool done_ = false;
   };
@@ -84,9 +92,11 @@ class ReplicaStore {
       io::FileSystem* fs, std::string dir, uint64_t budget_bytes);
 
   // Starts receiving a file of `bytes` bytes; ResourceExhausted when it does
-  // not fit in the budget.
+  // not fit in the budget. `mapped`: through a mapping of the file, populated
+  // at once (Append, Unfilled and Filled); else through WriteAt.
   absl::StatusOr<std::unique_ptr<Receiver>> Receive(const Key& key,
-                                                    uint64_t bytes);
+                                                    uint64_t bytes,
+                                                    bool mapped = true);
   absl::optional<Entry> Find(const Key& key) const;
   // Every complete file of `job` (every job when empty), by key.
   std::vector<Entry> List(const std::string& job = "") const;

@@ -156,8 +156,10 @@ class Replicator {
   // The shard asked for first, then others of its group rebuilt with it
   // (kept as fetched copies too: the next restore of one, here or on a node
   // that asks this one, needs no decoding).
-  // It writes each file into the buffer `sink` gives for its rank.
-  using RebuildSink = std::function<absl::StatusOr<absl::Span<uint8_t>>(
+  // It writes each file through the writer `sink` gives for its rank.
+  using RebuildWriter = std::function<absl::Status(
+      uint64_t offset, absl::Span<const uint8_t> bytes)>;
+  using RebuildSink = std::function<absl::StatusOr<RebuildWriter>(
       uint32_t rank, uint64_t bytes)>;
   using Rebuilder = std::function<absl::StatusOr<std::vector<uint32_t>>(
       const std::string& job, uint64_t step, uint32_t rank,
@@ -223,7 +225,7 @@ class Replicator {
   // Room in the fetched-copies cache, made by dropping copies no restore
   // reads now when it is full.
   absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> ReceiveFetched(
-      const ReplicaStore::Key& key, uint64_t bytes);
+      const ReplicaStore::Key& key, uint64_t bytes, bool mapped = true);
   // Notes that a restore is about to read a fetched copy.
   void Used(const ReplicaStore::Key& key);
   // Whether a fetched copy was handed out less than `grace` ago.

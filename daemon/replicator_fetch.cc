@@ -171,13 +171,15 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
   std::map<uint32_t, std::unique_ptr<ReplicaStore::Receiver>> receivers;
   absl::StatusOr<std::vector<uint32_t>> ranks = rebuild(
       key.job, key.step, key.rank,
-      [&](uint32_t rank,
-          uint64_t bytes) -> absl::StatusOr<absl::Span<uint8_t>> {
-        ASSIGN_OR_RETURN(std::unique_ptr<ReplicaStore::Receiver> r,
-                         ReceiveFetched({key.job, key.step, rank}, bytes));
-        absl::Span<uint8_t> span = r->Unfilled();
+      [&](uint32_t rank, uint64_t bytes) -> absl::StatusOr<RebuildWriter> {
+        ASSIGN_OR_RETURN(
+            std::unique_ptr<ReplicaStore::Receiver> r,
+            ReceiveFetched({key.job, key.step, rank}, bytes, /*mapped=*/false));
+        ReplicaStore::Receiver* receiver = r.get();
         receivers[rank] = std::move(r);
-        return span;
+        return [receiver](uint64_t offset, absl::Span<const uint8_t> bytes) {
+          return receiver->WriteAt(offset, bytes);
+        };
       });
   if (!ranks.ok()) {
     CKPT_LOG_WARN("{}", ranks.status().ToString());
@@ -191,11 +193,8 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
   {
     std::vector<std::thread> checking;
     for (size_t i = 0; i < ranks->size(); ++i) {
-      checking.emplace_back([&, i] {
-        ReplicaStore::Receiver* r = receivers.at((*ranks)[i]).get();
-        absl::Status filled = r->Filled(r->Unfilled().size());
-        kept[i] = filled.ok() ? r->Finish() : filled;
-      });
+      checking.emplace_back(
+          [&, i] { kept[i] = receivers.at((*ranks)[i])->Finish(); });
     }
     for (std::thread& t : checking) t.join();
   }
@@ -291,9 +290,10 @@ absl::StatusOr<proto::PeerShardOffer> Replicator::OfferFromPeers(
 }
 
 absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>>
-Replicator::ReceiveFetched(const ReplicaStore::Key& key, uint64_t bytes) {
+Replicator::ReceiveFetched(const ReplicaStore::Key& key, uint64_t bytes,
+                           bool mapped) {
   absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> r =
-      fetched_->Receive(key, bytes);
+      fetched_->Receive(key, bytes, mapped);
   if (absl::IsResourceExhausted(r.status())) {
     // A cache: copies no restore is about to read make room.
     for (const ReplicaStore::Entry& e : fetched_->List()) {
@@ -301,7 +301,7 @@ Replicator::ReceiveFetched(const ReplicaStore::Key& key, uint64_t bytes) {
         (void)fetched_->Drop(e.key);
       }
     }
-    r = fetched_->Receive(key, bytes);
+    r = fetched_->Receive(key, bytes, mapped);
   }
   return r;
 }

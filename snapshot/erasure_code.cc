@@ -306,6 +306,20 @@ class SpanFeed : public ErasureCode::SegmentFeed {
   const absl::Span<const absl::Span<const uint8_t>> blocks_;
   const ErasureCode::Ready& ready_;
 };
+
+// Into the caller's buffers.
+class SpanSink : public ErasureCode::SegmentSink {
+ public:
+  explicit SpanSink(absl::Span<const absl::Span<uint8_t>> out) : out_(out) {}
+  absl::Status Put(size_t w, uint64_t off,
+                   absl::Span<const uint8_t> bytes) override {
+    std::memcpy(out_[w].data() + off, bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  const absl::Span<const absl::Span<uint8_t>> out_;
+};
 }  // namespace
 
 absl::StatusOr<uint64_t> ErasureCode::StripeOf(
@@ -345,15 +359,30 @@ absl::Status ErasureCode::RebuildInto(
           " bytes, its record says ", lengths[b]));
     }
   }
+  if (out.size() != wanted.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToString(), ": ", wanted.size(), " blocks wanted, ",
+                     out.size(), " buffers"));
+  }
+  for (size_t w = 0; w < wanted.size(); ++w) {
+    if (wanted[w] >= 0 && wanted[w] < n &&
+        out[w].size() != lengths[wanted[w]]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ToString(), ": the buffer for ", BlockName(wanted[w], k_), " holds ",
+          out[w].size(), " bytes, the block is ", lengths[wanted[w]]));
+    }
+  }
   SpanFeed feed(blocks, ready);
-  return RebuildStreamed(present, lengths, std::move(wanted), out, threads,
-                         feed);
+  SpanSink sink(out);
+  return RebuildStreamed(present, lengths, std::move(wanted), threads, feed,
+                         sink);
 }
 
-absl::Status ErasureCode::RebuildStreamed(
-    const std::vector<bool>& present, const std::vector<uint64_t>& lengths,
-    std::vector<int> wanted, absl::Span<const absl::Span<uint8_t>> out,
-    int threads, SegmentFeed& feed) const {
+absl::Status ErasureCode::RebuildStreamed(const std::vector<bool>& present,
+                                          const std::vector<uint64_t>& lengths,
+                                          std::vector<int> wanted, int threads,
+                                          SegmentFeed& feed,
+                                          SegmentSink& sink) const {
   const int n = k_ + m_;
   if (static_cast<int>(present.size()) != n ||
       static_cast<int>(lengths.size()) != n) {
@@ -370,27 +399,21 @@ absl::Status ErasureCode::RebuildStreamed(
   if (!decoder.ok()) return decoder.status();
   const std::vector<int>& sources = decoder->sources();
   const size_t nw = decoder->wanted().size();
-  if (out.size() != nw) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ToString(), ": ", nw, " blocks wanted, ", out.size(), " buffers"));
-  }
-  for (size_t w = 0; w < nw; ++w) {
-    if (out[w].size() != lengths[decoder->wanted()[w]]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ToString(), ": the buffer for ", BlockName(decoder->wanted()[w], k_),
-          " holds ", out[w].size(), " bytes, the block is ",
-          lengths[decoder->wanted()[w]]));
-    }
-  }
   const uint64_t segments = (stripe + kSegment - 1) / kSegment;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> stopped{false};
   absl::Mutex mu;
   absl::Status failed;
-  // Segment after segment; a source or a buffer shorter than a segment goes
-  // through a zero-padded copy.
+  auto fail = [&](absl::Status st) {
+    absl::MutexLock lock(&mu);
+    if (failed.ok()) failed = std::move(st);
+    stopped = true;
+  };
+  // Segment after segment; a source shorter than a segment goes through a
+  // zero-padded copy.
   auto work = [&] {
-    std::vector<std::vector<uint8_t>> padded(k_), scratch(nw);
+    std::vector<std::vector<uint8_t>> padded(k_),
+        scratch(nw, std::vector<uint8_t>(std::min<uint64_t>(kSegment, stripe)));
     std::vector<const uint8_t*> in(k_);
     std::vector<uint8_t*> dest(nw);
     for (uint64_t seg = next++; seg < segments && !stopped; seg = next++) {
@@ -399,12 +422,7 @@ absl::Status ErasureCode::RebuildStreamed(
       for (int s = 0; s < k_; ++s) {
         absl::StatusOr<absl::Span<const uint8_t>> bytes =
             feed.Acquire(sources[s], seg);
-        if (!bytes.ok()) {
-          absl::MutexLock lock(&mu);
-          if (failed.ok()) failed = bytes.status();
-          stopped = true;
-          return;
-        }
+        if (!bytes.ok()) return fail(bytes.status());
         if (bytes->size() >= len) {
           in[s] = bytes->data();
           continue;
@@ -415,21 +433,18 @@ absl::Status ErasureCode::RebuildStreamed(
         }
         in[s] = padded[s].data();
       }
-      for (size_t w = 0; w < nw; ++w) {
-        if (off + len <= out[w].size()) {
-          dest[w] = out[w].data() + off;
-        } else {
-          scratch[w].resize(len);
-          dest[w] = scratch[w].data();
-        }
-      }
+      for (size_t w = 0; w < nw; ++w) dest[w] = scratch[w].data();
       decoder->Decode(len, in, dest);
-      for (size_t w = 0; w < nw; ++w) {
-        if (dest[w] == scratch[w].data() && off < out[w].size()) {
-          std::memcpy(out[w].data() + off, dest[w], out[w].size() - off);
-        }
-      }
       feed.Release(seg);
+      for (size_t w = 0; w < nw; ++w) {
+        const uint64_t length = lengths[decoder->wanted()[w]];
+        if (off >= length) continue;
+        absl::Status put =
+            sink.Put(w, off,
+                     absl::MakeConstSpan(
+                         dest[w], std::min<uint64_t>(len, length - off)));
+        if (!put.ok()) return fail(std::move(put));
+      }
     }
   };
   std::vector<std::thread> helpers;

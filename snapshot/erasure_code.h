@@ -135,12 +135,22 @@ class ErasureCode {
     // Segment `seg` is decoded: what Acquire gave for it may be reused.
     virtual void Release(uint64_t seg) = 0;
   };
-  // RebuildInto, reading the available blocks (`present`) through `feed`.
+  // Where a streamed rebuild's blocks go, segment by segment, from any of
+  // its threads (each segment once; they come in no particular order).
+  class SegmentSink {
+   public:
+    virtual ~SegmentSink() = default;
+    // Bytes [off, off + bytes.size()) of the w-th wanted block.
+    virtual absl::Status Put(size_t w, uint64_t off,
+                             absl::Span<const uint8_t> bytes) = 0;
+  };
+  // RebuildInto, reading the available blocks (`present`) through `feed` and
+  // writing the wanted ones through `sink`: each segment is decoded into a
+  // buffer of the thread's own, in the cache, and handed over from there.
   absl::Status RebuildStreamed(const std::vector<bool>& present,
                                const std::vector<uint64_t>& lengths,
-                               std::vector<int> wanted,
-                               absl::Span<const absl::Span<uint8_t>> out,
-                               int threads, SegmentFeed& feed) const;
+                               std::vector<int> wanted, int threads,
+                               SegmentFeed& feed, SegmentSink& sink) const;
 
  private:
   ErasureCode(int k, int m);

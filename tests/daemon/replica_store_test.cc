@@ -4,6 +4,7 @@
 #include "daemon/replica_store.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -67,6 +68,58 @@ TEST(ReplicaStoreTest, KeepsVerifiedFilesAndTheirRecords) {
   ASSERT_TRUE((*store)->Drop({"j", 5, 2}).ok());
   EXPECT_EQ((*store)->used_bytes(), 0u);
   EXPECT_TRUE(absl::IsNotFound((*store)->Drop({"j", 5, 2})));
+}
+
+// A file rebuilt from parity arrives segment by segment, out of order, from
+// two decoding threads, written at its offsets rather than through a mapping.
+TEST(ReplicaStoreTest, AFileWrittenAtOffsetsFromThreadsIsCheckedAndKept) {
+  testing::TempDir dir;
+  auto store = ReplicaStore::Open(io::DefaultFileSystem(), dir.File("fetched"),
+                                  64 << 20);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string bytes = ShardBytes(dir, 7, 1, 1 << 20);
+  const absl::Span<const uint8_t> all(
+      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  constexpr size_t kSegment = 512;
+  {
+    auto rx = (*store)->Receive({"j", 7, 1}, bytes.size(), /*mapped=*/false);
+    ASSERT_TRUE(rx.ok()) << rx.status();
+    EXPECT_TRUE((*rx)->Unfilled().empty());
+    EXPECT_TRUE(absl::IsFailedPrecondition((*rx)->Append("x")));
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        (*rx)->WriteAt(bytes.size() - 1, all.subspan(0, 2))));
+    // Odd segments on one thread, even ones on another, from the end back.
+    auto write = [&](size_t parity) {
+      const size_t segments = (bytes.size() + kSegment - 1) / kSegment;
+      for (size_t i = segments; i-- > 0;) {
+        if (i % 2 != parity) continue;
+        ASSERT_TRUE(
+            (*rx)
+                ->WriteAt(i * kSegment, all.subspan(i * kSegment, kSegment))
+                .ok());
+      }
+    };
+    std::thread odd(write, 1);
+    write(0);
+    odd.join();
+    auto kept = (*rx)->Finish();
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(testing::ReadAll(kept->path), bytes);
+    EXPECT_GT(bytes.size(), 8 * kSegment);
+  }
+  // One segment short: nothing is kept, and the budget is given back.
+  {
+    auto rx = (*store)->Receive({"j", 7, 2}, bytes.size(), /*mapped=*/false);
+    ASSERT_TRUE(rx.ok()) << rx.status();
+    ASSERT_TRUE((*rx)->WriteAt(0, all.subspan(0, bytes.size() - 1)).ok());
+    auto kept = (*rx)->Finish();
+    ASSERT_FALSE(kept.ok());
+    EXPECT_THAT(kept.status().message(),
+                HasSubstr(std::to_string(bytes.size() - 1) + " of " +
+                          std::to_string(bytes.size()) + " bytes arrived"));
+  }
+  EXPECT_FALSE((*store)->Find({"j", 7, 2}).has_value());
+  EXPECT_EQ((*store)->used_bytes(), bytes.size());
 }
 
 TEST(ReplicaStoreTest, RefusesDamagedShortLongAndMislabeledFiles) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -213,6 +214,95 @@ TEST(ErasureCodeTest, RebuildIntoBuffersWithSeveralThreadsMatchesRebuild) {
                                 {absl::MakeSpan(short_buffer)}, 2)
                   .message(),
               HasSubstr("the buffer for data block 1 holds 10 bytes"));
+}
+
+// A streamed rebuild asks for each source's segments, frees every segment
+// once decoded, hands each wanted segment over once, and stops at the first
+// error of its feed or its sink.
+TEST(ErasureCodeTest, AStreamedRebuildFreesEverySegmentAndStopsAtAnError) {
+  const uint64_t seed = std::random_device()();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  absl::StatusOr<ErasureCode> code = ErasureCode::Create(3, 2);
+  ASSERT_TRUE(code.ok());
+  constexpr size_t kSeg = ErasureCode::kSegment;
+  const std::vector<size_t> lengths = {6 * kSeg + 3, 2 * kSeg, 4 * kSeg + 1};
+  std::vector<Bytes> blocks;
+  for (size_t len : lengths) blocks.push_back(Random(rng, len));
+  for (Bytes& p : ParityOf(*code, blocks)) blocks.push_back(std::move(p));
+  std::vector<uint64_t> lens;
+  for (const Bytes& b : blocks) lens.push_back(b.size());
+  std::vector<bool> present(5, true);
+  present[0] = present[2] = false;  // rebuilt from data 1 and both parities
+
+  struct Feed : ErasureCode::SegmentFeed {
+    const std::vector<Bytes>* blocks;
+    uint64_t fail_at = ~uint64_t{0};
+    absl::Mutex mu;
+    std::set<uint64_t> released;
+    absl::StatusOr<absl::Span<const uint8_t>> Acquire(int b,
+                                                      uint64_t seg) override {
+      if (seg == fail_at) return absl::UnavailableError("block cut short");
+      const Bytes& block = (*blocks)[b];
+      if (seg * kSeg >= block.size()) return absl::Span<const uint8_t>();
+      return absl::MakeConstSpan(block).subspan(seg * kSeg, kSeg);
+    }
+    void Release(uint64_t seg) override {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(released.insert(seg).second) << "segment " << seg;
+    }
+  };
+  struct Sink : ErasureCode::SegmentSink {
+    std::vector<Bytes> out;
+    absl::Mutex mu;
+    std::set<std::pair<size_t, uint64_t>> put;
+    absl::Status Put(size_t w, uint64_t off,
+                     absl::Span<const uint8_t> bytes) override {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(put.insert({w, off}).second);
+      if (off == 5 * kSeg) return absl::ResourceExhaustedError("disk full");
+      std::memcpy(out[w].data() + off, bytes.data(), bytes.size());
+      return absl::OkStatus();
+    }
+  };
+  for (int threads : {1, 2, 4}) {
+    SCOPED_TRACE(testing::Message() << threads << " threads");
+    Feed feed;
+    feed.blocks = &blocks;
+    Sink sink;
+    sink.out = {Bytes(lens[2], 0), Bytes(lens[0], 0)};
+    // Wanted: data 2 (4 segments and a byte), data 0 (7 segments; the sink
+    // refuses its sixth).
+    absl::Status st =
+        code->RebuildStreamed(present, lens, {2, 0}, threads, feed, sink);
+    EXPECT_THAT(st.message(), HasSubstr("disk full"));
+    // Without the sink's refusal: whole, every segment freed once.
+    Feed again;
+    again.blocks = &blocks;
+    struct Whole : Sink {
+      absl::Status Put(size_t w, uint64_t off,
+                       absl::Span<const uint8_t> bytes) override {
+        std::memcpy(out[w].data() + off, bytes.data(), bytes.size());
+        return absl::OkStatus();
+      }
+    } whole;
+    whole.out = {Bytes(lens[2], 0), Bytes(lens[0], 0)};
+    ASSERT_TRUE(
+        code->RebuildStreamed(present, lens, {2, 0}, threads, again, whole)
+            .ok());
+    EXPECT_TRUE(whole.out[0] == blocks[2]);
+    EXPECT_TRUE(whole.out[1] == blocks[0]);
+    EXPECT_EQ(again.released.size(), 7u);
+    // A source that fails to arrive stops the rebuild with its error.
+    Feed cut;
+    cut.blocks = &blocks;
+    cut.fail_at = 3;
+    whole.out = {Bytes(lens[2], 0), Bytes(lens[0], 0)};
+    absl::Status failed =
+        code->RebuildStreamed(present, lens, {2, 0}, threads, cut, whole);
+    EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+    EXPECT_EQ(cut.released.count(3), 0u);
+  }
 }
 
 TEST(ErasureCodeTest, ParityBlockZeroIsTheXorAndContributeToMatches) {
