@@ -222,10 +222,12 @@ absl::StatusOr<Phase> RunPhase(const std::string& dir,
   if (!told) return absl::DeadlineExceededError("the loss was not detected");
   phase.detect_s = Seconds(killed);
   // Rank i of a lost node restores on node lost + i, one after another (on
-  // one machine, at once would only share its two cores).
+  // one machine, at once would only share its two cores), into tensors that
+  // exist already, as a trainer's do (allocated and touched off the clock).
+  std::vector<std::vector<float>> restored(lost, std::vector<float>(per_rank));
   const auto restoring = std::chrono::steady_clock::now();
   for (int i = 0; i < lost; ++i) {
-    std::vector<float> w(per_rank);
+    std::vector<float>& w = restored[i];
     auto c = connect(nodes[lost + i], i, w.data());
     if (!c.ok()) return c.status();
     absl::Status st = (*c)->Restore(1);
