@@ -5,7 +5,6 @@
 // files of every base a kept shard names (RetentionPolicy::pinned and
 // ShardRecord.base_steps). Persists never wait for a collection: pinning
 // and dropping records meet only under pin_mu_, briefly.
-#include <xxhash.h>
 
 #include <algorithm>
 #include <memory>
@@ -18,6 +17,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/self_contained.h"
+#include "snapshot/xxh3.h"
 
 namespace ckpt::daemon {
 

@@ -1,7 +1,6 @@
 #include "daemon/parity_store.h"
 
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -15,6 +14,7 @@
 #include "io/status_macros.h"
 #include "snapshot/erasure_code.h"
 #include "snapshot/names.h"
+#include "snapshot/xxh3.h"
 
 namespace ckpt::daemon {
 namespace {

@@ -3,7 +3,6 @@
 #include "daemon/parity_tier.h"
 
 #include <grpcpp/grpcpp.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <set>
@@ -18,6 +17,7 @@
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
 #include "snapshot/self_contained.h"
+#include "snapshot/xxh3.h"
 
 namespace ckpt::daemon {
 namespace {

@@ -1,6 +1,5 @@
 #include "snapshot/chunk_codec.h"
 
-#include <xxhash.h>
 #include <zstd.h>
 
 #include <cstring>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "snapshot/filter.h"
+#include "snapshot/xxh3.h"
 
 namespace ckpt::snapshot {
 namespace {

@@ -1,7 +1,5 @@
 #include "snapshot/format.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <bit>
 #include <cinttypes>
@@ -13,6 +11,7 @@
 #include "io/status_macros.h"
 #include "snapshot/dtype.h"
 #include "snapshot/names.h"
+#include "snapshot/xxh3.h"
 
 namespace ckpt::snapshot {
 

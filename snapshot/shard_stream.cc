@@ -1,7 +1,5 @@
 #include "snapshot/shard_stream.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -13,6 +11,7 @@
 #include "io/thread_pool.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/format.h"
+#include "snapshot/xxh3.h"
 
 namespace ckpt::snapshot {
 namespace {

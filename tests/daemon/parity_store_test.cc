@@ -4,8 +4,6 @@
 // crash cut into; refusals name what is wrong.
 #include "daemon/parity_store.h"
 
-#include <xxhash.h>
-
 #include <random>
 #include <thread>
 
@@ -13,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "snapshot/erasure_code.h"
+#include "snapshot/xxh3.h"
 #include "tests/test_util.h"
 
 namespace ckpt::daemon {
