@@ -1,10 +1,11 @@
-// The CUDA device: copies on its own stream, and a byte-shuffle kernel that
-// matches the CPU reference byte for byte. cudaError_t is converted to
-// absl::Status only in CudaStatus().
+// The CUDA device: copies on its own stream, and byte-shuffle and chunk-hash
+// kernels that match the CPU reference bit for bit. cudaError_t is converted
+// to absl::Status only in CudaStatus().
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/device.h"
+#include "kernels/xxh3.h"
 
 namespace ckpt::kernels {
 namespace {
@@ -30,6 +31,54 @@ __global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n,
     } else {
       dst[k] = src[k];
     }
+  }
+}
+
+__constant__ uint8_t kDeviceSecret[xxh3::kSecretSize] = CKPT_XXH3_SECRET;
+
+// XXH3-64 of every `chunk`-byte piece of [src, src + n) into out[], one warp
+// per piece (grid-strided): each thread sums one accumulator lane of four
+// stripes of a 1 KiB block, the warp adds the sums up by shuffles, and every
+// thread keeps its lane's accumulator (kernels/xxh3.h; HashLongAsWarp is this
+// loop on the host).
+__global__ void HashChunksKernel(const uint8_t* src, size_t n, size_t chunk,
+                                 uint64_t* out) {
+  namespace x = xxh3;
+  constexpr unsigned kAll = 0xffffffffu;
+  const int t = static_cast<int>(threadIdx.x % x::kWarp);
+  const int lane = t % 8;
+  const size_t warps = static_cast<size_t>(gridDim.x) * blockDim.x / x::kWarp;
+  const size_t chunks = (n + chunk - 1) / chunk;
+  const uint8_t* secret = kDeviceSecret;
+  for (size_t c = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) /
+                  x::kWarp;
+       c < chunks; c += warps) {
+    const uint8_t* in = src + c * chunk;
+    const size_t len = chunk < n - c * chunk ? chunk : n - c * chunk;
+    if (len <= x::kMidSizeMax) {
+      if (t == 0) out[c] = x::HashShort(in, len, secret);
+      continue;
+    }
+    uint64_t acc = x::InitialLane(lane);
+    auto accumulate = [&](const uint8_t* at, const uint8_t* key, int stripes) {
+      uint64_t p, v;
+      x::ThreadTerms(at, key, t, stripes, &p, &v);
+      p += __shfl_xor_sync(kAll, p, 8);
+      p += __shfl_xor_sync(kAll, p, 16);
+      v += __shfl_xor_sync(kAll, v, 8);
+      v += __shfl_xor_sync(kAll, v, 16);
+      acc += p + __shfl_xor_sync(kAll, v, 1);
+    };
+    const size_t blocks = x::WholeBlocks(len);
+    for (size_t b = 0; b < blocks; ++b) {
+      accumulate(in + b * x::kBlock, secret, x::kStripesPerBlock);
+      acc = x::ScrambleLane(acc, secret, lane);
+    }
+    accumulate(in + blocks * x::kBlock, secret, x::LastStripes(len));
+    accumulate(in + len - x::kStripe, secret + x::kLastStripeSecret, 1);
+    uint64_t all[8];
+    for (int l = 0; l < 8; ++l) all[l] = __shfl_sync(kAll, acc, l);
+    if (t == 0) out[c] = x::MergeAccs(all, secret, len);
   }
 }
 
@@ -107,6 +156,31 @@ class CudaDevice final : public Device {
     ByteShuffleKernel<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(
         static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n, width);
     return CudaStatus(cudaGetLastError(), "byte-shuffle kernel launch");
+  }
+  absl::Status HashChunks(const void* src, size_t n, size_t chunk,
+                          uint64_t* hashes) override {
+    if (chunk == 0) return absl::InvalidArgumentError("HashChunks: chunk 0");
+    if (n == 0) return absl::OkStatus();
+    const size_t chunks = (n + chunk - 1) / chunk;
+    void* out = nullptr;
+    absl::Status s =
+        CudaStatus(cudaMallocAsync(&out, chunks * sizeof(uint64_t), stream_),
+                   "cudaMallocAsync for chunk hashes");
+    if (!s.ok()) return s;
+    const int threads = 256;  // 8 warps, a piece each
+    const size_t blocks = std::min<size_t>((chunks + 7) / 8, 65535);
+    HashChunksKernel<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(
+        static_cast<const uint8_t*>(src), n, chunk,
+        static_cast<uint64_t*>(out));
+    s = CudaStatus(cudaGetLastError(), "chunk-hash kernel launch");
+    if (s.ok()) {
+      s = CudaStatus(cudaMemcpyAsync(hashes, out, chunks * sizeof(uint64_t),
+                                     cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync of chunk hashes");
+    }
+    absl::Status freed =
+        CudaStatus(cudaFreeAsync(out, stream_), "cudaFreeAsync");
+    return s.ok() ? freed : s;
   }
   absl::Status Synchronize() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");

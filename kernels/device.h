@@ -57,6 +57,13 @@ class Device {
   // memory. Identical to snapshot::ByteShuffle.
   virtual absl::Status ByteShuffle(const void* src, void* dst, size_t n,
                                    size_t width) = 0;
+  // The XXH3-64 (XXH3_64bits) of every `chunk`-byte piece of device memory
+  // [src, src + n), the last one shorter if n is not a multiple, into host
+  // memory `hashes` (ceil(n / chunk) of them; complete after Synchronize()):
+  // a shard's raw-chunk checksums, taken while the bytes are on the device.
+  // Identical to snapshot::Checksum of each piece.
+  virtual absl::Status HashChunks(const void* src, size_t n, size_t chunk,
+                                  uint64_t* hashes) = 0;
   // Waits for everything queued on this device.
   virtual absl::Status Synchronize() = 0;
 

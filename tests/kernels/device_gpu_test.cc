@@ -13,5 +13,13 @@ TEST(GpuDeviceTest, CudaShuffleMatchesCpuReference) {
   ExpectShuffleMatchesReference(cuda->get(), testing::TestSeed());
 }
 
+// The GPU's XXH3 kernel (one warp per chunk), bit for bit the CPU's.
+TEST(GpuDeviceTest, CudaChunkHashesMatchCpuReference) {
+  if (!CudaCompiledIn()) GTEST_SKIP() << "built without CUDA";
+  auto cuda = NewCudaDevice(0);
+  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status();
+  ExpectHashChunksMatchReference(cuda->get(), testing::TestSeed());
+}
+
 }  // namespace
 }  // namespace ckpt::kernels

@@ -11,5 +11,10 @@ TEST(DeviceTest, CpuShuffleMatchesReference) {
   ExpectShuffleMatchesReference(cpu.get(), testing::TestSeed());
 }
 
+TEST(DeviceTest, CpuChunkHashesMatchReference) {
+  auto cpu = NewCpuDevice();
+  ExpectHashChunksMatchReference(cpu.get(), testing::TestSeed());
+}
+
 }  // namespace
 }  // namespace ckpt::kernels
