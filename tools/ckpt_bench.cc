@@ -143,6 +143,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   codec_cmd->add_option("--dir", dir, "directory on the disk to measure");
   codec_cmd->add_flag("--json", json, "print one JSON object");
+  uint64_t gpu_mib = 4096;
+  CLI::App* gpu_cmd = app.add_subcommand(
+      "gpu",
+      "the CUDA device's slot copies, chunk hashes and shuffle vs the CUDA "
+      "runtime's copies (needs a GPU)");
+  gpu_cmd->add_option("--size-mib", gpu_mib, "bytes per pass, in MiB")
+      ->check(CLI::Range(4, 1 << 20));
+  gpu_cmd->add_option("--runs", runs, "passes; medians are reported")
+      ->check(CLI::Range(1, 100));
+  gpu_cmd->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -150,6 +160,7 @@ int main(int argc, char** argv) {
   }
 
   if (*codec_cmd) return ckpt::bench::RunCodec(codec_data, dir, json);
+  if (*gpu_cmd) return ckpt::bench::RunGpu(gpu_mib, runs, json);
   if (*save_cmd) {
     return ckpt::bench::RunSave(dir, sizes_mib, runs, warmup, json,
                                 save_snapshot == "fork");

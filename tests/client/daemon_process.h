@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -52,6 +53,11 @@ class DaemonProcess {
   // Starts ckptd and waits until its socket accepts; returns false (with the
   // log) if it exits.
   bool Start() {
+    // $CKPT_TEST_CKPTD: a ckptd elsewhere than the build's (the binaries
+    // tools/gpu-check.sh carries to a GPU machine).
+    const char* forced = std::getenv("CKPT_TEST_CKPTD");
+    const std::string binary =
+        forced != nullptr && forced[0] != '\0' ? forced : CKPTD;
     pid_ = ::fork();
     if (pid_ == 0) {
       int log = ::open(dir_.File("ckptd.log").c_str(),
@@ -59,7 +65,7 @@ class DaemonProcess {
       ::dup2(log, 1);
       ::dup2(log, 2);
       std::vector<std::string> args = {
-          CKPTD,      "--socket",      socket(), "--data-dir",
+          binary,     "--socket",      socket(), "--data-dir",
           data_dir(), "--staging-dir", staging_};
       if (std::find(extra_args_.begin(), extra_args_.end(),
                     "--memory-budget") == extra_args_.end()) {
@@ -69,7 +75,7 @@ class DaemonProcess {
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      ::execv(CKPTD, argv.data());
+      ::execv(binary.c_str(), argv.data());
       ::_exit(127);
     }
     for (int i = 0; i < 400; ++i) {

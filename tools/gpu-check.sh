@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU check (issue #16). A GPU machine is lent for minutes at a time and
+# has CUDA, CMake and ninja but none of the Debian libraries ckpt builds on,
+# so the check comes in two halves:
+#
+#   tools/gpu-check.sh pack [BUILD_DIR]
+#       Here, after tools/setup.sh: the GPU tests (the binaries of
+#       `ctest -L gpu`), ckptd and ckpt-bench, stripped, with every shared
+#       library they load that a bare CUDA machine lacks, into .gpu/ (ignored
+#       by git; carried to the GPU machine: the device tool's carry [".gpu"]).
+#   tools/gpu-check.sh run
+#       On the GPU machine, from the repository root: the GPU tests, then
+#       `ckpt-bench gpu --json`, then a short table of the keys against the
+#       issue's goals. Logs and the JSON go to $OUT when it is set. Exit status
+#       0 only when no test failed or skipped and the benchmark ran.
+#
+# Environment: CKPT_GPU_MIB (bytes per benchmark pass, default 4096),
+# CKPT_GPU_RUNS (default 5).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")/.." && pwd)"
+pack_dir="$here/.gpu"
+tests=(kernels_gpu_test client_gpu_test)
+
+pack() {
+  local build="${1:-$here/build}"
+  local bins=("$build/tests/kernels_gpu_test" "$build/tests/client_gpu_test"
+              "$build/daemon/ckptd" "$build/tools/ckpt-bench")
+  for b in "${bins[@]}"; do
+    [[ -x "$b" ]] || { echo "gpu-check: no $b (run tools/setup.sh first)" >&2; exit 1; }
+  done
+  rm -rf "$pack_dir"
+  mkdir -p "$pack_dir/bin" "$pack_dir/lib"
+  for b in "${bins[@]}"; do
+    strip --strip-debug -o "$pack_dir/bin/$(basename "$b")" "$b"
+  done
+  # Every library the loader finds for them, but glibc's own and the driver's
+  # (the GPU machine has newer ones of both).
+  ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*|libcuda)\.so' |
+    while read -r lib; do
+      cp -L "$lib" "$pack_dir/lib/$(basename "$lib")"
+    done
+  strip --strip-unneeded "$pack_dir"/lib/*.so* 2>/dev/null || true
+  echo "gpu-check: packed $(du -sh "$pack_dir" | cut -f1) into $pack_dir" \
+       "($(ls "$pack_dir/lib" | wc -l) libraries)"
+}
+
+run() {
+  [[ -d "$pack_dir/bin" ]] || { echo "gpu-check: no $pack_dir (carry it: tools/gpu-check.sh pack)" >&2; exit 1; }
+  local out="${OUT:-$pack_dir/out}"
+  mkdir -p "$out"
+  export LD_LIBRARY_PATH="$pack_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CKPT_TEST_CKPTD="$pack_dir/bin/ckptd"
+  export TEST_TMPDIR="${TEST_TMPDIR:-/tmp/ckpt-gpu-check}"
+  mkdir -p "$TEST_TMPDIR"
+  nvidia-smi -L || true
+  local failed=0 line
+  local -a rows=()
+  for t in "${tests[@]}"; do
+    local log="$out/$t.log"
+    local rc=0
+    "$pack_dir/bin/$t" --gtest_color=no >"$log" 2>&1 || rc=$?
+    local passed skipped
+    passed=$(grep -c '^\[       OK \]' "$log" || true)
+    skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$log" || true)
+    grep -E '^\[ *(OK|FAILED|SKIPPED) *\]|Failure|seed' "$log" || true
+    [[ $rc -ne 0 || $skipped -ne 0 ]] && failed=1
+    rows+=("$t: $passed passed, $skipped skipped, exit $rc")
+  done
+  local bench_rc=0
+  "$pack_dir/bin/ckpt-bench" gpu --json --size-mib "${CKPT_GPU_MIB:-4096}" \
+    --runs "${CKPT_GPU_RUNS:-5}" >"$out/bench.json" 2>"$out/bench.err" || bench_rc=$?
+  cat "$out/bench.err"
+  echo
+  echo "== GPU check =="
+  for line in "${rows[@]}"; do echo "$line"; done
+  if [[ $bench_rc -eq 0 ]]; then
+    python3 - "$out/bench.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+goals = {"d2h_vs_memcpy_large": 0.9, "restore_h2d_vs_memcpy": 0.8,
+         "hash_vs_d2d": 0.5, "shuffle_vs_d2d": 0.5}
+print(f"ckpt-bench gpu on {j['device']}, {j['size_mib']} MiB, median of {j['runs']}")
+print(f"{'key':26} {'value':>8} {'goal':>8}")
+for k, goal in goals.items():
+    v = j[k]
+    print(f"{k:26} {v:8.3f} {'>= ' + str(goal):>8} {'ok' if v >= goal else 'SHORT'}")
+for k in ("d2h_gib_s", "d2h_memcpy_pinned_gib_s", "h2d_gib_s", "hash_gib_s",
+          "shuffle_gib_s", "d2d_gib_s"):
+    print(f"{k:26} {j[k]:8.1f} GiB/s")
+print("not measured yet:", ", ".join(j.get("not_measured", [])))
+EOF
+  else
+    echo "ckpt-bench gpu failed (exit $bench_rc)"
+    failed=1
+  fi
+  return $failed
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) run ;;
+  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
