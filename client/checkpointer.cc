@@ -108,6 +108,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
                        options.cuda_device, ": ", cuda.status().message()));
     }
     ckpt->device_ = *std::move(cuda);
+  } else if (options.device == DeviceKind::kCpuQueued) {
+    ckpt->device_ = kernels::NewQueuedCpuDevice();
   }
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),

@@ -42,7 +42,10 @@
 
 namespace ckpt::client {
 
-enum class DeviceKind { kCpu, kCuda };
+// kCpuQueued: host memory through the CUDA device's CPU twin (its work queued
+// on a thread and completed later, chunk hashes taken "on the device"): the
+// GPU save and restore paths, run where there is no GPU (tests).
+enum class DeviceKind { kCpu, kCuda, kCpuQueued };
 
 // How a save captures tensors in host memory (DeviceKind::kCpu). The
 // environment variable CKPT_HOST_SNAPSHOT=copy|fork overrides the option.
@@ -103,6 +106,9 @@ struct CheckpointerStats {
   uint64_t slots_reused = 0;  // saves that found their slot already mapped
   uint64_t saves_forked = 0;  // host tensors captured by a fork
   uint64_t saves_copied = 0;  // host tensors copied by a helper thread
+  // Chunk hashes the device took of its tensors (kCuda, kCpuQueued) instead
+  // of the host hashing the slot after the copy.
+  uint64_t chunks_hashed_on_device = 0;
   // kFork: why the latest save was not forked (empty when it was).
   std::string fork_refused;
   // kFork: the share of the tensors' resident memory in huge pages.
@@ -308,6 +314,16 @@ class Checkpointer {
   ForkInspection inspection_;
   std::shared_ptr<Rpc> rpc_;
   std::unique_ptr<kernels::Device> device_;
+  // Where a device writes the chunk hashes of a save's tensors: registered
+  // with the device (a copy into pageable memory would block SaveAsync),
+  // grown as needed, reused by every save (one copy in flight at a time).
+  std::vector<uint64_t> device_hashes_;
+  std::unique_ptr<kernels::HostRegistration> device_hashes_pinned_;
+  // Queues the device's hashes of every tensor in `layout`, in runs of
+  // `chunk_size`, into device_hashes_; `at[i]` is where item i's begin (-1:
+  // not hashed there).
+  absl::Status QueueDeviceHashes(const std::vector<proto::StagedItem>& layout,
+                                 uint32_t chunk_size, std::vector<int64_t>* at);
   std::vector<Registered> items_;
   std::thread copier_;  // the copy of the save in flight
   // One thread: StageComplete/AbortStage calls, in save order.

@@ -34,9 +34,13 @@ uint64_t ItemAlignment(uint64_t raw_size) {
 }
 
 // Hashes each `chunk_size` run of every staged item in the slot at `base`
-// (StagedItem.chunk_xxh3), on several threads.
+// (StagedItem.chunk_xxh3), on several threads, but for the items the device
+// hashed already: item i's hashes are at device_hashes + device_at[i] when
+// that is not -1.
 void HashStagedChunks(const uint8_t* base, uint32_t chunk_size,
-                      std::vector<proto::StagedItem>* layout) {
+                      std::vector<proto::StagedItem>* layout,
+                      const std::vector<int64_t>& device_at,
+                      const uint64_t* device_hashes) {
   struct Run {
     const uint8_t* data;
     uint64_t bytes;
@@ -44,12 +48,17 @@ void HashStagedChunks(const uint8_t* base, uint32_t chunk_size,
   };
   std::vector<Run> runs;
   uint64_t total = 0;
-  for (proto::StagedItem& staged : *layout) {
+  for (size_t i = 0; i < layout->size(); ++i) {
+    proto::StagedItem& staged = (*layout)[i];
     const uint64_t n = staged.item().raw_size();
+    const int count = static_cast<int>(snapshot::ChunkCount(n, chunk_size));
     staged.set_chunk_size(chunk_size);
-    staged.mutable_chunk_xxh3()->Resize(
-        static_cast<int>(snapshot::ChunkCount(n, chunk_size)), 0);
+    staged.mutable_chunk_xxh3()->Resize(count, 0);
     uint64_t* out = staged.mutable_chunk_xxh3()->mutable_data();
+    if (i < device_at.size() && device_at[i] >= 0) {
+      std::copy_n(device_hashes + device_at[i], count, out);
+      continue;
+    }
     for (uint64_t off = 0, k = 0; off < n; off += chunk_size, ++k) {
       runs.push_back({base + staged.slot_offset() + off,
                       std::min<uint64_t>(chunk_size, n - off), out + k});
@@ -125,6 +134,35 @@ bool Checkpointer::ShouldFork(const std::vector<HostRegion>& regions) {
   stats_.fork_refused = inspection_.unsafe;
   stats_.huge_page_share = inspection_.huge_page_share;
   return inspection_.unsafe.empty();
+}
+
+absl::Status Checkpointer::QueueDeviceHashes(
+    const std::vector<proto::StagedItem>& layout, uint32_t chunk_size,
+    std::vector<int64_t>* at) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!items_[i].is_tensor()) continue;
+    total += snapshot::ChunkCount(layout[i].item().raw_size(), chunk_size);
+  }
+  if (total == 0) return absl::OkStatus();
+  if (device_hashes_.size() < total) {
+    device_hashes_pinned_.reset();
+    device_hashes_.assign(total, 0);
+    ASSIGN_OR_RETURN(
+        device_hashes_pinned_,
+        device_->RegisterHost(device_hashes_.data(), total * sizeof(uint64_t)));
+  }
+  uint64_t next = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!items_[i].is_tensor()) continue;
+    const uint64_t n = layout[i].item().raw_size();
+    (*at)[i] = static_cast<int64_t>(next);
+    if (n == 0) continue;
+    RETURN_IF_ERROR(device_->HashChunks(items_[i].tensor, n, chunk_size,
+                                        device_hashes_.data() + next));
+    next += snapshot::ChunkCount(n, chunk_size);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
@@ -234,9 +272,20 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   // returns, so that the trainer's next kernels can be ordered after them; the
   // copier thread only waits. The CPU device copies on the copier thread.
   std::shared_ptr<kernels::Event> copied;
+  std::vector<int64_t> device_at(layout.size(), -1);
   if (device_->queues_copies()) {
     absl::Status queued = device_->WaitForStream(options_.compute_stream);
     if (queued.ok()) queued = copy_tensors(layout);
+    // The tensors' chunk hashes, taken on the device behind their copies (of
+    // the bytes copied), so the host hashes only the byte items.
+    if (queued.ok() && chunk_size > 0) {
+      absl::Status hashed = QueueDeviceHashes(layout, chunk_size, &device_at);
+      if (!hashed.ok()) {
+        CKPT_LOG_WARN("saving step {}: the host hashes the slot instead: {}",
+                      step, hashed.ToString());
+        std::fill(device_at.begin(), device_at.end(), -1);
+      }
+    }
     absl::StatusOr<std::unique_ptr<kernels::Event>> event =
         queued.ok() ? device_->RecordEvent()
                     : absl::StatusOr<std::unique_ptr<kernels::Event>>(queued);
@@ -254,55 +303,62 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   }
   auto handle = std::shared_ptr<SaveHandle>(
       new SaveHandle(rpc_, failures_, options_.job, step));
-  copier_ =
-      std::thread([this, handle, step, layout = std::move(layout), slot, copied,
-                   copy_tensors, fork, fd, regions = std::move(regions),
-                   chunk_size, base, slot_path = resp.slot_path()]() mutable {
-        absl::Status status;
-        bool forked = false;
-        if (fork) {
-          // The fork runs here: the child dies with the thread that forked it,
-          // and this one lives until the child is done.
-          absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
-              ForkedCopy::Start(fd, regions);
-          if (child.ok()) {
-            forked = true;
-            handle->Copied(absl::OkStatus());  // captured: training may go on
-            CKPT_KILL_POINT("client.forked");
-            status = (*child)->Wait();
-            if (status.ok()) CKPT_KILL_POINT("client.item_copied");
-          } else {
-            // No fork (out of memory, say): the same bytes, written here.
-            CKPT_LOG_WARN("saving step {}: writing instead of forking: {}",
-                          step, child.status().ToString());
-            const int err = WriteRegions(fd, regions);
-            status =
-                err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, slot_path);
-            handle->Copied(status);
-          }
-          ::close(fd);
-        } else {
-          status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
-          handle->Copied(status);
-          // The trainer goes on; the slot's chunks are hashed meanwhile, so
-          // that ckptd's persist of a raw chunk only writes it.
-          if (status.ok() && chunk_size > 0) {
-            HashStagedChunks(base, chunk_size, &layout);
-          }
+  copier_ = std::thread([this, handle, step, layout = std::move(layout), slot,
+                         copied, copy_tensors, fork, fd,
+                         regions = std::move(regions), chunk_size, base,
+                         slot_path = resp.slot_path(),
+                         device_at = std::move(device_at),
+                         device_hashes = device_hashes_.data()]() mutable {
+    absl::Status status;
+    bool forked = false;
+    if (fork) {
+      // The fork runs here: the child dies with the thread that forked it,
+      // and this one lives until the child is done.
+      absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
+          ForkedCopy::Start(fd, regions);
+      if (child.ok()) {
+        forked = true;
+        handle->Copied(absl::OkStatus());  // captured: training may go on
+        CKPT_KILL_POINT("client.forked");
+        status = (*child)->Wait();
+        if (status.ok()) CKPT_KILL_POINT("client.item_copied");
+      } else {
+        // No fork (out of memory, say): the same bytes, written here.
+        CKPT_LOG_WARN("saving step {}: writing instead of forking: {}", step,
+                      child.status().ToString());
+        const int err = WriteRegions(fd, regions);
+        status =
+            err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, slot_path);
+        handle->Copied(status);
+      }
+      ::close(fd);
+    } else {
+      status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
+      handle->Copied(status);
+      // The trainer goes on; the slot's chunks are hashed meanwhile, so
+      // that ckptd's persist of a raw chunk only writes it.
+      if (status.ok() && chunk_size > 0) {
+        HashStagedChunks(base, chunk_size, &layout, device_at, device_hashes);
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (copied == nullptr && !regions.empty()) {
+        ++(forked ? stats_.saves_forked : stats_.saves_copied);
+      }
+      for (size_t i = 0; status.ok() && i < device_at.size(); ++i) {
+        if (device_at[i] >= 0) {
+          stats_.chunks_hashed_on_device += layout[i].chunk_xxh3_size();
         }
-        {
-          absl::MutexLock lock(&mu_);
-          if (copied == nullptr && !regions.empty()) {
-            ++(forked ? stats_.saves_forked : stats_.saves_copied);
-          }
-        }
-        // The hand-over runs on its own thread, in save order, so the next
-        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
-        handover_->Schedule(
-            [this, handle, step, layout = std::move(layout), status]() mutable {
-              HandOver(handle, step, layout, std::move(status));
-            });
-      });
+      }
+    }
+    // The hand-over runs on its own thread, in save order, so the next
+    // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+    handover_->Schedule(
+        [this, handle, step, layout = std::move(layout), status]() mutable {
+          HandOver(handle, step, layout, std::move(status));
+        });
+  });
   return handle;
 }
 

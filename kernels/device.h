@@ -91,6 +91,11 @@ class Device {
 };
 
 std::unique_ptr<Device> NewCpuDevice();
+// The CPU twin of the CUDA device's stream (queued_cpu_device.cc): host memory
+// as device memory, its work queued on a thread of its own and completed
+// later, chunk hashes with the GPU kernel's arithmetic. For tests of the GPU
+// paths without a GPU.
+std::unique_ptr<Device> NewQueuedCpuDevice();
 
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();

@@ -61,6 +61,9 @@ TEST(CheckpointerGpuTest, SavesDeviceTensorsOrderedOnTheComputeStream) {
     ASSERT_CUDA(cudaMemcpy(tensor, host.data(), bytes, cudaMemcpyHostToDevice));
   }
   EXPECT_GE((*ckpt)->stats().slots_reused, 1u) << "pinned slots are reused";
+  // 64 MiB in 4 MiB chunks, three saves: hashed by the GPU's kernel, and
+  // good, or the restores below would fail their checks.
+  EXPECT_EQ((*ckpt)->stats().chunks_hashed_on_device, 3u * 16u);
 
   ASSERT_CUDA(cudaMemset(tensor, 0, bytes));
   ASSERT_TRUE((*ckpt)->Restore(3).ok());

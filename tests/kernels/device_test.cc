@@ -16,5 +16,14 @@ TEST(DeviceTest, CpuChunkHashesMatchReference) {
   ExpectHashChunksMatchReference(cpu.get(), testing::TestSeed());
 }
 
+// The CUDA device's CPU twin queues its work: results are there after
+// Synchronize, the same as the reference's.
+TEST(DeviceTest, QueuedCpuDeviceMatchesReference) {
+  auto queued = NewQueuedCpuDevice();
+  EXPECT_TRUE(queued->queues_copies());
+  ExpectShuffleMatchesReference(queued.get(), testing::TestSeed());
+  ExpectHashChunksMatchReference(queued.get(), testing::TestSeed());
+}
+
 }  // namespace
 }  // namespace ckpt::kernels
