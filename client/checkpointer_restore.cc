@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
@@ -125,11 +126,14 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
   }
   // Every registered item must be in the shard with the same description.
   std::vector<const proto::StagedItem*> sources;
+  std::unordered_map<std::string, const proto::StagedItem*> by_name;
+  by_name.reserve(static_cast<size_t>(shard.items_size()));
+  for (const proto::StagedItem& s : shard.items())
+    by_name[s.item().name()] = &s;
   for (const Registered& r : items_) {
-    const proto::StagedItem* found = nullptr;
-    for (const proto::StagedItem& s : shard.items()) {
-      if (s.item().name() == r.item.name()) found = &s;
-    }
+    auto named = by_name.find(r.item.name());
+    const proto::StagedItem* found =
+        named == by_name.end() ? nullptr : named->second;
     if (found == nullptr) {
       return absl::NotFoundError(
           absl::StrCat(what, ": \"", r.item.name(), "\" was not saved"));

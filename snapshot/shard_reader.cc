@@ -77,6 +77,10 @@ absl::Status ShardReader::LoadManifest() {
   io::AlignedBuffer tail(tail_size);
   RETURN_IF_ERROR(file->Read(footer.manifest_offset, tail.span()));
   ASSIGN_OR_RETURN(manifest_, CheckManifest(tail.span(), footer));
+  item_index_.reserve(static_cast<size_t>(manifest_.items_size()));
+  for (int i = 0; i < manifest_.items_size(); ++i) {
+    item_index_.try_emplace(manifest_.items(i).name(), i);
+  }
   const uint8_t* manifest_bytes = tail.data();
   manifest_bytes_.assign(reinterpret_cast<const char*>(manifest_bytes),
                          footer.manifest_size);
@@ -156,9 +160,8 @@ io::ThreadPool* ShardReader::pool() {
 
 absl::StatusOr<const proto::Item*> ShardReader::FindItem(
     absl::string_view name) const {
-  for (const proto::Item& item : manifest_.items()) {
-    if (item.name() == name) return &item;
-  }
+  auto it = item_index_.find(std::string(name));
+  if (it != item_index_.end()) return &manifest_.items(it->second);
   return absl::NotFoundError(
       absl::StrCat("shard ", path_, " has no item \"", name, "\""));
 }

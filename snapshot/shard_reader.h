@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -127,6 +128,9 @@ class ShardReader {
   std::unique_ptr<io::BufferPool>
       buffers_;  // chunk-sized read buffers, reused across windows
   proto::ShardManifest manifest_;
+  // Item name -> index in manifest_.items() (the first of a name): FindItem
+  // in constant time, so reading a model's thousands of items is linear.
+  std::unordered_map<std::string, int> item_index_;
   std::string manifest_bytes_;
   uint64_t file_size_ = 0;
 };

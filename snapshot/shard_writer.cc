@@ -121,11 +121,9 @@ absl::Status ShardWriter::AddItem(proto::Item item,
   if (committed_)
     return absl::FailedPreconditionError("shard writer already committed");
   RETURN_IF_ERROR(ValidateItemName(item.name()));
-  for (const proto::Item& existing : manifest_.items()) {
-    if (existing.name() == item.name()) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "item \"", item.name(), "\" is already in shard ", path_));
-    }
+  if (names_.count(item.name()) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("item \"", item.name(), "\" is already in shard ", path_));
   }
   const uint64_t chunks = ChunkCount(data.size(), options_.chunk_size);
   if (!chunk_xxh3.empty() && chunk_xxh3.size() != chunks) {
@@ -135,6 +133,7 @@ absl::Status ShardWriter::AddItem(proto::Item item,
                      options_.chunk_size, " bytes"));
   }
   item.set_raw_size(data.size());
+  names_.insert(item.name());
   *manifest_.add_items() = std::move(item);
   data_.push_back(data);
   known_xxh3_.push_back(chunk_xxh3);

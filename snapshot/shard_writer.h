@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -140,6 +141,7 @@ class ShardWriter {
   const std::string temp_path_;
   const ShardWriterOptions options_;
   proto::ShardManifest manifest_;
+  std::unordered_set<std::string> names_;               // of manifest_'s items
   std::vector<absl::Span<const uint8_t>> data_;         // per item
   std::vector<absl::Span<const uint64_t>> known_xxh3_;  // per item
   bool committed_ = false;

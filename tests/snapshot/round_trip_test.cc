@@ -332,6 +332,44 @@ TEST(ShardReaderTest, ItemsReadInOnePassMatchEachReadAlone) {
   EXPECT_THAT(s.message(), HasSubstr("asked for twice"));
 }
 
+// A model's state is thousands of small items (biases, norms, optimizer
+// scalars): each is found by name however many there are, and read back in
+// one pass in any order.
+TEST(ShardReaderTest, EachOfThousandsOfItemsIsFoundByName) {
+  testing::TempDir dir;
+  const std::string path = dir.File("many.shard");
+  ShardWriter writer(io::DefaultFileSystem(), path, {"j", 1, 0, 1}, {});
+  constexpr int kItems = 5000;
+  std::vector<std::string> values(kItems);
+  for (int i = 0; i < kItems; ++i) {
+    values[i] = "value of item " + std::to_string(i * 7919);
+    ASSERT_TRUE(
+        writer
+            .AddBytes("layers." + std::to_string(i) + ".bias",
+                      {reinterpret_cast<const uint8_t*>(values[i].data()),
+                       values[i].size()})
+            .ok());
+  }
+  ASSERT_TRUE(writer.Commit().ok());
+  auto reader = ShardReader::Open(io::DefaultFileSystem(), path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::string> back(kItems);
+  std::vector<ShardReader::ItemRead> reads;
+  for (int i = kItems; i-- > 0;) {
+    back[i].resize(values[i].size());
+    reads.push_back(
+        {"layers." + std::to_string(i) + ".bias",
+         {reinterpret_cast<uint8_t*>(back[i].data()), back[i].size()}});
+  }
+  ASSERT_TRUE((*reader)->ReadItems(reads).ok());
+  EXPECT_EQ(back, values);
+  auto item = (*reader)->FindItem("layers.4321.bias");
+  ASSERT_TRUE(item.ok());
+  EXPECT_EQ((*item)->raw_size(), values[4321].size());
+  EXPECT_TRUE(
+      absl::IsNotFound((*reader)->FindItem("layers.5000.bias").status()));
+}
+
 // A file written in format 1 (before chunks could be stored in place) reads
 // and verifies, from a file and as a stream.
 TEST(ShardReaderTest, FormatOneFilesStillRead) {
