@@ -284,8 +284,9 @@ absl::Status ParityTier::PrepareBlock(const proto::ParityPlan& plan,
     source->map = std::move(block.map);
     return absl::OkStatus();
   }
-  source->ring = std::make_unique<uint8_t[]>(Source::kRingSegments *
-                                             snapshot::ErasureCode::kSegment);
+  // Uninitialized: every byte is received before it is read.
+  source->ring.reset(
+      new uint8_t[Source::kRingSegments * snapshot::ErasureCode::kSegment]);
   return absl::OkStatus();
 }
 

@@ -253,59 +253,59 @@ CKPT_HD inline int LastStripes(size_t len) {
 }
 inline constexpr size_t kLastStripeSecret = kSecretSize - kStripe - 7;
 
-// The serial algorithm, lane by lane (the reference for the decomposition).
-inline uint64_t HashLong(const uint8_t* in, size_t len, const uint8_t* secret) {
+// A long input's walk: `accumulate(acc, at, key, stripes)` adds the terms of
+// `stripes` stripes at `at` (keyed from `key`) to the 8 lanes of `acc`; whole
+// blocks are then scrambled, and the lanes merged at the end.
+template <typename Accumulate>
+inline uint64_t HashLongWith(const uint8_t* in, size_t len,
+                             const uint8_t* secret, Accumulate accumulate) {
   uint64_t acc[8];
   for (int l = 0; l < 8; ++l) acc[l] = InitialLane(l);
-  auto accumulate = [&](const uint8_t* at, const uint8_t* key, int stripes) {
-    for (int s = 0; s < stripes; ++s) {
-      for (int l = 0; l < 8; ++l) {
-        uint64_t p, v;
-        StripeTerms(at + s * kStripe, key + 8 * s, l, &p, &v);
-        acc[l] += p;
-        acc[l ^ 1] += v;
-      }
-    }
-  };
   const size_t blocks = WholeBlocks(len);
   for (size_t b = 0; b < blocks; ++b) {
-    accumulate(in + b * kBlock, secret, kStripesPerBlock);
+    accumulate(acc, in + b * kBlock, secret, kStripesPerBlock);
     for (int l = 0; l < 8; ++l) acc[l] = ScrambleLane(acc[l], secret, l);
   }
-  accumulate(in + blocks * kBlock, secret, LastStripes(len));
-  accumulate(in + len - kStripe, secret + kLastStripeSecret, 1);
+  accumulate(acc, in + blocks * kBlock, secret, LastStripes(len));
+  accumulate(acc, in + len - kStripe, secret + kLastStripeSecret, 1);
   return MergeAccs(acc, secret, len);
+}
+
+// The serial algorithm, lane by lane (the reference for the decomposition).
+inline uint64_t HashLong(const uint8_t* in, size_t len, const uint8_t* secret) {
+  return HashLongWith(
+      in, len, secret,
+      [](uint64_t* acc, const uint8_t* at, const uint8_t* key, int stripes) {
+        for (int s = 0; s < stripes; ++s) {
+          for (int l = 0; l < 8; ++l) {
+            uint64_t p, v;
+            StripeTerms(at + s * kStripe, key + 8 * s, l, &p, &v);
+            acc[l] += p;
+            acc[l ^ 1] += v;
+          }
+        }
+      });
 }
 
 // The warp's decomposition run on the host: 32 threads' ThreadTerms, summed
 // per lane as the kernel's shuffles sum them.
 inline uint64_t HashLongAsWarp(const uint8_t* in, size_t len,
                                const uint8_t* secret) {
-  uint64_t acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = InitialLane(l);
-  auto accumulate = [&](const uint8_t* at, const uint8_t* key, int stripes) {
-    uint64_t product[kWarp], value[kWarp];
-    for (int t = 0; t < kWarp; ++t) {
-      ThreadTerms(at, key, t, stripes, &product[t], &value[t]);
-    }
-    // Lanes t, t ^ 8, t ^ 16, t ^ 24 share t % 8 (xor-shuffles by 8, 16).
-    for (int t = 0; t < 8; ++t) {
-      const uint64_t p =
-          product[t] + product[t ^ 8] + product[t ^ 16] + product[t ^ 24];
-      const int u = t ^ 1;  // the thread whose values go to lane t
-      const uint64_t v =
-          value[u] + value[u ^ 8] + value[u ^ 16] + value[u ^ 24];
-      acc[t] += p + v;
-    }
-  };
-  const size_t blocks = WholeBlocks(len);
-  for (size_t b = 0; b < blocks; ++b) {
-    accumulate(in + b * kBlock, secret, kStripesPerBlock);
-    for (int l = 0; l < 8; ++l) acc[l] = ScrambleLane(acc[l], secret, l);
-  }
-  accumulate(in + blocks * kBlock, secret, LastStripes(len));
-  accumulate(in + len - kStripe, secret + kLastStripeSecret, 1);
-  return MergeAccs(acc, secret, len);
+  return HashLongWith(
+      in, len, secret,
+      [](uint64_t* acc, const uint8_t* at, const uint8_t* key, int stripes) {
+        uint64_t product[kWarp], value[kWarp];
+        for (int t = 0; t < kWarp; ++t) {
+          ThreadTerms(at, key, t, stripes, &product[t], &value[t]);
+        }
+        // Lanes t, t ^ 8, t ^ 16, t ^ 24 share t % 8 (xor-shuffles by 8, 16).
+        for (int t = 0; t < 8; ++t) {
+          const uint64_t p =
+              product[t] + product[t ^ 8] + product[t ^ 16] + product[t ^ 24];
+          const int u = t ^ 1;  // the thread whose values go to lane t
+          acc[t] += p + value[u] + value[u ^ 8] + value[u ^ 16] + value[u ^ 24];
+        }
+      });
 }
 
 // XXH3_64bits on the host.
