@@ -111,6 +111,12 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
   } else if (options.device == DeviceKind::kCpuQueued) {
     ckpt->device_ = kernels::NewQueuedCpuDevice();
   }
+  if (!ckpt->device_->host_resident() || ckpt->device_->queues_copies()) {
+    ckpt->stager_ = std::make_unique<DeviceStager>(
+        ckpt->device_.get(),
+        DeviceStager::Options{options.gather_max_tensor_bytes,
+                              options.gather_buffer_bytes});
+  }
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),
                                 grpc::InsecureChannelCredentials(), args);

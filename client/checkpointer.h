@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "client/daemon_session.h"
+#include "client/device_stager.h"
 #include "client/fork_snapshot.h"
 #include "io/thread_pool.h"
 #include "kernels/device.h"
@@ -82,6 +83,14 @@ struct CheckpointerOptions {
   // WaitStaged before the next step's kernels overwrite the state.
   void* compute_stream = nullptr;
   bool order_compute_stream = true;
+  // kCuda: device tensors of at most `gather_max_tensor_bytes` are gathered
+  // by one kernel launch per batch through a device buffer of at most
+  // `gather_buffer_bytes`, then copied to the slot by one D2H copy per batch
+  // (client/device_stager.h); larger ones by a D2H copy each. 0 turns
+  // gathering off. Without device memory for the buffer, each tensor is
+  // copied (stats().gather_refused says why).
+  uint64_t gather_max_tensor_bytes = 1 << 20;
+  uint64_t gather_buffer_bytes = 64 << 20;
   // Staging slots kept mapped (and, on a GPU, pinned) between saves. ckptd
   // reuses slot files, so a steady job maps and pins each slot once.
   int mapped_slots = 4;
@@ -109,6 +118,11 @@ struct CheckpointerStats {
   // Chunk hashes the device took of its tensors (kCuda, kCpuQueued) instead
   // of the host hashing the slot after the copy.
   uint64_t chunks_hashed_on_device = 0;
+  // Device tensors copied by gather launches, and those launches (kCuda,
+  // kCpuQueued); why the latest save gathered nothing, if it had tensors to.
+  uint64_t tensors_gathered = 0;
+  uint64_t gather_launches = 0;
+  std::string gather_refused;
   // kFork: why the latest save was not forked (empty when it was).
   std::string fork_refused;
   // kFork: the share of the tensors' resident memory in huge pages.
@@ -314,13 +328,18 @@ class Checkpointer {
   ForkInspection inspection_;
   std::shared_ptr<Rpc> rpc_;
   std::unique_ptr<kernels::Device> device_;
-  // Where a device writes the chunk hashes of a save's tensors: registered
-  // with the device (a copy into pageable memory would block SaveAsync),
-  // grown as needed, reused by every save (one copy in flight at a time).
-  std::vector<uint64_t> device_hashes_;
-  std::unique_ptr<kernels::HostRegistration> device_hashes_pinned_;
-  // Queues the device's hashes of every tensor in `layout`, in runs of
-  // `chunk_size`, into device_hashes_; `at[i]` is where item i's begin (-1:
+  // A device with streams: queues the copies of a save's tensors and their
+  // chunk hashes (kCuda, kCpuQueued; null otherwise).
+  std::unique_ptr<DeviceStager> stager_;
+  // The slot layout of a save: gathered device tensors first, together (see
+  // DeviceStager::Gathers), then every other item in registration order.
+  std::vector<proto::StagedItem> SlotLayout();
+  // The registered tensors with bytes, as the stager sees them.
+  std::vector<DeviceStager::Tensor> StagedTensors(
+      const std::vector<proto::StagedItem>& layout,
+      std::vector<size_t>* items) const;
+  // Queues the stager's hashes of every tensor in `layout`, in runs of
+  // `chunk_size`; `at[i]` is where item i's begin in stager_->hashes() (-1:
   // not hashed there).
   absl::Status QueueDeviceHashes(const std::vector<proto::StagedItem>& layout,
                                  uint32_t chunk_size, std::vector<int64_t>* at);

@@ -136,31 +136,53 @@ bool Checkpointer::ShouldFork(const std::vector<HostRegion>& regions) {
   return inspection_.unsafe.empty();
 }
 
+std::vector<proto::StagedItem> Checkpointer::SlotLayout() {
+  std::vector<proto::StagedItem> layout(items_.size());
+  uint64_t offset = 0;
+  auto place = [&](size_t i) {
+    const proto::Item& item = items_[i].item;
+    *layout[i].mutable_item() = item;
+    offset = io::AlignUp(offset, ItemAlignment(item.raw_size()));
+    layout[i].set_slot_offset(offset);
+    offset = io::AlignUp(offset + item.raw_size(), kItemAlignment);
+  };
+  std::vector<bool> placed(items_.size(), false);
+  for (size_t i = 0; stager_ != nullptr && i < items_.size(); ++i) {
+    if (items_[i].is_tensor() && stager_->Gathers(items_[i].item.raw_size())) {
+      place(i);
+      placed[i] = true;
+    }
+  }
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!placed[i]) place(i);
+  }
+  return layout;
+}
+
+std::vector<DeviceStager::Tensor> Checkpointer::StagedTensors(
+    const std::vector<proto::StagedItem>& layout,
+    std::vector<size_t>* items) const {
+  std::vector<DeviceStager::Tensor> tensors;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!items_[i].is_tensor() || layout[i].item().raw_size() == 0) continue;
+    tensors.push_back({items_[i].tensor, layout[i].item().raw_size(),
+                       layout[i].slot_offset()});
+    if (items != nullptr) items->push_back(i);
+  }
+  return tensors;
+}
+
 absl::Status Checkpointer::QueueDeviceHashes(
     const std::vector<proto::StagedItem>& layout, uint32_t chunk_size,
     std::vector<int64_t>* at) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (!items_[i].is_tensor()) continue;
-    total += snapshot::ChunkCount(layout[i].item().raw_size(), chunk_size);
-  }
-  if (total == 0) return absl::OkStatus();
-  if (device_hashes_.size() < total) {
-    device_hashes_pinned_.reset();
-    device_hashes_.assign(total, 0);
-    ASSIGN_OR_RETURN(
-        device_hashes_pinned_,
-        device_->RegisterHost(device_hashes_.data(), total * sizeof(uint64_t)));
-  }
-  uint64_t next = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (!items_[i].is_tensor()) continue;
-    const uint64_t n = layout[i].item().raw_size();
-    (*at)[i] = static_cast<int64_t>(next);
-    if (n == 0) continue;
-    RETURN_IF_ERROR(device_->HashChunks(items_[i].tensor, n, chunk_size,
-                                        device_hashes_.data() + next));
-    next += snapshot::ChunkCount(n, chunk_size);
+  std::vector<size_t> items;
+  const std::vector<DeviceStager::Tensor> tensors =
+      StagedTensors(layout, &items);
+  if (tensors.empty()) return absl::OkStatus();
+  std::vector<uint64_t> first;
+  RETURN_IF_ERROR(stager_->QueueHashes(tensors, chunk_size, &first));
+  for (size_t j = 0; j < items.size(); ++j) {
+    (*at)[items[j]] = static_cast<int64_t>(first[j]);
   }
   return absl::OkStatus();
 }
@@ -170,16 +192,15 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   if (copier_.joinable())
     copier_.join();  // one copy at a time: slots are filled in order
   // The slot layout (see ItemAlignment); byte items are sized now.
-  std::vector<proto::StagedItem> layout;
-  uint64_t offset = 0;
   for (Registered& r : items_) {
     if (r.bytes != nullptr) r.item.set_raw_size(r.bytes->size());
-    proto::StagedItem staged;
-    *staged.mutable_item() = r.item;
-    offset = io::AlignUp(offset, ItemAlignment(r.item.raw_size()));
-    staged.set_slot_offset(offset);
-    offset = io::AlignUp(offset + r.item.raw_size(), kItemAlignment);
-    layout.push_back(std::move(staged));
+  }
+  std::vector<proto::StagedItem> layout = SlotLayout();
+  uint64_t offset = 0;
+  for (const proto::StagedItem& staged : layout) {
+    offset = std::max(
+        offset, io::AlignUp(staged.slot_offset() + staged.item().raw_size(),
+                            kItemAlignment));
   }
   proto::BeginStageRequest req;
   req.mutable_shard()->set_job(options_.job);
@@ -259,14 +280,14 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
       }
       return absl::OkStatus();
     }
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
-      RETURN_IF_ERROR(device_->CopyToHost(items_[i].tensor,
-                                          base + layout[i].slot_offset(),
-                                          items_[i].item.raw_size()));
-      CKPT_KILL_POINT("client.item_copied");
-    }
-    return absl::OkStatus();
+    absl::Status queued =
+        stager_->QueueCopies(StagedTensors(layout, nullptr), base);
+    const DeviceStager::Stats& stats = stager_->stats();
+    absl::MutexLock lock(&mu_);
+    stats_.tensors_gathered = stats.tensors_gathered;
+    stats_.gather_launches = stats.gather_launches;
+    stats_.gather_refused = stats.gather_refused;
+    return queued;
   };
   // A device with streams gets its copies queued here, before SaveAsync
   // returns, so that the trainer's next kernels can be ordered after them; the
@@ -303,62 +324,63 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   }
   auto handle = std::shared_ptr<SaveHandle>(
       new SaveHandle(rpc_, failures_, options_.job, step));
-  copier_ = std::thread([this, handle, step, layout = std::move(layout), slot,
-                         copied, copy_tensors, fork, fd,
-                         regions = std::move(regions), chunk_size, base,
-                         slot_path = resp.slot_path(),
-                         device_at = std::move(device_at),
-                         device_hashes = device_hashes_.data()]() mutable {
-    absl::Status status;
-    bool forked = false;
-    if (fork) {
-      // The fork runs here: the child dies with the thread that forked it,
-      // and this one lives until the child is done.
-      absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
-          ForkedCopy::Start(fd, regions);
-      if (child.ok()) {
-        forked = true;
-        handle->Copied(absl::OkStatus());  // captured: training may go on
-        CKPT_KILL_POINT("client.forked");
-        status = (*child)->Wait();
-        if (status.ok()) CKPT_KILL_POINT("client.item_copied");
-      } else {
-        // No fork (out of memory, say): the same bytes, written here.
-        CKPT_LOG_WARN("saving step {}: writing instead of forking: {}", step,
-                      child.status().ToString());
-        const int err = WriteRegions(fd, regions);
-        status =
-            err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, slot_path);
-        handle->Copied(status);
-      }
-      ::close(fd);
-    } else {
-      status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
-      handle->Copied(status);
-      // The trainer goes on; the slot's chunks are hashed meanwhile, so
-      // that ckptd's persist of a raw chunk only writes it.
-      if (status.ok() && chunk_size > 0) {
-        HashStagedChunks(base, chunk_size, &layout, device_at, device_hashes);
-      }
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (copied == nullptr && !regions.empty()) {
-        ++(forked ? stats_.saves_forked : stats_.saves_copied);
-      }
-      for (size_t i = 0; status.ok() && i < device_at.size(); ++i) {
-        if (device_at[i] >= 0) {
-          stats_.chunks_hashed_on_device += layout[i].chunk_xxh3_size();
+  copier_ = std::thread(
+      [this, handle, step, layout = std::move(layout), slot, copied,
+       copy_tensors, fork, fd, regions = std::move(regions), chunk_size, base,
+       slot_path = resp.slot_path(), device_at = std::move(device_at),
+       device_hashes =
+           stager_ != nullptr ? stager_->hashes() : nullptr]() mutable {
+        absl::Status status;
+        bool forked = false;
+        if (fork) {
+          // The fork runs here: the child dies with the thread that forked it,
+          // and this one lives until the child is done.
+          absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
+              ForkedCopy::Start(fd, regions);
+          if (child.ok()) {
+            forked = true;
+            handle->Copied(absl::OkStatus());  // captured: training may go on
+            CKPT_KILL_POINT("client.forked");
+            status = (*child)->Wait();
+            if (status.ok()) CKPT_KILL_POINT("client.item_copied");
+          } else {
+            // No fork (out of memory, say): the same bytes, written here.
+            CKPT_LOG_WARN("saving step {}: writing instead of forking: {}",
+                          step, child.status().ToString());
+            const int err = WriteRegions(fd, regions);
+            status =
+                err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, slot_path);
+            handle->Copied(status);
+          }
+          ::close(fd);
+        } else {
+          status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
+          handle->Copied(status);
+          // The trainer goes on; the slot's chunks are hashed meanwhile, so
+          // that ckptd's persist of a raw chunk only writes it.
+          if (status.ok() && chunk_size > 0) {
+            HashStagedChunks(base, chunk_size, &layout, device_at,
+                             device_hashes);
+          }
         }
-      }
-    }
-    // The hand-over runs on its own thread, in save order, so the next
-    // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
-    handover_->Schedule(
-        [this, handle, step, layout = std::move(layout), status]() mutable {
-          HandOver(handle, step, layout, std::move(status));
-        });
-  });
+        {
+          absl::MutexLock lock(&mu_);
+          if (copied == nullptr && !regions.empty()) {
+            ++(forked ? stats_.saves_forked : stats_.saves_copied);
+          }
+          for (size_t i = 0; status.ok() && i < device_at.size(); ++i) {
+            if (device_at[i] >= 0) {
+              stats_.chunks_hashed_on_device += layout[i].chunk_xxh3_size();
+            }
+          }
+        }
+        // The hand-over runs on its own thread, in save order, so the next
+        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+        handover_->Schedule(
+            [this, handle, step, layout = std::move(layout), status]() mutable {
+              HandOver(handle, step, layout, std::move(status));
+            });
+      });
   return handle;
 }
 

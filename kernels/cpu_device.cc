@@ -71,6 +71,32 @@ class CpuDevice final : public Device {
     }
     return absl::OkStatus();
   }
+  absl::StatusOr<std::unique_ptr<Batch>> PrepareGather(
+      absl::Span<const GatherPiece> pieces) override {
+    absl::StatusOr<std::vector<TableEntry>> table = GatherTable(pieces);
+    if (!table.ok()) return table.status();
+    return std::make_unique<Batch>(Batch::Kind::kGather, *std::move(table));
+  }
+  absl::Status Gather(const Batch& gather, void* dst) override {
+    absl::Status s = CheckBatch(gather, Batch::Kind::kGather);
+    if (s.ok()) RunGatherOnHost(gather, dst);
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<Batch>> PrepareHashes(
+      absl::Span<const HashRun> runs, size_t chunk) override {
+    absl::StatusOr<std::vector<TableEntry>> table = HashTable(runs, chunk);
+    if (!table.ok()) return table.status();
+    return std::make_unique<Batch>(Batch::Kind::kHashes, *std::move(table));
+  }
+  // libxxhash's, the reference.
+  absl::Status HashBatch(const Batch& batch, uint64_t* hashes) override {
+    absl::Status s = CheckBatch(batch, Batch::Kind::kHashes);
+    if (!s.ok()) return s;
+    for (const TableEntry& e : batch.entries()) {
+      hashes[e.at] = snapshot::Checksum({e.src, e.n});
+    }
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   bool host_resident() const override { return true; }
   bool queues_copies() const override { return false; }

@@ -3,6 +3,10 @@
 // to absl::Status only in CudaStatus().
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/device.h"
 #include "kernels/xxh3.h"
@@ -18,7 +22,7 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
 }
 
 // dst[b * elements + i] = src[i * width + b]; the tail (n % width bytes) is
-// copied unchanged.
+// copied unchanged. Any width and alignment, a byte per thread.
 __global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n,
                                   size_t width) {
   const size_t elements = n / width;
@@ -34,52 +38,188 @@ __global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n,
   }
 }
 
+// The same for W-byte elements from a 16-byte aligned `src`: a thread takes
+// four elements (one vector load of 4 * W bytes) and writes 4 bytes to each
+// of the W planes, so a warp reads and writes whole 128-byte lines. The last
+// elements % 4 elements and the tail go a byte per thread.
+template <int W>
+__global__ void ByteShuffleGroupsKernel(const uint8_t* src, uint8_t* dst,
+                                        size_t n) {
+  const size_t elements = n / W;
+  const size_t groups = elements / 4;
+  const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  const size_t first =
+      static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool aligned =
+      elements % 4 == 0 && (reinterpret_cast<uintptr_t>(dst) & 3) == 0;
+  for (size_t g = first; g < groups; g += stride) {
+    uint8_t in[4 * W];
+    const uint8_t* p = src + g * 4 * W;
+    if constexpr (W == 2) {
+      *reinterpret_cast<uint2*>(in) = *reinterpret_cast<const uint2*>(p);
+    } else {
+#pragma unroll
+      for (int v = 0; v < W / 4; ++v) {
+        reinterpret_cast<uint4*>(in)[v] = reinterpret_cast<const uint4*>(p)[v];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < W; ++b) {
+      uint8_t* q = dst + b * elements + 4 * g;
+      if (aligned) {
+        *reinterpret_cast<uint32_t*>(q) =
+            in[b] | static_cast<uint32_t>(in[W + b]) << 8 |
+            static_cast<uint32_t>(in[2 * W + b]) << 16 |
+            static_cast<uint32_t>(in[3 * W + b]) << 24;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] = in[j * W + b];
+      }
+    }
+  }
+  for (size_t k = groups * 4 * W + first; k < n; k += stride) {
+    if (k < elements * W) {
+      dst[(k % W) * elements + k / W] = src[k];
+    } else {
+      dst[k] = src[k];
+    }
+  }
+}
+
 __constant__ uint8_t kDeviceSecret[xxh3::kSecretSize] = CKPT_XXH3_SECRET;
 
-// XXH3-64 of every `chunk`-byte piece of [src, src + n) into out[], one warp
-// per piece (grid-strided): each thread sums one accumulator lane of four
-// stripes of a 1 KiB block, the warp adds the sums up by shuffles, and every
-// thread keeps its lane's accumulator (kernels/xxh3.h; HashLongAsWarp is this
-// loop on the host).
-__global__ void HashChunksKernel(const uint8_t* src, size_t n, size_t chunk,
-                                 uint64_t* out) {
+// Warp thread `t` of the warp hashing [in, in + len): every thread takes its
+// part, and thread 0 writes XXH3-64 to *out. Each thread sums one accumulator
+// lane of four stripes of a 1 KiB block, the warp adds the sums up by
+// shuffles, and every thread keeps its lane's accumulator (kernels/xxh3.h;
+// HashLongAsWarp is this loop on the host).
+__device__ void HashAsWarp(const uint8_t* in, size_t len, int t,
+                           uint64_t* out) {
   namespace x = xxh3;
   constexpr unsigned kAll = 0xffffffffu;
-  const int t = static_cast<int>(threadIdx.x % x::kWarp);
-  const int lane = t % 8;
-  const size_t warps = static_cast<size_t>(gridDim.x) * blockDim.x / x::kWarp;
-  const size_t chunks = (n + chunk - 1) / chunk;
   const uint8_t* secret = kDeviceSecret;
-  for (size_t c = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) /
-                  x::kWarp;
-       c < chunks; c += warps) {
-    const uint8_t* in = src + c * chunk;
-    const size_t len = chunk < n - c * chunk ? chunk : n - c * chunk;
-    if (len <= x::kMidSizeMax) {
-      if (t == 0) out[c] = x::HashShort(in, len, secret);
-      continue;
-    }
-    uint64_t acc = x::InitialLane(lane);
-    auto accumulate = [&](const uint8_t* at, const uint8_t* key, int stripes) {
-      uint64_t p, v;
-      x::ThreadTerms(at, key, t, stripes, &p, &v);
-      p += __shfl_xor_sync(kAll, p, 8);
-      p += __shfl_xor_sync(kAll, p, 16);
-      v += __shfl_xor_sync(kAll, v, 8);
-      v += __shfl_xor_sync(kAll, v, 16);
-      acc += p + __shfl_xor_sync(kAll, v, 1);
-    };
-    const size_t blocks = x::WholeBlocks(len);
-    for (size_t b = 0; b < blocks; ++b) {
-      accumulate(in + b * x::kBlock, secret, x::kStripesPerBlock);
-      acc = x::ScrambleLane(acc, secret, lane);
-    }
-    accumulate(in + blocks * x::kBlock, secret, x::LastStripes(len));
-    accumulate(in + len - x::kStripe, secret + x::kLastStripeSecret, 1);
-    uint64_t all[8];
-    for (int l = 0; l < 8; ++l) all[l] = __shfl_sync(kAll, acc, l);
-    if (t == 0) out[c] = x::MergeAccs(all, secret, len);
+  if (len <= x::kMidSizeMax) {
+    if (t == 0) *out = x::HashShort(in, len, secret);
+    return;
   }
+  const int lane = t % 8;
+  uint64_t acc = x::InitialLane(lane);
+  auto accumulate = [&](const uint8_t* at, const uint8_t* key, int stripes) {
+    uint64_t p, v;
+    x::ThreadTerms(at, key, t, stripes, &p, &v);
+    p += __shfl_xor_sync(kAll, p, 8);
+    p += __shfl_xor_sync(kAll, p, 16);
+    v += __shfl_xor_sync(kAll, v, 8);
+    v += __shfl_xor_sync(kAll, v, 16);
+    acc += p + __shfl_xor_sync(kAll, v, 1);
+  };
+  const size_t blocks = x::WholeBlocks(len);
+  for (size_t b = 0; b < blocks; ++b) {
+    accumulate(in + b * x::kBlock, secret, x::kStripesPerBlock);
+    acc = x::ScrambleLane(acc, secret, lane);
+  }
+  accumulate(in + blocks * x::kBlock, secret, x::LastStripes(len));
+  accumulate(in + len - x::kStripe, secret + x::kLastStripeSecret, 1);
+  uint64_t all[8];
+  for (int l = 0; l < 8; ++l) all[l] = __shfl_sync(kAll, acc, l);
+  if (t == 0) *out = x::MergeAccs(all, secret, len);
+}
+
+// The warp of the calling thread, among `warps` of the grid.
+__device__ size_t WarpIndex() {
+  return (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) /
+         xxh3::kWarp;
+}
+
+// XXH3-64 of every `chunk`-byte piece of [src, src + n) into out[], one warp
+// per piece (grid-strided).
+__global__ void HashChunksKernel(const uint8_t* src, size_t n, size_t chunk,
+                                 uint64_t* out) {
+  const int t = static_cast<int>(threadIdx.x % xxh3::kWarp);
+  const size_t warps =
+      static_cast<size_t>(gridDim.x) * blockDim.x / xxh3::kWarp;
+  const size_t chunks = (n + chunk - 1) / chunk;
+  for (size_t c = WarpIndex(); c < chunks; c += warps) {
+    const size_t len = chunk < n - c * chunk ? chunk : n - c * chunk;
+    HashAsWarp(src + c * chunk, len, t, &out[c]);
+  }
+}
+
+// XXH3-64 of every entry of a batch's table into out[entry.at], one warp per
+// entry (grid-strided).
+__global__ void HashTableKernel(const TableEntry* table, size_t count,
+                                uint64_t* out) {
+  const int t = static_cast<int>(threadIdx.x % xxh3::kWarp);
+  const size_t warps =
+      static_cast<size_t>(gridDim.x) * blockDim.x / xxh3::kWarp;
+  for (size_t e = WarpIndex(); e < count; e += warps) {
+    const TableEntry entry = table[e];
+    HashAsWarp(entry.src, entry.n, t, &out[entry.at]);
+  }
+}
+
+// Copies every entry of a gather's table to dst + entry.at, one block per
+// entry (grid-strided), 16 bytes per thread where both ends are aligned.
+__global__ void GatherKernel(const TableEntry* table, size_t count,
+                             uint8_t* dst) {
+  for (size_t e = blockIdx.x; e < count; e += gridDim.x) {
+    const TableEntry entry = table[e];
+    uint8_t* out = dst + entry.at;
+    size_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(entry.src) |
+          reinterpret_cast<uintptr_t>(out)) &
+         15) == 0) {
+      const size_t vectors = entry.n / 16;
+      const auto* s = reinterpret_cast<const uint4*>(entry.src);
+      auto* d = reinterpret_cast<uint4*>(out);
+      for (size_t i = threadIdx.x; i < vectors; i += blockDim.x) d[i] = s[i];
+      done = vectors * 16;
+    }
+    for (size_t i = done + threadIdx.x; i < entry.n; i += blockDim.x) {
+      out[i] = entry.src[i];
+    }
+  }
+}
+
+// A batch whose table (and, for hashes, output) lives in device memory.
+class CudaBatch final : public Batch {
+ public:
+  CudaBatch(Kind kind, std::vector<TableEntry> entries)
+      : Batch(kind, std::move(entries)) {}
+  ~CudaBatch() override {
+    // cudaFree waits for the device: no queued launch still reads these.
+    if (table_ != nullptr) cudaFree(table_);
+    if (out_ != nullptr) cudaFree(out_);
+  }
+  absl::Status Upload() {
+    const size_t bytes = entries().size() * sizeof(TableEntry);
+    if (bytes == 0) return absl::OkStatus();
+    absl::Status s = CudaStatus(cudaMalloc(&table_, bytes),
+                                "cudaMalloc for a batch's table");
+    if (s.ok()) {
+      s = CudaStatus(
+          cudaMemcpy(table_, entries().data(), bytes, cudaMemcpyHostToDevice),
+          "cudaMemcpy of a batch's table");
+    }
+    if (s.ok() && kind() == Kind::kHashes) {
+      s = CudaStatus(cudaMalloc(&out_, outputs() * sizeof(uint64_t)),
+                     "cudaMalloc for a batch's hashes");
+    }
+    return s;
+  }
+  const TableEntry* table() const { return table_; }
+  uint64_t* out() const { return out_; }
+
+ private:
+  TableEntry* table_ = nullptr;
+  uint64_t* out_ = nullptr;
+};
+
+// Blocks for `units` units of work, `per_block` to a block (at least one;
+// the kernels stride over the grid beyond 65536 blocks).
+unsigned GridFor(size_t units, size_t per_block) {
+  return static_cast<unsigned>(std::clamp<size_t>(
+      (units + per_block - 1) / per_block, 1, size_t{1} << 16));
 }
 
 // Page-locks host memory (a mapped staging slot) until destroyed.
@@ -151,10 +291,22 @@ class CudaDevice final : public Device {
           cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpyAsync device to device");
     }
-    const int threads = 256;
-    const size_t blocks = std::min<size_t>((n + threads - 1) / threads, 65535);
-    ByteShuffleKernel<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(
-        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n, width);
+    const auto* in = static_cast<const uint8_t*>(src);
+    auto* out = static_cast<uint8_t*>(dst);
+    const bool vectors = (reinterpret_cast<uintptr_t>(in) & 15) == 0;
+    if (vectors && width == 2) {
+      ByteShuffleGroupsKernel<2>
+          <<<GridFor(n / 8, 256), 256, 0, stream_>>>(in, out, n);
+    } else if (vectors && width == 4) {
+      ByteShuffleGroupsKernel<4>
+          <<<GridFor(n / 16, 256), 256, 0, stream_>>>(in, out, n);
+    } else if (vectors && width == 8) {
+      ByteShuffleGroupsKernel<8>
+          <<<GridFor(n / 32, 256), 256, 0, stream_>>>(in, out, n);
+    } else {
+      ByteShuffleKernel<<<GridFor(n, 256), 256, 0, stream_>>>(in, out, n,
+                                                              width);
+    }
     return CudaStatus(cudaGetLastError(), "byte-shuffle kernel launch");
   }
   absl::Status HashChunks(const void* src, size_t n, size_t chunk,
@@ -167,9 +319,7 @@ class CudaDevice final : public Device {
         CudaStatus(cudaMallocAsync(&out, chunks * sizeof(uint64_t), stream_),
                    "cudaMallocAsync for chunk hashes");
     if (!s.ok()) return s;
-    const int threads = 256;  // 8 warps, a piece each
-    const size_t blocks = std::min<size_t>((chunks + 7) / 8, 65535);
-    HashChunksKernel<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(
+    HashChunksKernel<<<GridFor(chunks, 8), 256, 0, stream_>>>(
         static_cast<const uint8_t*>(src), n, chunk,
         static_cast<uint64_t*>(out));
     s = CudaStatus(cudaGetLastError(), "chunk-hash kernel launch");
@@ -181,6 +331,42 @@ class CudaDevice final : public Device {
     absl::Status freed =
         CudaStatus(cudaFreeAsync(out, stream_), "cudaFreeAsync");
     return s.ok() ? freed : s;
+  }
+  absl::StatusOr<std::unique_ptr<Batch>> PrepareGather(
+      absl::Span<const GatherPiece> pieces) override {
+    absl::StatusOr<std::vector<TableEntry>> table = GatherTable(pieces);
+    if (!table.ok()) return table.status();
+    return Upload(Batch::Kind::kGather, *std::move(table));
+  }
+  absl::Status Gather(const Batch& gather, void* dst) override {
+    absl::StatusOr<const CudaBatch*> batch = Ours(gather, Batch::Kind::kGather);
+    if (!batch.ok()) return batch.status();
+    const size_t count = (*batch)->entries().size();
+    if (count == 0) return absl::OkStatus();
+    GatherKernel<<<GridFor(count, 1), 256, 0, stream_>>>(
+        (*batch)->table(), count, static_cast<uint8_t*>(dst));
+    return CudaStatus(cudaGetLastError(), "gather kernel launch");
+  }
+  absl::StatusOr<std::unique_ptr<Batch>> PrepareHashes(
+      absl::Span<const HashRun> runs, size_t chunk) override {
+    absl::StatusOr<std::vector<TableEntry>> table = HashTable(runs, chunk);
+    if (!table.ok()) return table.status();
+    return Upload(Batch::Kind::kHashes, *std::move(table));
+  }
+  absl::Status HashBatch(const Batch& hashes_batch, uint64_t* hashes) override {
+    absl::StatusOr<const CudaBatch*> batch =
+        Ours(hashes_batch, Batch::Kind::kHashes);
+    if (!batch.ok()) return batch.status();
+    const size_t count = (*batch)->entries().size();
+    if (count == 0) return absl::OkStatus();
+    HashTableKernel<<<GridFor(count, 8), 256, 0, stream_>>>(
+        (*batch)->table(), count, (*batch)->out());
+    absl::Status s = CudaStatus(cudaGetLastError(), "batch hash kernel launch");
+    if (!s.ok()) return s;
+    return CudaStatus(cudaMemcpyAsync(hashes, (*batch)->out(),
+                                      (*batch)->outputs() * sizeof(uint64_t),
+                                      cudaMemcpyDeviceToHost, stream_),
+                      "cudaMemcpyAsync of a batch's hashes");
   }
   absl::Status Synchronize() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -233,6 +419,25 @@ class CudaDevice final : public Device {
   void Free(void* p) override { cudaFree(p); }
 
  private:
+  absl::StatusOr<std::unique_ptr<Batch>> Upload(Batch::Kind kind,
+                                                std::vector<TableEntry> table) {
+    auto batch = std::make_unique<CudaBatch>(kind, std::move(table));
+    absl::Status s = batch->Upload();
+    if (!s.ok()) return s;
+    return std::unique_ptr<Batch>(std::move(batch));
+  }
+  static absl::StatusOr<const CudaBatch*> Ours(const Batch& batch,
+                                               Batch::Kind kind) {
+    absl::Status s = CheckBatch(batch, kind);
+    if (!s.ok()) return s;
+    const auto* cuda = dynamic_cast<const CudaBatch*>(&batch);
+    if (cuda == nullptr) {
+      return absl::InvalidArgumentError(
+          "a batch prepared by another device was run on a CUDA device");
+    }
+    return cuda;
+  }
+
   const int ordinal_;
   cudaStream_t stream_;
   cudaEvent_t fence_;  // reused by WaitForStream: cudaStreamWaitEvent captures

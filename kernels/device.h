@@ -25,6 +25,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/batch.h"
 
 namespace ckpt::kernels {
 
@@ -64,6 +66,23 @@ class Device {
   // Identical to snapshot::Checksum of each piece.
   virtual absl::Status HashChunks(const void* src, size_t n, size_t chunk,
                                   uint64_t* hashes) = 0;
+  // Prepares a gather of `pieces` (device memory) into one destination
+  // (kernels/batch.h): its table is copied to the device once, here, and
+  // run by Gather as often as wanted.
+  virtual absl::StatusOr<std::unique_ptr<Batch>> PrepareGather(
+      absl::Span<const GatherPiece> pieces) = 0;
+  // Copies every piece of `gather` to its offset in device memory `dst`
+  // (gather.outputs() bytes), with one launch.
+  virtual absl::Status Gather(const Batch& gather, void* dst) = 0;
+  // Prepares the chunk hashes of `runs` (device memory) in `chunk`-byte
+  // pieces, numbered run after run.
+  virtual absl::StatusOr<std::unique_ptr<Batch>> PrepareHashes(
+      absl::Span<const HashRun> runs, size_t chunk) = 0;
+  // Writes the hashes of `hashes_batch` into host memory `hashes`
+  // (outputs() of them; complete after Synchronize()), with one launch.
+  // Identical to snapshot::Checksum of each piece.
+  virtual absl::Status HashBatch(const Batch& hashes_batch,
+                                 uint64_t* hashes) = 0;
   // Waits for everything queued on this device.
   virtual absl::Status Synchronize() = 0;
 
@@ -96,6 +115,13 @@ std::unique_ptr<Device> NewCpuDevice();
 // later, chunk hashes with the GPU kernel's arithmetic. For tests of the GPU
 // paths without a GPU.
 std::unique_ptr<Device> NewQueuedCpuDevice();
+// The same, refusing device allocations above `max_allocation` bytes as a GPU
+// out of memory would (tests of the fallbacks).
+std::unique_ptr<Device> NewQueuedCpuDevice(size_t max_allocation);
+
+// An error unless `batch` is of `kind` (what a device checks before running
+// one).
+absl::Status CheckBatch(const Batch& batch, Batch::Kind kind);
 
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/device.h"
 #include "kernels/xxh3.h"
@@ -91,6 +93,8 @@ class QueuedEvent final : public Event {
 
 class QueuedCpuDevice final : public Device {
  public:
+  explicit QueuedCpuDevice(size_t max_allocation)
+      : max_allocation_(max_allocation) {}
   std::string name() const override { return "cpu-queued"; }
   absl::Status CopyToHost(const void* src, void* dst, size_t n) override {
     queue_.Push([=] { std::memcpy(dst, src, n); });
@@ -124,6 +128,30 @@ class QueuedCpuDevice final : public Device {
     });
     return absl::OkStatus();
   }
+  absl::StatusOr<std::unique_ptr<Batch>> PrepareGather(
+      absl::Span<const GatherPiece> pieces) override {
+    absl::StatusOr<std::vector<TableEntry>> table = GatherTable(pieces);
+    if (!table.ok()) return table.status();
+    return std::make_unique<Batch>(Batch::Kind::kGather, *std::move(table));
+  }
+  absl::Status Gather(const Batch& gather, void* dst) override {
+    absl::Status s = CheckBatch(gather, Batch::Kind::kGather);
+    if (s.ok()) queue_.Push([&gather, dst] { RunGatherOnHost(gather, dst); });
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<Batch>> PrepareHashes(
+      absl::Span<const HashRun> runs, size_t chunk) override {
+    absl::StatusOr<std::vector<TableEntry>> table = HashTable(runs, chunk);
+    if (!table.ok()) return table.status();
+    return std::make_unique<Batch>(Batch::Kind::kHashes, *std::move(table));
+  }
+  absl::Status HashBatch(const Batch& batch, uint64_t* hashes) override {
+    absl::Status s = CheckBatch(batch, Batch::Kind::kHashes);
+    if (s.ok()) {
+      queue_.Push([&batch, hashes] { RunHashesOnHost(batch, hashes); });
+    }
+    return s;
+  }
   absl::Status Synchronize() override {
     queue_.WaitFor(queue_.queued());
     return absl::OkStatus();
@@ -144,6 +172,11 @@ class QueuedCpuDevice final : public Device {
     return absl::OkStatus();
   }
   absl::StatusOr<void*> Allocate(size_t n) override {
+    if (n > max_allocation_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu-queued: out of device memory for ", n,
+                       " bytes (at most ", max_allocation_, " at a time)"));
+    }
     void* p = std::malloc(n == 0 ? 1 : n);
     if (p == nullptr) return absl::ResourceExhaustedError("malloc");
     return p;
@@ -154,13 +187,18 @@ class QueuedCpuDevice final : public Device {
   }
 
  private:
+  const size_t max_allocation_;
   Queue queue_;
 };
 
 }  // namespace
 
 std::unique_ptr<Device> NewQueuedCpuDevice() {
-  return std::make_unique<QueuedCpuDevice>();
+  return NewQueuedCpuDevice(std::numeric_limits<size_t>::max());
+}
+
+std::unique_ptr<Device> NewQueuedCpuDevice(size_t max_allocation) {
+  return std::make_unique<QueuedCpuDevice>(max_allocation);
 }
 
 }  // namespace ckpt::kernels

@@ -21,5 +21,14 @@ TEST(GpuDeviceTest, CudaChunkHashesMatchCpuReference) {
   ExpectHashChunksMatchReference(cuda->get(), testing::TestSeed());
 }
 
+// A batched gather and a batch of chunk hashes (one launch each over
+// hundreds of tensors), bit for bit the CPU's.
+TEST(GpuDeviceTest, CudaBatchesMatchCpuReference) {
+  if (!CudaCompiledIn()) GTEST_SKIP() << "built without CUDA";
+  auto cuda = NewCudaDevice(0);
+  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status();
+  ExpectBatchesMatchReference(cuda->get(), testing::TestSeed());
+}
+
 }  // namespace
 }  // namespace ckpt::kernels
