@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
+#include "client/device_upload.h"
 #include "io/bulk_transfer.h"
 #include "io/file_system.h"
 #include "io/kill_point.h"
@@ -249,8 +250,8 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
       return reader_status;
     }
     // Host memory (tensors and byte items) is read in one pass, so the disk
-    // stays busy across small items; tensors in device memory are read into
-    // host memory first, one at a time.
+    // stays busy across small items; tensors in device memory through a
+    // pinned buffer, read and copied to the device at once.
     std::vector<snapshot::ShardReader::ItemRead> direct;
     std::vector<std::pair<Registered*, std::string>> values;
     values.reserve(items_.size());
@@ -276,15 +277,12 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
     }
     RETURN_IF_ERROR(reader->ReadItems(direct));
     for (auto& [r, value] : values) *r->bytes = std::move(value);
-    std::vector<uint8_t> host;
+    std::vector<UploadTensor> uploads;
     for (Registered* r : on_device) {
-      host.resize(r->item.raw_size());
-      RETURN_IF_ERROR(reader->ReadItem(r->item.name(), absl::MakeSpan(host)));
-      RETURN_IF_ERROR(
-          device_->CopyFromHost(host.data(), r->tensor, host.size()));
-      RETURN_IF_ERROR(device_->Synchronize());
+      uploads.push_back({r->item.name(), r->tensor, r->item.raw_size()});
     }
-    return absl::OkStatus();
+    return UploadFromShard(device_.get(), *reader, uploads,
+                           options_.restore_buffer_bytes);
   };
   absl::Status from_file = read_file();
   if (from_file.ok() || options_.world_size == 1 ||

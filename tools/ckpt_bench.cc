@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(4, 1 << 20));
   gpu_cmd->add_option("--runs", runs, "passes; medians are reported")
       ->check(CLI::Range(1, 100));
+  gpu_cmd->add_option("--dir", dir, "directory of the benchmark's ckptd");
   gpu_cmd->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
   }
 
   if (*codec_cmd) return ckpt::bench::RunCodec(codec_data, dir, json);
-  if (*gpu_cmd) return ckpt::bench::RunGpu(gpu_mib, runs, json);
+  if (*gpu_cmd) return ckpt::bench::RunGpu(dir, gpu_mib, runs, json);
   if (*save_cmd) {
     return ckpt::bench::RunSave(dir, sizes_mib, runs, warmup, json,
                                 save_snapshot == "fork");

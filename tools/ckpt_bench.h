@@ -84,7 +84,7 @@ int RunCodec(const std::string& data, const std::string& dir, bool json);
 // `ckpt-bench gpu`: the CUDA device's copies into and out of a registered
 // staging slot, chunk hashes and byte-shuffle against the CUDA runtime's
 // copies (ckpt_bench_gpu.cc). Exits 1 without a GPU.
-int RunGpu(uint64_t size_mib, int runs, bool json);
+int RunGpu(const std::string& dir, uint64_t size_mib, int runs, bool json);
 
 }  // namespace ckpt::bench
 

@@ -45,8 +45,12 @@ double Fio(const std::string& file, bool write, uint64_t size_mib,
 pid_t StartDaemon(const std::string& dir, const std::string& staging,
                   uint64_t budget_mib) {
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  // In the build tree, or beside ckpt-bench (tools/gpu-check.sh's pack).
   std::string ckptd =
       (self.parent_path() / "../daemon/ckptd").lexically_normal().string();
+  if (!std::filesystem::exists(ckptd)) {
+    ckptd = (self.parent_path() / "ckptd").string();
+  }
   std::string socket = dir + "/run/ckptd.sock";
   pid_t pid = ::fork();
   if (pid == 0) {

@@ -8,9 +8,12 @@
 //   hash_vs_d2d: the chunk checksums (HashChunks, 4 MiB chunks) against a
 //     device-to-device copy of the same bytes;
 //   shuffle_vs_d2d: ByteShuffle of 4-byte elements against the same copy.
-// Each is the median of --runs; the throughputs are in GiB/s. The keys of the
-// save path's batched gather and stream-ordered stall (d2h_vs_memcpy_small,
-// host_stall_ms) are listed under "not_measured" until that path exists.
+//   d2h_vs_memcpy_small: 2000 tensors of 4 KiB-1 MiB staged by libckpt's
+//     DeviceStager (gathered) against one pinned copy of as many bytes
+//     (tools/ckpt_bench_gpu_save.cc);
+//   host_stall_ms: SaveAsync's host time for --size-mib of device tensors,
+//     against a ckptd of the benchmark's own in --dir.
+// Each is the median of --runs; the throughputs are in GiB/s.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -30,12 +33,14 @@
 
 #if CKPT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "tools/ckpt_bench_gpu.h"
 #endif
 
 namespace ckpt::bench {
 
 #if CKPT_HAVE_CUDA
-namespace {
+namespace gpu {
 
 using tools::Median;
 using tools::Seconds;
@@ -47,27 +52,22 @@ bool Check(cudaError_t err, const char* what) {
   return false;
 }
 
-// A staging slot as ckptd hands them out: a file on tmpfs, mapped shared.
-struct Slot {
-  explicit Slot(size_t n) : bytes(n) {
-    path = absl::StrCat("/dev/shm/ckpt-bench-gpu-", ::getpid());
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(n)) != 0) return;
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_POPULATE, fd, 0);
-    ::close(fd);
-    if (p != MAP_FAILED) data = static_cast<uint8_t*>(p);
-  }
-  ~Slot() {
-    if (data != nullptr) ::munmap(data, bytes);
-    ::unlink(path.c_str());
-  }
-  std::string path;
-  size_t bytes;
-  uint8_t* data = nullptr;
-};
+Slot::Slot(size_t n) : bytes(n) {
+  static int slots = 0;
+  path = absl::StrCat("/dev/shm/ckpt-bench-gpu-", ::getpid(), "-", ++slots);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(n)) != 0) return;
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p != MAP_FAILED) data = static_cast<uint8_t*>(p);
+}
 
-// GiB/s of `bytes` moved by `op` (which waits for its work), median of runs.
+Slot::~Slot() {
+  if (data != nullptr) ::munmap(data, bytes);
+  ::unlink(path.c_str());
+}
+
 double Rate(size_t bytes, int runs, const std::function<bool()>& op) {
   std::vector<double> rates;
   if (!op()) return 0;  // warm-up
@@ -79,9 +79,10 @@ double Rate(size_t bytes, int runs, const std::function<bool()>& op) {
   return Median(rates);
 }
 
-}  // namespace
+}  // namespace gpu
 
-int RunGpu(uint64_t size_mib, int runs, bool json) {
+int RunGpu(const std::string& dir, uint64_t size_mib, int runs, bool json) {
+  using namespace gpu;  // NOLINT: the helpers of this benchmark
   absl::StatusOr<std::unique_ptr<kernels::Device>> device =
       kernels::NewCudaDevice(0);
   if (!device.ok()) {
@@ -152,6 +153,16 @@ int RunGpu(uint64_t size_mib, int runs, bool json) {
     std::cerr << "ckpt-bench gpu: a measurement failed\n";
     return 1;
   }
+  SmallCopies small;
+  if (!MeasureSmallCopies(runs, &small)) {
+    std::cerr << "ckpt-bench gpu: the small tensors' copies failed\n";
+    return 1;
+  }
+  HostStall stall;
+  if (!MeasureHostStall(dir, size_mib, std::min(runs, 3), &stall)) {
+    std::cerr << "ckpt-bench gpu: the saves through ckptd failed\n";
+    return 1;
+  }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   nlohmann::json j;
@@ -170,7 +181,17 @@ int RunGpu(uint64_t size_mib, int runs, bool json) {
   j["d2d_gib_s"] = d2d;
   j["hash_vs_d2d"] = hash / d2d;
   j["shuffle_vs_d2d"] = shuffle / d2d;
-  j["not_measured"] = {"d2h_vs_memcpy_small", "host_stall_ms"};
+  j["small_tensors"] = small.tensors;
+  j["small_bytes"] = small.bytes;
+  j["small_gathered_gib_s"] = small.gathered_gib_s;
+  j["small_per_tensor_gib_s"] = small.per_tensor_gib_s;
+  j["small_memcpy_pinned_gib_s"] = small.memcpy_gib_s;
+  j["d2h_vs_memcpy_small"] = small.gathered_gib_s / small.memcpy_gib_s;
+  j["d2h_small_per_tensor_vs_memcpy"] =
+      small.per_tensor_gib_s / small.memcpy_gib_s;
+  j["host_stall_ms"] = stall.stall_ms;
+  j["first_save_stall_ms"] = stall.first_stall_ms;
+  j["save_staged_gib_s"] = stall.staged_gib_s;
   if (json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -179,17 +200,25 @@ int RunGpu(uint64_t size_mib, int runs, bool json) {
         "  D2H into a registered slot %.1f, cudaMemcpy into pinned %.1f: "
         "%.2f\n"
         "  H2D from the slot %.1f, from pinned %.1f: %.2f\n"
-        "  chunk hashes %.1f, shuffle %.1f, D2D copy %.1f: %.2f, %.2f\n",
+        "  chunk hashes %.1f, shuffle %.1f, D2D copy %.1f: %.2f, %.2f\n"
+        "  %llu small tensors gathered %.1f, each copied %.1f, one pinned "
+        "copy %.1f: %.2f\n"
+        "  SaveAsync host time %.2f ms (first save %.1f ms), staged at "
+        "%.1f\n",
         prop.name, static_cast<unsigned long long>(size_mib), runs, d2h,
         d2h_ref, d2h / d2h_ref, h2d, h2d_ref, h2d / h2d_ref, hash, shuffle, d2d,
-        hash / d2d, shuffle / d2d);
+        hash / d2d, shuffle / d2d,
+        static_cast<unsigned long long>(small.tensors), small.gathered_gib_s,
+        small.per_tensor_gib_s, small.memcpy_gib_s,
+        small.gathered_gib_s / small.memcpy_gib_s, stall.stall_ms,
+        stall.first_stall_ms, stall.staged_gib_s);
   }
   return 0;
 }
 
 #else
 
-int RunGpu(uint64_t, int, bool) {
+int RunGpu(const std::string&, uint64_t, int, bool) {
   std::cerr << "ckpt-bench gpu: built without CUDA\n";
   return 1;
 }

@@ -111,6 +111,9 @@ TEST(QueuedDeviceTest, ThousandsOfSmallTensorsOfEveryDtypeAreGathered) {
   CheckpointerOptions options{"gathered", 0, 1, daemon.socket()};
   options.device = DeviceKind::kCpuQueued;
   options.gather_buffer_bytes = 1 << 20;
+  // The restore from the file: many halves of 512 KiB, and the 3 MiB tensor
+  // in ranges.
+  options.restore_buffer_bytes = 1 << 20;
   auto ckpt = Checkpointer::Connect(options);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   for (size_t i = 0; i < tensors.size(); ++i) {
