@@ -1,7 +1,8 @@
 // A trainer rank for crash tests, run as its own process so that it can be
 // SIGKILLed anywhere (CKPT_KILL_POINT or a timer). It resumes from the latest
-// step committed in memory, checks that what it restored is exactly the state
-// of that step (exit 4 otherwise), and saves every step until --max-step.
+// step committed in memory (CKPT_TEST_DEVICE=cpu-queued: with its tensors
+// on the GPU path's CPU twin), checks that what it restored is exactly the
+// state of that step (exit 4 otherwise), and saves every step until --max-step.
 //
 //   trainer_helper SOCKET JOB RANK WORLD ELEMENTS MAX_STEP
 #include <cstdio>
@@ -26,6 +27,12 @@ int main(int argc, char** argv) {
   options.world_size = static_cast<uint32_t>(std::atoi(argv[4]));
   const int64_t elements = std::atoll(argv[5]);
   const uint64_t max_step = std::strtoull(argv[6], nullptr, 10);
+  // CKPT_TEST_DEVICE=cpu-queued: the tensors are "device memory" of the CUDA
+  // device's CPU twin (queued, gathered copies; hashes on the device).
+  if (const char* d = std::getenv("CKPT_TEST_DEVICE");
+      d != nullptr && std::string(d) == "cpu-queued") {
+    options.device = client::DeviceKind::kCpuQueued;
+  }
   auto ckpt = client::Checkpointer::Connect(options);
   if (!ckpt.ok()) {
     std::fprintf(stderr, "connect: %s\n", ckpt.status().ToString().c_str());

@@ -38,11 +38,15 @@ const char* const kKillPoints[] = {
     "client.after_begin_stage", "client.forked", "client.item_copied",
     "client.before_stage_complete", "client.after_stage_complete"};
 
+// How a rank's saves capture its state: a copy by a helper thread, a fork
+// (client/fork_snapshot.h; a kill then also stops a child writing a slot), or
+// the GPU path's CPU twin (tensors "on a device": copies gathered and queued
+// on the device's stream, a kill lands while they are in flight).
+enum class Capture { kCopy, kFork, kDevice };
+
 // Starts one rank; `kill_point` (may be empty) goes into its environment.
-// With `fork`, its saves capture the state by fork (client/fork_snapshot.h; a
-// kill then also stops a child writing a slot); else by a copy.
 pid_t StartRank(const std::string& socket, uint32_t rank, uint64_t max_step,
-                const std::string& kill_point, bool fork) {
+                const std::string& kill_point, Capture capture) {
   std::vector<std::string> args = {TRAINER_HELPER,
                                    socket,
                                    "killjob",
@@ -53,11 +57,14 @@ pid_t StartRank(const std::string& socket, uint32_t rank, uint64_t max_step,
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::string(*e).rfind("CKPT_KILL_POINT=", 0) != 0 &&
-        std::string(*e).rfind("CKPT_HOST_SNAPSHOT=", 0) != 0) {
+        std::string(*e).rfind("CKPT_HOST_SNAPSHOT=", 0) != 0 &&
+        std::string(*e).rfind("CKPT_TEST_DEVICE=", 0) != 0) {
       env.push_back(*e);
     }
   }
-  env.push_back(fork ? "CKPT_HOST_SNAPSHOT=fork" : "CKPT_HOST_SNAPSHOT=copy");
+  env.push_back(capture == Capture::kFork ? "CKPT_HOST_SNAPSHOT=fork"
+                                          : "CKPT_HOST_SNAPSHOT=copy");
+  if (capture == Capture::kDevice) env.push_back("CKPT_TEST_DEVICE=cpu-queued");
   if (!kill_point.empty()) env.push_back("CKPT_KILL_POINT=" + kill_point);
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -168,10 +175,10 @@ TEST(TrainerKillTest, SigkillAtRandomPointsOfSavingNeverExposesAPartialStep) {
     }
     // The last round runs a few more steps to the end; others run "forever".
     const uint64_t max_step = last ? latest_seen + 5 : kMaxStep;
-    const bool fork = rng() % 2 == 0;
+    const auto capture = static_cast<Capture>(rng() % 3);
     std::vector<pid_t> pids;
     for (uint32_t r = 0; r < kWorld; ++r) {
-      pids.push_back(StartRank(daemon.socket(), r, max_step, kill[r], fork));
+      pids.push_back(StartRank(daemon.socket(), r, max_step, kill[r], capture));
     }
     const absl::Time deadline =
         absl::Now() +
