@@ -164,6 +164,15 @@ class SaveHandle {
   // (HostSnapshot::kFork), or the save failed. A failure after that is
   // reported by WaitCommitted.
   absl::Status WaitStaged();
+  // Whether WaitStaged would return at once (a poll).
+  bool Staged();
+  // Device tensors (kCuda): makes work queued later on `stream` (a
+  // cudaStream_t) wait for this save's copy, without blocking the host: with
+  // `order_compute_stream` off, the trainer's forward and backward kernels run
+  // while the save copies, and it calls OrderStream(compute) just before the
+  // optimizer step that overwrites the state. Host tensors: WaitStaged().
+  // Only while the save's Checkpointer lives.
+  absl::Status OrderStream(void* stream);
   // Waits until every rank's shard of the step reached `tier`.
   absl::Status WaitCommitted(proto::Tier tier = proto::TIER_LOCAL_DISK,
                              absl::Duration timeout = absl::Minutes(10));
@@ -179,6 +188,9 @@ class SaveHandle {
         step_(step) {}
   void Copied(absl::Status status);
   void Finish(absl::Status status);
+  // The device's copy, for OrderStream (null: host tensors).
+  kernels::Device* device_ = nullptr;
+  std::shared_ptr<kernels::Event> copied_event_;
 
   const std::shared_ptr<CheckpointerRpc> rpc_;
   const std::shared_ptr<FailureLog> failures_;

@@ -95,6 +95,16 @@ absl::Status SaveHandle::WaitStaged() {
   return copy_status_;
 }
 
+bool SaveHandle::Staged() {
+  absl::MutexLock lock(&mu_);
+  return copied_;
+}
+
+absl::Status SaveHandle::OrderStream(void* stream) {
+  if (copied_event_ == nullptr) return WaitStaged();
+  return device_->StreamWaitEvent(stream, *copied_event_);
+}
+
 absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
                                        absl::Duration timeout) {
   {
@@ -324,6 +334,10 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   }
   auto handle = std::shared_ptr<SaveHandle>(
       new SaveHandle(rpc_, failures_, options_.job, step));
+  if (copied != nullptr) {
+    handle->device_ = device_.get();
+    handle->copied_event_ = copied;
+  }
   copier_ = std::thread(
       [this, handle, step, layout = std::move(layout), slot, copied,
        copy_tensors, fork, fd, regions = std::move(regions), chunk_size, base,

@@ -105,6 +105,15 @@ class PySaveHandle {
     }
     RaiseIfError(status);
   }
+  bool Staged() { return handle_->Staged(); }
+  void OrderStream(uintptr_t stream) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = handle_->OrderStream(reinterpret_cast<void*>(stream));
+    }
+    RaiseIfError(status);
+  }
   void WaitCommitted(const std::string& tier, double timeout_s) {
     const proto::Tier t = ParseTier(tier);
     absl::Status status;
@@ -129,7 +138,7 @@ class PyCheckpointer {
                  const std::string& socket, double rpc_timeout_s,
                  const std::string& device, int cuda_device,
                  uintptr_t compute_stream, const std::string& host_snapshot,
-                 bool read_only) {
+                 bool read_only, bool order_compute_stream) {
     client::CheckpointerOptions options;
     options.read_only = read_only;
     options.job = job;
@@ -145,6 +154,7 @@ class PyCheckpointer {
     }
     options.cuda_device = cuda_device;
     options.compute_stream = reinterpret_cast<void*>(compute_stream);
+    options.order_compute_stream = order_compute_stream;
     if (host_snapshot == "fork") {
       options.host_snapshot = client::HostSnapshot::kFork;
     } else if (host_snapshot != "copy") {
@@ -390,6 +400,14 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("step", &PySaveHandle::step)
       .def("wait_staged", &PySaveHandle::WaitStaged,
            "Returns once the state is copied out (it may be mutated again).")
+      .def_property_readonly("staged", &PySaveHandle::Staged,
+                             "Whether wait_staged would return at once.")
+      .def("order_stream", &PySaveHandle::OrderStream, py::arg("stream"),
+           "CUDA tensors: work queued later on `stream` (a cudaStream_t as an "
+           "int, e.g. torch.cuda.current_stream().cuda_stream) waits for this "
+           "save's copy, without blocking the host; call it before the step "
+           "that overwrites the state when order_compute_stream is off. CPU "
+           "tensors: wait_staged().")
       .def("wait_committed", &PySaveHandle::WaitCommitted,
            py::arg("tier") = "disk", py::arg("timeout") = 600.0,
            "Waits until every rank's shard of the step reached `tier`.");
@@ -397,12 +415,12 @@ PYBIND11_MODULE(_ckpt, m) {
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,
                     double, const std::string&, int, uintptr_t,
-                    const std::string&, bool>(),
+                    const std::string&, bool, bool>(),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1,
            py::arg("socket") = "", py::arg("rpc_timeout") = 30.0,
            py::arg("device") = "cpu", py::arg("cuda_device") = 0,
            py::arg("compute_stream") = 0, py::arg("host_snapshot") = "copy",
-           py::arg("read_only") = false)
+           py::arg("read_only") = false, py::arg("order_compute_stream") = true)
       .def("register_tensor", &PyCheckpointer::RegisterTensor, py::arg("name"),
            py::arg("dtype"), py::arg("data_ptr"), py::arg("global_shape"),
            py::arg("box_offset") = py::none(),

@@ -24,6 +24,8 @@ class BindingTest(DaemonTestCase):
         c.set_bytes("meta", b"step seven")
         h = c.save_async(7)
         self.assertEqual(h.step, 7)
+        h.order_stream(0)  # host tensors: waits for the copy
+        self.assertTrue(h.staged)
         h.wait_staged()
         h.wait_committed("disk", 60)
         self.assertEqual(c.latest_committed("disk"), 7)
