@@ -193,39 +193,16 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
           "staging slot ", shard.slot_path(), " has ", (*slot)->size(),
           " bytes, expected ", shard.slot_bytes()));
     }
-    const bool host = device_->host_resident() && !device_->queues_copies();
-    if (usable.ok() && host) {
-      // Host memory: each chunk is copied and then checked where it landed,
-      // while it is still in the cache, on several threads. What the trainer
-      // got is what is verified (the slot is the daemon's, and a retention
-      // may hand it to another save meanwhile).
+    if (usable.ok()) {
+      // Each chunk is copied and then checked where it landed, while it is
+      // still in the cache, on several threads: in host memory, or for
+      // device tensors in a pinned buffer they then leave for the device
+      // from. What the trainer got is what is verified (the slot is the
+      // daemon's, and a retention may hand it to another save meanwhile).
       usable = CopyAndVerify((*slot)->data(), sources, reader.get());
       if (usable.ok()) {
         for (const proto::StagedItem* s : sources)
           report_.memory_bytes += s->item().raw_size();
-        return absl::OkStatus();
-      }
-    } else if (usable.ok()) {
-      uint64_t copied = 0;
-      for (size_t i = 0; i < items_.size() && usable.ok(); ++i) {
-        const uint8_t* src = (*slot)->data() + sources[i]->slot_offset();
-        uint64_t n = sources[i]->item().raw_size();
-        copied += n;
-        if (items_[i].is_tensor()) {
-          usable = device_->CopyFromHost(src, items_[i].tensor, n);
-        } else {
-          items_[i].bytes->assign(reinterpret_cast<const char*>(src), n);
-        }
-      }
-      if (usable.ok()) usable = device_->Synchronize();
-      // Checked after the copy, not before: the slot is the daemon's, and one
-      // retention released meanwhile may already hold another save's bytes.
-      // What was copied is good only if the slot still verifies now.
-      if (usable.ok()) {
-        usable = VerifySlot((*slot)->data(), sources, reader.get());
-      }
-      if (usable.ok()) {
-        report_.memory_bytes += copied;
         return absl::OkStatus();
       }
     }

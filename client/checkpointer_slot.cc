@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
+#include "client/device_upload.h"
 #include "client/parallel_copy.h"
 #include "io/status_macros.h"
 #include "snapshot/chunk_codec.h"
@@ -39,6 +40,7 @@ absl::Status Checkpointer::CopyAndVerify(
     std::optional<uint64_t> xxh3;
     const proto::StagedItem* staged;
     int chunk;
+    bool on_device;  // dst is device memory
   };
   std::vector<Unit> units;
   uint64_t total = 0;
@@ -56,6 +58,7 @@ absl::Status Checkpointer::CopyAndVerify(
       }
     }
     uint8_t* dst;
+    const bool on_device = items_[i].is_tensor() && !device_->host_resident();
     if (items_[i].is_tensor()) {
       dst = static_cast<uint8_t*>(items_[i].tensor);
       total += n;
@@ -72,7 +75,8 @@ absl::Status Checkpointer::CopyAndVerify(
               "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
         }
         units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
-                         chunk.raw_size(), chunk.raw_xxh3(), &staged, c});
+                         chunk.raw_size(), chunk.raw_xxh3(), &staged, c,
+                         on_device});
       }
       continue;
     }
@@ -83,27 +87,50 @@ absl::Status Checkpointer::CopyAndVerify(
       units.push_back({src + off, dst + off, std::min(piece, n - off),
                        hashed ? std::optional<uint64_t>(staged.chunk_xxh3(c))
                               : std::nullopt,
-                       &staged, c});
+                       &staged, c, on_device});
     }
   }
-  std::vector<absl::Status> results(units.size());
-  ParallelFor(units.size(), CopyThreadsFor(total), [&](size_t u) {
-    const Unit& unit = units[u];
-    std::memcpy(unit.dst, unit.src, unit.bytes);
-    if (!unit.xxh3.has_value() || snapshot::Checksum(absl::MakeConstSpan(
-                                      unit.dst, unit.bytes)) == *unit.xxh3) {
-      return;
-    }
-    results[u] = absl::DataLossError(absl::StrCat(
+  auto mismatch = [&](const Unit& unit) {
+    return absl::DataLossError(absl::StrCat(
         "item \"", unit.staged->item().name(), "\" chunk ", unit.chunk,
         ": the copy from the staging slot does not match ",
         reader != nullptr ? "the checksum in " + reader->path()
                           : std::string("the hash taken when it was saved")));
+  };
+  auto good = [](const Unit& unit, absl::Span<const uint8_t> landed) {
+    return !unit.xxh3.has_value() || snapshot::Checksum(landed) == *unit.xxh3;
+  };
+  // Units into device memory go through a pinned buffer, checked there.
+  std::vector<size_t> on_host;
+  std::vector<HostRun> to_device;
+  std::vector<const Unit*> device_units;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].on_device) {
+      to_device.push_back({units[u].src, units[u].dst, units[u].bytes});
+      device_units.push_back(&units[u]);
+    } else {
+      on_host.push_back(u);
+    }
+  }
+  std::vector<absl::Status> results(on_host.size());
+  ParallelFor(on_host.size(), CopyThreadsFor(total), [&](size_t i) {
+    const Unit& unit = units[on_host[i]];
+    std::memcpy(unit.dst, unit.src, unit.bytes);
+    if (!good(unit, absl::MakeConstSpan(unit.dst, unit.bytes))) {
+      results[i] = mismatch(unit);
+    }
   });
   for (absl::Status& s : results) {
     if (!s.ok()) return s;
   }
-  return absl::OkStatus();
+  if (to_device.empty()) return absl::OkStatus();
+  return UploadFromHost(
+      device_.get(), to_device,
+      [&](size_t i, absl::Span<const uint8_t> landed) {
+        return good(*device_units[i], landed) ? absl::OkStatus()
+                                              : mismatch(*device_units[i]);
+      },
+      options_.restore_buffer_bytes);
 }
 
 absl::Status Checkpointer::VerifySlot(

@@ -1,10 +1,13 @@
-// DeviceUpload restores tensors in device memory from a shard file (issue
-// #16's restore to device): the file's items are read and decoded into a
+// Restores into device memory (issue #16): bytes reach the device through a
 // pinned host buffer, half of it at a time, and each half is copied to the
-// device on its stream while the other half is read, so the disk and the
-// host-to-device link work at once. Tensors that fit a half are read
-// together (one ShardReader pass keeps the disk busy across small items);
-// larger ones in ranges of a half.
+// device on its stream while the other half is filled, so the host's reading,
+// decoding or checking and the host-to-device link work at once.
+//   - UploadFromShard fills the halves from a shard file: tensors that fit a
+//     half are read together (one ShardReader pass keeps the disk busy across
+//     small items), larger ones in ranges of a half.
+//   - UploadFromHost fills them from host memory (a memory-tier slot) on
+//     several threads and checks each run where it landed, so what reaches the
+//     device is what was verified, in one pass over the slot.
 //
 // The buffer is allocated and pinned for one restore and released after it:
 // restores are rare, and pinned memory kept for the whole run would be taken
@@ -13,10 +16,12 @@
 #define CKPT_CLIENT_DEVICE_UPLOAD_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/device.h"
 #include "snapshot/shard_reader.h"
 
@@ -35,6 +40,25 @@ absl::Status UploadFromShard(kernels::Device* device,
                              snapshot::ShardReader& reader,
                              const std::vector<UploadTensor>& tensors,
                              uint64_t buffer_bytes);
+
+// `bytes` of host memory at `src`, for device memory at `dst`.
+struct HostRun {
+  const uint8_t* src;
+  void* dst;
+  uint64_t bytes;
+};
+// Checks run `i` where it landed in the pinned buffer; an error stops the
+// upload and is returned.
+using CheckLanded =
+    std::function<absl::Status(size_t i, absl::Span<const uint8_t> landed)>;
+
+// Copies every run into device memory through a pinned buffer of at most
+// `buffer_bytes` (at least the largest run), checking each with `check`
+// before it leaves for the device; returns once the copies are done. A
+// failure may leave the destinations partly written.
+absl::Status UploadFromHost(kernels::Device* device,
+                            const std::vector<HostRun>& runs,
+                            const CheckLanded& check, uint64_t buffer_bytes);
 
 }  // namespace ckpt::client
 

@@ -42,9 +42,12 @@ bool MeasureSmallCopies(int runs, SmallCopies* out);
 // host_stall_ms: the host time of Checkpointer::SaveAsync for `size_mib` of
 // device tensors (256 MiB each) against the benchmark's own ckptd, with the
 // copies ordered on a compute stream, after warm-up saves that map and pin
-// the slots; also the first save's (which pins) and the copy's GiB/s.
+// the slots; also the first save's (which pins) and the copy's GiB/s; then
+// Checkpointer::Restore of the last step from the memory tier into device
+// memory (through the pinned buffer, every chunk checked), in GiB/s.
 struct HostStall {
   double stall_ms = 0, first_stall_ms = 0, staged_gib_s = 0;
+  double restore_gib_s = 0;
 };
 bool MeasureHostStall(const std::string& dir, uint64_t size_mib, int runs,
                       HostStall* out);

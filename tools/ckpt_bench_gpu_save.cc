@@ -155,6 +155,17 @@ bool MeasureHostStall(const std::string& dir, uint64_t size_mib, int runs,
       staged.push_back(static_cast<double>(size_mib) / 1024 / copied);
     }
   }
+  if (ok) {
+    // The last step is still in the memory tier (--keep-memory 1).
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = (*ckpt)->Restore(static_cast<uint64_t>(kWarmup + runs));
+    const double restore = tools::Seconds(start);
+    if (!s.ok()) {
+      std::cerr << "ckpt-bench gpu: restore: " << s << "\n";
+      ok = false;
+    }
+    out->restore_gib_s = static_cast<double>(size_mib) / 1024 / restore;
+  }
   if (ckpt.ok()) ckpt->reset();
   cudaStreamDestroy(compute);
   for (void* p : memory) cudaFree(p);

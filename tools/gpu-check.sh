@@ -95,7 +95,7 @@ print(f"{'host_stall_ms':30} {v:8.2f} {'< 5':>8} {'ok' if v < 5 else 'SHORT'}")
 for k in ("d2h_gib_s", "d2h_memcpy_pinned_gib_s", "h2d_gib_s", "hash_gib_s",
           "shuffle_gib_s", "d2d_gib_s", "small_gathered_gib_s",
           "small_per_tensor_gib_s", "small_memcpy_pinned_gib_s",
-          "save_staged_gib_s"):
+          "save_staged_gib_s", "restore_memory_gib_s"):
     print(f"{k:30} {j[k]:8.1f} GiB/s")
 print(f"{'first_save_stall_ms':30} {j['first_save_stall_ms']:8.1f} ms (maps and pins the slot)")
 EOF

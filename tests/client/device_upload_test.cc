@@ -4,6 +4,7 @@
 // restore with DataLoss.
 #include "client/device_upload.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,6 +81,48 @@ TEST(DeviceUploadTest, ABadChunkFailsTheRestore) {
   absl::Status s = UploadFromShard(device.get(), **reader,
                                    {{"w", memory.data(), memory.size()}}, 8192);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST(DeviceUploadTest, HostRunsArriveCheckedWhereTheyLanded) {
+  std::mt19937_64 rng(testing::TestSeed());
+  auto device = kernels::NewQueuedCpuDevice();
+  std::vector<std::vector<uint8_t>> src, dst;
+  for (int i = 0; i < 100; ++i) {
+    src.push_back(testing::RandomBytes(rng, i % 10 == 0 ? 0 : rng() % 300000));
+    dst.emplace_back(src.back().size(), 0xee);
+  }
+  std::vector<HostRun> runs;
+  for (size_t i = 0; i < src.size(); ++i) {
+    runs.push_back({src[i].data(), dst[i].data(), src[i].size()});
+  }
+  for (uint64_t buffer :
+       {uint64_t{4096}, uint64_t{1} << 20, uint64_t{1} << 30}) {
+    std::vector<int> checked(runs.size(), 0);
+    absl::Status s = UploadFromHost(
+        device.get(), runs,
+        [&](size_t i, absl::Span<const uint8_t> landed) {
+          ++checked[i];
+          EXPECT_TRUE(std::equal(landed.begin(), landed.end(), src[i].begin(),
+                                 src[i].end()));
+          return absl::OkStatus();
+        },
+        buffer);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(dst, src) << "a buffer of " << buffer << " bytes";
+    for (size_t i = 0; i < runs.size(); ++i) {
+      EXPECT_EQ(checked[i], src[i].empty() ? 0 : 1) << "run " << i;
+    }
+  }
+  // A run that fails its check stops the upload with its error.
+  absl::Status s = UploadFromHost(
+      device.get(), runs,
+      [](size_t i, absl::Span<const uint8_t>) {
+        return i == 57 ? absl::DataLossError("run 57 is bad")
+                       : absl::OkStatus();
+      },
+      1 << 20);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "run 57 is bad");
 }
 
 }  // namespace

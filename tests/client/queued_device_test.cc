@@ -11,6 +11,7 @@
 
 #include "client/checkpointer.h"
 #include "gtest/gtest.h"
+#include "io/file_system.h"
 #include "snapshot/dtype.h"
 #include "tests/client/daemon_process.h"
 #include "tests/test_util.h"
@@ -77,6 +78,47 @@ TEST(QueuedDeviceTest, TensorsAreSavedWithTheDevicesChunkHashesAndRestored) {
     EXPECT_EQ(b, b_expected) << "step " << step;
     EXPECT_EQ(rng, "rng-" + std::to_string(step));
   }
+}
+
+// A restore of device tensors from the memory tier copies each chunk into a
+// pinned buffer, checks it there, and only then sends it to the device: a
+// flipped bit in the slot is caught and the verified shard file is read
+// instead.
+TEST(QueuedDeviceTest, ACorruptSlotIsCaughtBeforeItReachesTheDevice) {
+  testing::DaemonProcess daemon({"--keep-memory", "2"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<uint8_t> w = testing::RandomBytes(rng, (9 << 20) + 3);
+  const std::vector<uint8_t> saved = w;
+  CheckpointerOptions options{"queuedbad", 0, 1, daemon.socket()};
+  options.device = DeviceKind::kCpuQueued;
+  options.restore_buffer_bytes = 8 << 20;  // two 4 MiB chunks per half
+  auto ckpt = Checkpointer::Connect(options);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const int64_t n = static_cast<int64_t>(w.size());
+  ASSERT_TRUE(
+      (*ckpt)
+          ->RegisterTensor("w", proto::DTYPE_UINT8, w.data(), {n}, {0}, {n})
+          .ok());
+  auto save = (*ckpt)->SaveAsync(4);
+  ASSERT_TRUE(save.ok()) << save.status();
+  ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+  auto shard = (*ckpt)->DescribeShard(4);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_FALSE(shard->slot_path().empty()) << "still in the memory tier";
+
+  std::fill(w.begin(), w.end(), 0);
+  ASSERT_TRUE((*ckpt)->Restore(4).ok());
+  EXPECT_TRUE(w == saved) << "from the memory tier";
+  {
+    auto slot = io::DefaultFileSystem()->MapFile(shard->slot_path(), {});
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    (*slot)->data()[shard->items(0).slot_offset() + (5 << 20)] ^= 0x10;
+  }
+  std::fill(w.begin(), w.end(), 0);
+  absl::Status restored = (*ckpt)->Restore(4);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << daemon.log();
+  EXPECT_TRUE(w == saved) << "from the shard file, not the bad slot";
 }
 
 // 2000 small tensors of every dtype (64 B to 64 KiB, log-uniform) and one
