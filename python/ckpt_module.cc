@@ -138,7 +138,9 @@ class PyCheckpointer {
                  const std::string& socket, double rpc_timeout_s,
                  const std::string& device, int cuda_device,
                  uintptr_t compute_stream, const std::string& host_snapshot,
-                 bool read_only, bool order_compute_stream) {
+                 bool read_only, bool order_compute_stream,
+                 uint64_t gather_max_tensor_bytes, uint64_t gather_buffer_bytes,
+                 uint64_t restore_buffer_bytes) {
     client::CheckpointerOptions options;
     options.read_only = read_only;
     options.job = job;
@@ -155,6 +157,9 @@ class PyCheckpointer {
     options.cuda_device = cuda_device;
     options.compute_stream = reinterpret_cast<void*>(compute_stream);
     options.order_compute_stream = order_compute_stream;
+    options.gather_max_tensor_bytes = gather_max_tensor_bytes;
+    options.gather_buffer_bytes = gather_buffer_bytes;
+    options.restore_buffer_bytes = restore_buffer_bytes;
     if (host_snapshot == "fork") {
       options.host_snapshot = client::HostSnapshot::kFork;
     } else if (host_snapshot != "copy") {
@@ -415,12 +420,16 @@ PYBIND11_MODULE(_ckpt, m) {
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,
                     double, const std::string&, int, uintptr_t,
-                    const std::string&, bool, bool>(),
+                    const std::string&, bool, bool, uint64_t, uint64_t,
+                    uint64_t>(),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1,
            py::arg("socket") = "", py::arg("rpc_timeout") = 30.0,
            py::arg("device") = "cpu", py::arg("cuda_device") = 0,
            py::arg("compute_stream") = 0, py::arg("host_snapshot") = "copy",
-           py::arg("read_only") = false, py::arg("order_compute_stream") = true)
+           py::arg("read_only") = false, py::arg("order_compute_stream") = true,
+           py::arg("gather_max_tensor_bytes") = uint64_t{1} << 20,
+           py::arg("gather_buffer_bytes") = uint64_t{64} << 20,
+           py::arg("restore_buffer_bytes") = uint64_t{256} << 20)
       .def("register_tensor", &PyCheckpointer::RegisterTensor, py::arg("name"),
            py::arg("dtype"), py::arg("data_ptr"), py::arg("global_shape"),
            py::arg("box_offset") = py::none(),

@@ -18,7 +18,8 @@ class BindingTest(DaemonTestCase):
 
     def test_save_and_restore_a_buffer_and_bytes(self):
         data = (ctypes.c_float * 1000)(*range(1000))
-        c = self.connect("binding-roundtrip")
+        c = self.connect("binding-roundtrip", gather_buffer_bytes=8 << 20,
+                         restore_buffer_bytes=16 << 20)
         c.register_tensor("w", "float32", ctypes.addressof(data), [1000])
         c.register_bytes("meta")
         c.set_bytes("meta", b"step seven")
