@@ -36,8 +36,10 @@ struct CodecOptions {
   double min_saving = 0.03;
   // Chunks larger than twice this are probed first: if a sample of this many
   // bytes does not compress, the chunk is stored raw without compressing the
-  // rest.
-  size_t probe_bytes = 64 << 10;
+  // rest. 16 KiB tells noise from float data as well as 64 KiB did and costs
+  // a quarter as much on chunks that compress (`ckpt-bench codec`: 1-3% of
+  // the codec's time, from 4-6%).
+  size_t probe_bytes = 16 << 10;
   // A chunk stored raw whose bytes start at an aligned address and are at
   // least `min_in_place_bytes` is stored in place: its header is padded to the
   // alignment and its bytes are written from where they are, uncopied.
