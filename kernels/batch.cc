@@ -74,6 +74,20 @@ Batch::Batch(Kind kind, std::vector<TableEntry> entries)
       entries_(std::move(entries)),
       outputs_(OutputsOf(kind_, entries_)) {}
 
+absl::StatusOr<std::unique_ptr<Batch>> NewHostGather(
+    absl::Span<const GatherPiece> pieces) {
+  absl::StatusOr<std::vector<TableEntry>> table = GatherTable(pieces);
+  if (!table.ok()) return table.status();
+  return std::make_unique<Batch>(Batch::Kind::kGather, *std::move(table));
+}
+
+absl::StatusOr<std::unique_ptr<Batch>> NewHostHashes(
+    absl::Span<const HashRun> runs, uint64_t chunk) {
+  absl::StatusOr<std::vector<TableEntry>> table = HashTable(runs, chunk);
+  if (!table.ok()) return table.status();
+  return std::make_unique<Batch>(Batch::Kind::kHashes, *std::move(table));
+}
+
 absl::Status CheckBatch(const Batch& batch, Batch::Kind kind) {
   if (batch.kind() == kind) return absl::OkStatus();
   return absl::InvalidArgumentError(

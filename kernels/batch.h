@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -74,6 +75,12 @@ class Batch {
   const std::vector<TableEntry> entries_;
   const uint64_t outputs_;
 };
+
+// Batches whose tables stay in host memory (the CPU devices).
+absl::StatusOr<std::unique_ptr<Batch>> NewHostGather(
+    absl::Span<const GatherPiece> pieces);
+absl::StatusOr<std::unique_ptr<Batch>> NewHostHashes(
+    absl::Span<const HashRun> runs, uint64_t chunk);
 
 // The host's run of a batch (CpuDevice and its queued twin): a gather into
 // host memory `dst`, and hashes into `hashes` with the GPU kernel's

@@ -130,9 +130,7 @@ class QueuedCpuDevice final : public Device {
   }
   absl::StatusOr<std::unique_ptr<Batch>> PrepareGather(
       absl::Span<const GatherPiece> pieces) override {
-    absl::StatusOr<std::vector<TableEntry>> table = GatherTable(pieces);
-    if (!table.ok()) return table.status();
-    return std::make_unique<Batch>(Batch::Kind::kGather, *std::move(table));
+    return NewHostGather(pieces);
   }
   absl::Status Gather(const Batch& gather, void* dst) override {
     absl::Status s = CheckBatch(gather, Batch::Kind::kGather);
@@ -141,9 +139,7 @@ class QueuedCpuDevice final : public Device {
   }
   absl::StatusOr<std::unique_ptr<Batch>> PrepareHashes(
       absl::Span<const HashRun> runs, size_t chunk) override {
-    absl::StatusOr<std::vector<TableEntry>> table = HashTable(runs, chunk);
-    if (!table.ok()) return table.status();
-    return std::make_unique<Batch>(Batch::Kind::kHashes, *std::move(table));
+    return NewHostHashes(runs, chunk);
   }
   absl::Status HashBatch(const Batch& batch, uint64_t* hashes) override {
     absl::Status s = CheckBatch(batch, Batch::Kind::kHashes);
