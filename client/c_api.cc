@@ -42,9 +42,13 @@ namespace {
 
 int Connect(const char* job, uint32_t rank, uint32_t world_size,
             const char* socket_path, int cuda_device, void* compute_stream,
-            ckpt_checkpointer** out) {
+            unsigned flags, ckpt_checkpointer** out) {
   if (job == nullptr || out == nullptr)
     return Fail(absl::InvalidArgumentError("null argument"));
+  if ((flags & ~CKPT_CUDA_NO_STREAM_ORDER) != 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("unknown flags ", flags & ~CKPT_CUDA_NO_STREAM_ORDER)));
+  }
   ckpt::client::CheckpointerOptions options;
   options.job = job;
   options.rank = rank;
@@ -54,6 +58,7 @@ int Connect(const char* job, uint32_t rank, uint32_t world_size,
     options.device = ckpt::client::DeviceKind::kCuda;
     options.cuda_device = cuda_device;
     options.compute_stream = compute_stream;
+    options.order_compute_stream = (flags & CKPT_CUDA_NO_STREAM_ORDER) == 0;
   }
   auto impl = ckpt::client::Checkpointer::Connect(options);
   if (!impl.ok()) return Fail(impl.status());
@@ -65,18 +70,26 @@ int Connect(const char* job, uint32_t rank, uint32_t world_size,
 
 int ckpt_connect(const char* job, uint32_t rank, uint32_t world_size,
                  const char* socket_path, ckpt_checkpointer** out) {
-  return Connect(job, rank, world_size, socket_path, -1, nullptr, out);
+  return Connect(job, rank, world_size, socket_path, -1, nullptr, 0, out);
 }
 
 int ckpt_connect_cuda(const char* job, uint32_t rank, uint32_t world_size,
                       const char* socket_path, int cuda_device,
                       void* compute_stream, ckpt_checkpointer** out) {
+  return ckpt_connect_cuda_flags(job, rank, world_size, socket_path,
+                                 cuda_device, compute_stream, 0, out);
+}
+
+int ckpt_connect_cuda_flags(const char* job, uint32_t rank, uint32_t world_size,
+                            const char* socket_path, int cuda_device,
+                            void* compute_stream, unsigned flags,
+                            ckpt_checkpointer** out) {
   if (cuda_device < 0) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("CUDA device ", cuda_device, " is negative")));
   }
   return Connect(job, rank, world_size, socket_path, cuda_device,
-                 compute_stream, out);
+                 compute_stream, flags, out);
 }
 
 void ckpt_close(ckpt_checkpointer* ckpt) { delete ckpt; }
@@ -129,6 +142,11 @@ int ckpt_save_wait_committed(ckpt_save* save, int tier, int64_t timeout_ms) {
   if (save == nullptr) return Fail(absl::InvalidArgumentError("null save"));
   return Fail(save->impl->WaitCommitted(static_cast<ckpt::proto::Tier>(tier),
                                         absl::Milliseconds(timeout_ms)));
+}
+
+int ckpt_save_order_stream(ckpt_save* save, void* stream) {
+  if (save == nullptr) return Fail(absl::InvalidArgumentError("null save"));
+  return Fail(save->impl->OrderStream(stream));
 }
 
 void ckpt_save_free(ckpt_save* save) { delete save; }

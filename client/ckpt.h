@@ -57,6 +57,15 @@ int ckpt_connect(const char* job, uint32_t rank, uint32_t world_size,
 int ckpt_connect_cuda(const char* job, uint32_t rank, uint32_t world_size,
                       const char* socket_path, int cuda_device,
                       void* compute_stream, ckpt_checkpointer** out);
+/* ckpt_connect_cuda with `flags`: CKPT_CUDA_NO_STREAM_ORDER leaves work
+ * queued on `compute_stream` after ckpt_save_async free to run while the save
+ * copies (a forward and backward pass); the trainer then calls
+ * ckpt_save_order_stream before the step that overwrites the state. */
+#define CKPT_CUDA_NO_STREAM_ORDER 1u
+int ckpt_connect_cuda_flags(const char* job, uint32_t rank,
+                            uint32_t world_size, const char* socket_path,
+                            int cuda_device, void* compute_stream,
+                            unsigned flags, ckpt_checkpointer** out);
 /* Waits for saves in flight to be handed to the daemon, then frees. NULL is
  * ignored. */
 void ckpt_close(ckpt_checkpointer* ckpt);
@@ -76,6 +85,9 @@ int ckpt_save_async(ckpt_checkpointer* ckpt, uint64_t step, ckpt_save** out);
 /* After this returns 0 the registered memory may change again. */
 int ckpt_save_wait_staged(ckpt_save* save);
 int ckpt_save_wait_committed(ckpt_save* save, int tier, int64_t timeout_ms);
+/* Work queued later on `stream` (a cudaStream_t) waits for this save's copy on
+ * the device, without blocking the host. Host tensors: ckpt_save_wait_staged. */
+int ckpt_save_order_stream(ckpt_save* save, void* stream);
 void ckpt_save_free(ckpt_save* save);
 
 /* *found is 0 when no step is committed at `tier` yet. */

@@ -29,6 +29,7 @@ TEST(CApiTest, SaveCommitRestore) {
   ASSERT_EQ(ckpt_register_buffer(c, "rng", rng, sizeof rng), 0);
   ckpt_save* save = nullptr;
   ASSERT_EQ(ckpt_save_async(c, 7, &save), 0) << ckpt_last_error();
+  ASSERT_EQ(ckpt_save_order_stream(save, nullptr), 0);  // host: waits
   ASSERT_EQ(ckpt_save_wait_staged(save), 0);
   const std::vector<double> saved = w;
   w.assign(w.size(), -1);
@@ -61,6 +62,10 @@ TEST(CApiTest, SaveCommitRestore) {
                               nullptr, &bad),
             3 /* invalid */);
   EXPECT_THAT(ckpt_last_error(), HasSubstr("CUDA device -1"));
+  EXPECT_EQ(ckpt_connect_cuda_flags("cjob", 0, 1, daemon.socket().c_str(), 0,
+                                    nullptr, 6, &bad),
+            3 /* invalid */);
+  EXPECT_THAT(ckpt_last_error(), HasSubstr("unknown flags 6"));
   // Without a GPU the CUDA device is refused, naming why; with one, it works.
   int rc = ckpt_connect_cuda("cjob", 0, 1, daemon.socket().c_str(), 0, nullptr,
                              &bad);
