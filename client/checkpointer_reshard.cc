@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
+#include "client/device_upload.h"
 #include "io/file_system.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
@@ -32,6 +33,24 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
     saved[o].shard = resp.shard();
   }
   std::vector<uint8_t> host, part;
+  // Device tensors are assembled in pinned halves, each copied to the device
+  // while the next tensor is assembled in the other (tensors larger than half
+  // of restore_buffer_bytes in pageable memory, one at a time).
+  std::unique_ptr<PinnedHalves> staging;
+  size_t staged_tensors = 0;
+  if (!device_->host_resident()) {
+    uint64_t largest = 0;  // of those that fit half the bound
+    for (const Registered& r : items_) {
+      if (r.is_tensor() &&
+          r.item.raw_size() <= options_.restore_buffer_bytes / 2) {
+        largest = std::max(largest, r.item.raw_size());
+      }
+    }
+    if (largest > 0) {
+      staging = std::make_unique<PinnedHalves>(device_.get(), largest);
+      RETURN_IF_ERROR(staging->Pin());
+    }
+  }
   for (Registered& r : items_) {
     if (!r.is_tensor()) {
       // Byte items are per rank (RNG states, loader positions): a rank takes
@@ -83,9 +102,14 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
         {r.item.box_offset().begin(), r.item.box_offset().end()},
         {r.item.box_length().begin(), r.item.box_length().end()}};
     absl::Span<uint8_t> dst;
+    bool staged = false;  // in `staging`
     if (device_->host_resident()) {
       dst = absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
                                 r.item.raw_size());
+    } else if (staging != nullptr && r.item.raw_size() <= staging->half()) {
+      ASSIGN_OR_RETURN(uint8_t * area, staging->Fill(staged_tensors));
+      dst = absl::Span<uint8_t>(area, r.item.raw_size());
+      staged = true;
     } else {
       host.resize(r.item.raw_size());
       dst = absl::MakeSpan(host);
@@ -184,11 +208,14 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
           covered > want.elements() ? " (saved boxes overlap)" : ""));
     }
     if (!device_->host_resident()) {
-      RETURN_IF_ERROR(
-          device_->CopyFromHost(host.data(), r.tensor, host.size()));
-      RETURN_IF_ERROR(device_->Synchronize());
+      RETURN_IF_ERROR(device_->CopyFromHost(dst.data(), r.tensor, dst.size()));
+      if (staged) {
+        RETURN_IF_ERROR(staging->Send(staged_tensors++));
+      } else {
+        RETURN_IF_ERROR(device_->Synchronize());
+      }
     }
   }
-  return absl::OkStatus();
+  return staging != nullptr ? staging->Finish() : absl::OkStatus();
 }
 }  // namespace ckpt::client

@@ -17,59 +17,6 @@ constexpr uint64_t kAlign = 4096;
 
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Two pinned halves used in turn: Fill(k) returns half k % 2 once the copies
-// queued from it before are done; Send(k) records the copies just queued from
-// it.
-class PinnedHalves {
- public:
-  PinnedHalves(kernels::Device* device, uint64_t half)
-      : device_(device),
-        half_(half),
-        buffer_(static_cast<uint8_t*>(std::aligned_alloc(kAlign, 2 * half)),
-                &std::free) {}
-  ~PinnedHalves() { (void)device_->Synchronize(); }  // before the free
-
-  absl::Status Pin() {
-    if (buffer_ == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("restoring to ", device_->name(), ": no host buffer of ",
-                       2 * half_, " bytes"));
-    }
-    absl::StatusOr<std::unique_ptr<kernels::HostRegistration>> pinned =
-        device_->RegisterHost(buffer_.get(), 2 * half_);
-    if (pinned.ok()) {
-      pinned_ = *std::move(pinned);
-    } else {
-      CKPT_LOG_WARN(
-          "restoring to {}: the host buffer is not pinned ({}); "
-          "copies are slower",
-          device_->name(), pinned.status().ToString());
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<uint8_t*> Fill(size_t k) {
-    std::unique_ptr<kernels::Event>& sent = sent_[k % 2];
-    if (sent != nullptr) {
-      absl::Status s = sent->Wait();
-      sent.reset();
-      if (!s.ok()) return s;
-    }
-    return buffer_.get() + (k % 2) * half_;
-  }
-  absl::Status Send(size_t k) {
-    ASSIGN_OR_RETURN(sent_[k % 2], device_->RecordEvent());
-    return absl::OkStatus();
-  }
-  absl::Status Finish() { return device_->Synchronize(); }
-
- private:
-  kernels::Device* const device_;
-  const uint64_t half_;
-  std::unique_ptr<uint8_t, decltype(&std::free)> buffer_;
-  std::unique_ptr<kernels::HostRegistration> pinned_;
-  std::unique_ptr<kernels::Event> sent_[2];
-};
-
 // What one half of the buffer carries from a shard file: whole tensors read
 // together, or one range of a tensor larger than a half.
 struct ShardUnit {
@@ -106,6 +53,50 @@ std::vector<ShardUnit> PlanShard(const std::vector<UploadTensor>& tensors,
 }
 
 }  // namespace
+
+PinnedHalves::PinnedHalves(kernels::Device* device, uint64_t half)
+    : device_(device),
+      half_(AlignUp(half)),
+      buffer_(static_cast<uint8_t*>(std::aligned_alloc(kAlign, 2 * half_)),
+              &std::free) {}
+
+PinnedHalves::~PinnedHalves() { (void)device_->Synchronize(); }
+
+absl::Status PinnedHalves::Pin() {
+  if (buffer_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("restoring to ", device_->name(), ": no host buffer of ",
+                     2 * half_, " bytes"));
+  }
+  absl::StatusOr<std::unique_ptr<kernels::HostRegistration>> pinned =
+      device_->RegisterHost(buffer_.get(), 2 * half_);
+  if (pinned.ok()) {
+    pinned_ = *std::move(pinned);
+  } else {
+    CKPT_LOG_WARN(
+        "restoring to {}: the host buffer is not pinned ({}); "
+        "copies are slower",
+        device_->name(), pinned.status().ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> PinnedHalves::Fill(size_t k) {
+  std::unique_ptr<kernels::Event>& sent = sent_[k % 2];
+  if (sent != nullptr) {
+    absl::Status s = sent->Wait();
+    sent.reset();
+    if (!s.ok()) return s;
+  }
+  return buffer_.get() + (k % 2) * half_;
+}
+
+absl::Status PinnedHalves::Send(size_t k) {
+  ASSIGN_OR_RETURN(sent_[k % 2], device_->RecordEvent());
+  return absl::OkStatus();
+}
+
+absl::Status PinnedHalves::Finish() { return device_->Synchronize(); }
 
 absl::Status UploadFromShard(kernels::Device* device,
                              snapshot::ShardReader& reader,

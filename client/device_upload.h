@@ -16,7 +16,9 @@
 #define CKPT_CLIENT_DEVICE_UPLOAD_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,31 @@
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::client {
+
+// Two pinned host buffers of `half` bytes used in turn to bring bytes to a
+// device: Fill(k) returns half k % 2 once the copies queued from it before
+// are done; the caller fills it, queues its copies to the device, and
+// Send(k) records them. Destroying it waits for the device's queued work.
+class PinnedHalves {
+ public:
+  PinnedHalves(kernels::Device* device, uint64_t half);
+  ~PinnedHalves();
+  // Allocates and pins; an allocation failure is an error, a pinning failure
+  // only slower copies (logged).
+  absl::Status Pin();
+  absl::StatusOr<uint8_t*> Fill(size_t k);
+  absl::Status Send(size_t k);
+  // Waits for every queued copy.
+  absl::Status Finish();
+  uint64_t half() const { return half_; }
+
+ private:
+  kernels::Device* const device_;
+  const uint64_t half_;
+  std::unique_ptr<uint8_t, decltype(&std::free)> buffer_;
+  std::unique_ptr<kernels::HostRegistration> pinned_;
+  std::unique_ptr<kernels::Event> sent_[2];
+};
 
 struct UploadTensor {
   std::string name;  // the item in the shard file

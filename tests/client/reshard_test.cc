@@ -100,11 +100,19 @@ struct Rank {
   std::string rng;
 };
 
+// With `device_twin`, odd ranks hold their tensors "on a device" (the CUDA
+// device's CPU twin), restored through a pinned buffer so small that some
+// tensors are assembled in it and others are not.
 std::vector<Rank> Ranks(const std::string& socket, const std::string& job,
-                        uint32_t world) {
+                        uint32_t world, bool device_twin = false) {
   std::vector<Rank> ranks(world);
   for (uint32_t r = 0; r < world; ++r) {
-    auto c = client::Checkpointer::Connect({job, r, world, socket});
+    client::CheckpointerOptions options{job, r, world, socket};
+    if (device_twin && r % 2 == 1) {
+      options.device = client::DeviceKind::kCpuQueued;
+      options.restore_buffer_bytes = 512;
+    }
+    auto c = client::Checkpointer::Connect(options);
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return {};
     ranks[r].ckpt = *std::move(c);
@@ -161,7 +169,8 @@ TEST_P(ReshardTest, RestoresEveryElementOntoANewWorldSize) {
   }
   // Step 2 is still in memory; step 1's slots left when step 2 was committed
   // there, so it comes from the files.
-  std::vector<Rank> restorers = Ranks(daemon.socket(), job, new_world);
+  std::vector<Rank> restorers =
+      Ranks(daemon.socket(), job, new_world, /*device_twin=*/true);
   ASSERT_EQ(restorers.size(), new_world);
   // Garbage collection runs after the commit is announced: wait for it.
   for (int i = 0; i < 500; ++i) {
