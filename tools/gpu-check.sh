@@ -5,9 +5,10 @@
 #
 #   tools/gpu-check.sh pack [BUILD_DIR]
 #       Here, after tools/setup.sh: the GPU tests (the binaries of
-#       `ctest -L gpu`), ckptd and ckpt-bench, stripped, with every shared
-#       library they load that a bare CUDA machine lacks, into .gpu/ (ignored
-#       by git; carried to the GPU machine: the device tool's carry [".gpu"]).
+#       `ctest -L gpu`, and the trainer they SIGKILL), ckptd and ckpt-bench,
+#       stripped, with every shared library they load that a bare CUDA
+#       machine lacks, into .gpu/ (ignored by git; carried to the GPU
+#       machine: the device tool's carry [".gpu"]).
 #   tools/gpu-check.sh run
 #       On the GPU machine, from the repository root: the GPU tests, then
 #       `ckpt-bench gpu --json`, then a short table of the keys against the
@@ -26,7 +27,8 @@ tests=(kernels_gpu_test client_gpu_test)
 pack() {
   local build="${1:-$here/build}"
   local bins=("$build/tests/kernels_gpu_test" "$build/tests/client_gpu_test"
-              "$build/daemon/ckptd" "$build/tools/ckpt-bench")
+              "$build/tests/trainer_helper" "$build/daemon/ckptd"
+              "$build/tools/ckpt-bench")
   for b in "${bins[@]}"; do
     [[ -x "$b" ]] || { echo "gpu-check: no $b (run tools/setup.sh first)" >&2; exit 1; }
   done
@@ -53,6 +55,7 @@ run() {
   mkdir -p "$out"
   export LD_LIBRARY_PATH="$pack_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export CKPT_TEST_CKPTD="$pack_dir/bin/ckptd"
+  export CKPT_TEST_TRAINER_HELPER="$pack_dir/bin/trainer_helper"
   export TEST_TMPDIR="${TEST_TMPDIR:-/tmp/ckpt-gpu-check}"
   mkdir -p "$TEST_TMPDIR"
   nvidia-smi -L || true

@@ -2,6 +2,10 @@
 // machines without a GPU): tensors in device memory are saved through pinned
 // staging slots, the trainer's compute stream is ordered after the copy, and
 // Restore brings the bytes back into device memory.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -10,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/checkpointer.h"
 #include "gtest/gtest.h"
 #include "kernels/device.h"
 #include "snapshot/dtype.h"
 #include "tests/client/daemon_process.h"
+#include "tests/client/rank_state.h"
 #include "tests/test_util.h"
 #ifdef CKPT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -228,7 +235,99 @@ TEST(CheckpointerGpuTest, SmallTensorsOfEveryDtypeAndOneOf4GiBAreBitExact) {
   ckpt->reset();
   for (void* p : on_device) cudaFree(p);
 }
+// A trainer whose tensors are in GPU memory is SIGKILLed at random points of
+// its saves (queued copies in flight, a slot half staged, before the hand-over)
+// and restarted: it restores the latest committed step and checks it (exit 4
+// otherwise), and what is committed at the end is exactly a step's state.
+TEST(CheckpointerGpuTest, ATrainerKilledMidCopyNeverCommitsAPartialStep) {
+  auto probe = kernels::NewCudaDevice(0);
+  if (!probe.ok()) GTEST_SKIP() << "no usable GPU: " << probe.status();
+  probe->reset();
+  testing::DaemonProcess daemon({"--keep-memory", "2"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  // $CKPT_TEST_TRAINER_HELPER: the one tools/gpu-check.sh carries.
+  const char* forced = std::getenv("CKPT_TEST_TRAINER_HELPER");
+  const std::string helper =
+      forced != nullptr && forced[0] != '\0' ? forced : TRAINER_HELPER;
+  const char* const kPoints[] = {"client.after_begin_stage",
+                                 "client.item_copied",
+                                 "client.before_stage_complete"};
+  std::mt19937_64 rng(testing::TestSeed());
+  constexpr int64_t kElements = 1 << 18;  // 1 MiB each: gathered
+  constexpr int kRounds = 8;
+  for (int round = 0; round <= kRounds; ++round) {
+    const bool last = round == kRounds;
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string(*e).rfind("CKPT_KILL_POINT=", 0) != 0) env.push_back(*e);
+    }
+    env.push_back("CKPT_TEST_DEVICE=cuda");
+    if (!last) {
+      env.push_back(
+          absl::StrCat("CKPT_KILL_POINT=", kPoints[rng() % std::size(kPoints)],
+                       ":", 1 + rng() % 4));
+    }
+    std::vector<std::string> args = {helper,
+                                     daemon.socket(),
+                                     "gpukill",
+                                     "0",
+                                     "1",
+                                     std::to_string(kElements),
+                                     last ? "100000" : "1000000"};
+    if (last) {
+      auto latest = Checkpointer::Connect({"gpukill", 0, 1, daemon.socket()});
+      ASSERT_TRUE(latest.ok());
+      auto step = (*latest)->LatestCommitted(proto::TIER_MEMORY);
+      ASSERT_TRUE(step.ok());
+      args.back() = std::to_string(step->value_or(0) + 3);
+    }
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    for (auto& e : env) envp.push_back(e.data());
+    argv.push_back(nullptr);
+    envp.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve(helper.c_str(), argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        FAIL() << "round " << round << ": the trainer did not end";
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    if (last) {
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "the last round exits 0 (restored and checked): status " << status
+          << "\n"
+          << daemon.log();
+    } else {
+      ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 4)
+          << "round " << round << ": restored a state other than committed";
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+          << "round " << round << ": status " << status;
+    }
+  }
+  // What is committed is exactly a step's state, read on the host.
+  auto reader = Checkpointer::Connect({"gpukill", 0, 1, daemon.socket()});
+  ASSERT_TRUE(reader.ok());
+  testing::RankTensors state(0, 1, kElements);
+  ASSERT_TRUE(state.Register(reader->get()).ok());
+  auto restored = (*reader)->RestoreLatest(proto::TIER_LOCAL_DISK);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->has_value());
+  EXPECT_EQ(state.Mismatch(**restored), "") << "step " << **restored;
+}
 #else
+TEST(CheckpointerGpuTest, ATrainerKilledMidCopyNeverCommitsAPartialStep) {
+  GTEST_SKIP() << "built without CUDA";
+}
 TEST(CheckpointerGpuTest, SavesDeviceTensorsOrderedOnTheComputeStream) {
   GTEST_SKIP() << "built without CUDA";
 }

@@ -29,13 +29,19 @@ struct RankTensors {
         m(elements / 2) {}
 
   absl::Status Register(client::Checkpointer* ckpt) {
+    return Register(ckpt, w.data(), m.data());
+  }
+  // With the tensors at `w_data` and `m_data` instead (device memory that
+  // mirrors w and m).
+  absl::Status Register(client::Checkpointer* ckpt, void* w_data,
+                        void* m_data) {
     const int64_t half = elements / 2;
     RETURN_IF_ERROR(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32,
-                                         w.data(), {elements * world},
+                                         w_data, {elements * world},
                                          {elements * rank}, {elements}));
     RETURN_IF_ERROR(ckpt->RegisterTensor("optim/m", proto::DTYPE_FLOAT64,
-                                         m.data(), {half * world},
-                                         {half * rank}, {half}));
+                                         m_data, {half * world}, {half * rank},
+                                         {half}));
     return ckpt->RegisterBytes("rng", &rng);
   }
   void Fill(uint64_t step) {
