@@ -96,7 +96,7 @@ run() {
   echo
   echo "== GPU check =="
   for line in "${rows[@]}"; do echo "$line"; done
-  if [[ $bench_rc -eq 0 ]]; then
+  if [[ -s "$out/bench.json" ]]; then
     python3 - "$out/bench.json" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -106,18 +106,30 @@ goals = {"d2h_vs_memcpy_large": 0.9, "d2h_vs_memcpy_small": 0.8,
 print(f"ckpt-bench gpu on {j['device']}, {j['size_mib']} MiB, median of {j['runs']}")
 print(f"{'key':30} {'value':>8} {'goal':>8}")
 for k, goal in goals.items():
-    v = j[k]
+    v = j.get(k)
+    if v is None:
+        print(f"{k:30} {'-':>8} {'>= ' + str(goal):>8} NOT MEASURED")
+        continue
     print(f"{k:30} {v:8.3f} {'>= ' + str(goal):>8} {'ok' if v >= goal else 'SHORT'}")
-v = j["host_stall_ms"]
-print(f"{'host_stall_ms':30} {v:8.2f} {'< 5':>8} {'ok' if v < 5 else 'SHORT'}")
+v = j.get("host_stall_ms")
+if v is None:
+    print(f"{'host_stall_ms':30} {'-':>8} {'< 5':>8} NOT MEASURED")
+else:
+    print(f"{'host_stall_ms':30} {v:8.2f} {'< 5':>8} {'ok' if v < 5 else 'SHORT'}")
 for k in ("d2h_gib_s", "d2h_memcpy_pinned_gib_s", "h2d_gib_s", "hash_gib_s",
-          "shuffle_gib_s", "d2d_gib_s", "small_gathered_gib_s",
-          "small_per_tensor_gib_s", "small_memcpy_pinned_gib_s",
-          "save_staged_gib_s", "restore_memory_gib_s"):
-    print(f"{k:30} {j[k]:8.1f} GiB/s")
-print(f"{'first_save_stall_ms':30} {j['first_save_stall_ms']:8.1f} ms (maps and pins the slot)")
+          "hash_chunks_gib_s", "shuffle_gib_s", "d2d_gib_s",
+          "small_gathered_gib_s", "small_per_tensor_gib_s",
+          "small_memcpy_pinned_gib_s", "save_staged_gib_s",
+          "restore_memory_gib_s"):
+    if k in j:
+        print(f"{k:30} {j[k]:8.1f} GiB/s")
+if "first_save_stall_ms" in j:
+    print(f"{'first_save_stall_ms':30} {j['first_save_stall_ms']:8.1f} ms (maps and pins the slot)")
+if j.get("failed"):
+    print("failed:", ", ".join(j["failed"]))
 EOF
-  else
+  fi
+  if [[ $bench_rc -ne 0 ]]; then
     echo "ckpt-bench gpu failed (exit $bench_rc)"
     failed=1
   fi
