@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/device.h"
+#include "kernels/shuffle.h"
 #include "kernels/xxh3.h"
 
 namespace ckpt::kernels {
@@ -38,10 +39,8 @@ __global__ void ByteShuffleKernel(const uint8_t* src, uint8_t* dst, size_t n,
   }
 }
 
-// The same for W-byte elements from a 16-byte aligned `src`: a thread takes
-// four elements (one vector load of 4 * W bytes) and writes 4 bytes to each
-// of the W planes, so a warp reads and writes whole 128-byte lines. The last
-// elements % 4 elements and the tail go a byte per thread.
+// The same for W-byte elements from a 16-byte aligned `src`, four elements
+// per thread (kernels/shuffle.h; ShuffleAsGrid is this loop on the host).
 template <int W>
 __global__ void ByteShuffleGroupsKernel(const uint8_t* src, uint8_t* dst,
                                         size_t n) {
@@ -50,39 +49,12 @@ __global__ void ByteShuffleGroupsKernel(const uint8_t* src, uint8_t* dst,
   const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
   const size_t first =
       static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool aligned =
-      elements % 4 == 0 && (reinterpret_cast<uintptr_t>(dst) & 3) == 0;
+  const bool words = shuffle::WordStores(dst, elements);
   for (size_t g = first; g < groups; g += stride) {
-    uint8_t in[4 * W];
-    const uint8_t* p = src + g * 4 * W;
-    if constexpr (W == 2) {
-      *reinterpret_cast<uint2*>(in) = *reinterpret_cast<const uint2*>(p);
-    } else {
-#pragma unroll
-      for (int v = 0; v < W / 4; ++v) {
-        reinterpret_cast<uint4*>(in)[v] = reinterpret_cast<const uint4*>(p)[v];
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < W; ++b) {
-      uint8_t* q = dst + b * elements + 4 * g;
-      if (aligned) {
-        *reinterpret_cast<uint32_t*>(q) =
-            in[b] | static_cast<uint32_t>(in[W + b]) << 8 |
-            static_cast<uint32_t>(in[2 * W + b]) << 16 |
-            static_cast<uint32_t>(in[3 * W + b]) << 24;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) q[j] = in[j * W + b];
-      }
-    }
+    shuffle::Group<W>(src, dst, elements, g, words);
   }
   for (size_t k = groups * 4 * W + first; k < n; k += stride) {
-    if (k < elements * W) {
-      dst[(k % W) * elements + k / W] = src[k];
-    } else {
-      dst[k] = src[k];
-    }
+    shuffle::TailByte<W>(src, dst, elements, k);
   }
 }
 

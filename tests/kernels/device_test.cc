@@ -1,6 +1,12 @@
 #include "kernels/device.h"
 
+#include <algorithm>
+#include <random>
+#include <vector>
+
 #include "gtest/gtest.h"
+#include "kernels/shuffle.h"
+#include "snapshot/filter.h"
 #include "tests/kernels/device_test_util.h"
 
 namespace ckpt::kernels {
@@ -31,6 +37,41 @@ TEST(DeviceTest, OverlappingGatherPiecesAreRefused) {
             std::string::npos)
       << gather.status();
   EXPECT_FALSE(cpu->PrepareHashes({{a, 100}}, 0).ok()) << "chunk size 0";
+}
+
+// The GPU shuffle kernel's per-thread work (kernels/shuffle.h), run on the
+// host as grids of several sizes would: every width it takes, sizes with and
+// without whole groups of four elements and a tail, destinations where words
+// can and cannot be stored.
+TEST(DeviceTest, GpuShuffleArithmeticMatchesReference) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (size_t n :
+       {0ul, 1ul, 15ul, 16ul, 64ul, 100ul, 4096ul, 4099ul, 65541ul}) {
+    const std::vector<uint8_t> src = testing::RandomBytes(rng, n);
+    for (size_t width : {2u, 4u, 8u}) {
+      std::vector<uint8_t> expected(n);
+      snapshot::ByteShuffle(src.data(), expected.data(), n, width);
+      for (size_t shift : {0u, 1u, 2u}) {
+        for (size_t threads : {1u, 7u, 256u}) {
+          std::vector<uint8_t> out(n + shift, 0xee);
+          uint8_t* dst = out.data() + shift;
+          switch (width) {
+            case 2:
+              shuffle::ShuffleAsGrid<2>(src.data(), dst, n, threads);
+              break;
+            case 4:
+              shuffle::ShuffleAsGrid<4>(src.data(), dst, n, threads);
+              break;
+            default:
+              shuffle::ShuffleAsGrid<8>(src.data(), dst, n, threads);
+          }
+          EXPECT_TRUE(std::equal(expected.begin(), expected.end(), dst))
+              << "width " << width << " n " << n << " shift " << shift
+              << " threads " << threads;
+        }
+      }
+    }
+  }
 }
 
 // The CUDA device's CPU twin queues its work: results are there after
