@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/device.h"
+#include "kernels/gather.h"
 #include "kernels/shuffle.h"
 #include "kernels/xxh3.h"
 
@@ -131,25 +132,11 @@ __global__ void HashTableKernel(const TableEntry* table, size_t count,
 }
 
 // Copies every entry of a gather's table to dst + entry.at, one block per
-// entry (grid-strided), 16 bytes per thread where both ends are aligned.
+// entry (grid-strided; kernels/gather.h, GatherAsGrid on the host).
 __global__ void GatherKernel(const TableEntry* table, size_t count,
                              uint8_t* dst) {
   for (size_t e = blockIdx.x; e < count; e += gridDim.x) {
-    const TableEntry entry = table[e];
-    uint8_t* out = dst + entry.at;
-    size_t done = 0;
-    if (((reinterpret_cast<uintptr_t>(entry.src) |
-          reinterpret_cast<uintptr_t>(out)) &
-         15) == 0) {
-      const size_t vectors = entry.n / 16;
-      const auto* s = reinterpret_cast<const uint4*>(entry.src);
-      auto* d = reinterpret_cast<uint4*>(out);
-      for (size_t i = threadIdx.x; i < vectors; i += blockDim.x) d[i] = s[i];
-      done = vectors * 16;
-    }
-    for (size_t i = done + threadIdx.x; i < entry.n; i += blockDim.x) {
-      out[i] = entry.src[i];
-    }
+    gather::EntryPart(table[e], dst, threadIdx.x, blockDim.x);
   }
 }
 

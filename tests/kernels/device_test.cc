@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/gather.h"
 #include "kernels/shuffle.h"
 #include "snapshot/filter.h"
 #include "tests/kernels/device_test_util.h"
@@ -71,6 +73,35 @@ TEST(DeviceTest, GpuShuffleArithmeticMatchesReference) {
         }
       }
     }
+  }
+}
+
+// The GPU gather kernel's per-thread work (kernels/gather.h), run on the
+// host as grids of several shapes would, lands every piece as the CPU's
+// gather does: pieces within one entry and across several, sources and
+// destinations on and off 16-byte alignment.
+TEST(DeviceTest, GpuGatherArithmeticMatchesReference) {
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<std::vector<uint8_t>> pieces_data;
+  std::vector<GatherPiece> pieces;
+  uint64_t offset = 0;
+  for (int i = 0; i < 120; ++i) {
+    const size_t n = i % 11 == 0 ? 0 : (size_t{1} << (rng() % 18)) + rng() % 33;
+    pieces_data.push_back(testing::RandomBytes(rng, n + 16));
+    const size_t shift = i % 3 == 0 ? 0 : rng() % 16;
+    pieces.push_back({pieces_data.back().data() + shift, n, offset});
+    offset += n + (i % 2 == 0 ? (16 - n % 16) % 16 : rng() % 7);
+  }
+  auto batch = NewHostGather(pieces);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  std::vector<uint8_t> expected((*batch)->outputs() + 16, 0xee);
+  RunGatherOnHost(**batch, expected.data());
+  for (auto [blocks, threads] :
+       {std::pair<size_t, size_t>{1, 1}, {3, 7}, {4096, 256}}) {
+    std::vector<uint8_t> actual(expected.size(), 0xee);
+    gather::GatherAsGrid(**batch, actual.data(), blocks, threads);
+    EXPECT_TRUE(actual == expected)
+        << blocks << " blocks of " << threads << " threads";
   }
 }
 
