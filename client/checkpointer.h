@@ -285,11 +285,13 @@ class Checkpointer {
   void HandOver(const std::shared_ptr<SaveHandle>& handle, uint64_t step,
                 const std::vector<proto::StagedItem>& layout,
                 absl::Status status);
-  // Restore from a slot into host memory: copies every registered item
-  // (`sources`: their places in the slot) chunk by chunk on several threads,
-  // checking each chunk where it landed against the raw checksum of the
-  // persisted manifest (`reader`), or when it is null (not persisted yet)
-  // against the hashes the saving client took (StagedItem.chunk_xxh3).
+  // Restore from a slot: copies every registered item (`sources`: their
+  // places in the slot) chunk by chunk on several threads, checking each
+  // chunk where it landed (host memory, or for device tensors the pinned
+  // buffer they then leave for the device from; client/device_upload.h)
+  // against the raw checksum of the persisted manifest (`reader`), or when it
+  // is null (not persisted yet) against the hashes the saving client took
+  // (StagedItem.chunk_xxh3).
   absl::Status CopyAndVerify(
       const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
       const snapshot::ShardReader* reader);

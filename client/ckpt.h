@@ -62,10 +62,10 @@ int ckpt_connect_cuda(const char* job, uint32_t rank, uint32_t world_size,
  * copies (a forward and backward pass); the trainer then calls
  * ckpt_save_order_stream before the step that overwrites the state. */
 #define CKPT_CUDA_NO_STREAM_ORDER 1u
-int ckpt_connect_cuda_flags(const char* job, uint32_t rank,
-                            uint32_t world_size, const char* socket_path,
-                            int cuda_device, void* compute_stream,
-                            unsigned flags, ckpt_checkpointer** out);
+int ckpt_connect_cuda_flags(const char* job, uint32_t rank, uint32_t world_size,
+                            const char* socket_path, int cuda_device,
+                            void* compute_stream, unsigned flags,
+                            ckpt_checkpointer** out);
 /* Waits for saves in flight to be handed to the daemon, then frees. NULL is
  * ignored. */
 void ckpt_close(ckpt_checkpointer* ckpt);
@@ -86,7 +86,8 @@ int ckpt_save_async(ckpt_checkpointer* ckpt, uint64_t step, ckpt_save** out);
 int ckpt_save_wait_staged(ckpt_save* save);
 int ckpt_save_wait_committed(ckpt_save* save, int tier, int64_t timeout_ms);
 /* Work queued later on `stream` (a cudaStream_t) waits for this save's copy on
- * the device, without blocking the host. Host tensors: ckpt_save_wait_staged. */
+ * the device, without blocking the host. Host tensors: ckpt_save_wait_staged.
+ */
 int ckpt_save_order_stream(ckpt_save* save, void* stream);
 void ckpt_save_free(ckpt_save* save);
 

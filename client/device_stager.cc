@@ -36,7 +36,6 @@ void DeviceStager::DropGathers() {
   batches_.clear();
   if (buffer_ != nullptr) device_->Free(buffer_);
   buffer_ = nullptr;
-  buffer_bytes_ = 0;
 }
 
 void DeviceStager::PrepareGathers(const std::vector<Tensor>& gathered) {
@@ -69,7 +68,6 @@ void DeviceStager::PrepareGathers(const std::vector<Tensor>& gathered) {
     return;
   }
   buffer_ = *buffer;
-  buffer_bytes_ = widest;
   for (const auto& [first, last] : runs) {
     const uint64_t begin = gathered[first].slot_offset;
     std::vector<kernels::GatherPiece> pieces;

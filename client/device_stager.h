@@ -92,7 +92,6 @@ class DeviceStager {
   std::vector<Tensor> gathered_;
   std::vector<GatherBatch> batches_;
   void* buffer_ = nullptr;
-  uint64_t buffer_bytes_ = 0;
   std::string gather_refused_;  // why batches_ is empty
   // The hash batch and what it was made for.
   std::vector<Tensor> hashed_;
