@@ -3,46 +3,15 @@
 #include <zstd.h>
 
 #include <cstring>
-#include <memory>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "io/status_macros.h"
 #include "snapshot/filter.h"
+#include "snapshot/plane_codec.h"
 #include "snapshot/xxh3.h"
+#include "snapshot/zstd_context.h"
 
 namespace ckpt::snapshot {
-namespace {
-
-// The one place where zstd's error space becomes a Status.
-absl::Status ZstdError(size_t code, absl::string_view what) {
-  return absl::DataLossError(
-      absl::StrCat(what, ": zstd: ", ZSTD_getErrorName(code)));
-}
-
-struct CCtxDeleter {
-  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
-};
-struct DCtxDeleter {
-  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
-};
-
-ZSTD_CCtx* ThreadCCtx() {
-  thread_local std::unique_ptr<ZSTD_CCtx, CCtxDeleter> ctx(ZSTD_createCCtx());
-  return ctx.get();
-}
-ZSTD_DCtx* ThreadDCtx() {
-  thread_local std::unique_ptr<ZSTD_DCtx, DCtxDeleter> ctx(ZSTD_createDCtx());
-  return ctx.get();
-}
-
-// Per-thread scratch for the filtered bytes, grown on demand.
-uint8_t* Scratch(size_t n, int which) {
-  thread_local std::vector<uint8_t> scratch[2];
-  if (scratch[which].size() < n) scratch[which].resize(n);
-  return scratch[which].data();
-}
-
-}  // namespace
 
 uint64_t Checksum(absl::Span<const uint8_t> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
@@ -82,44 +51,62 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
   io::AlignedBuffer& out = chunk.head;  // header, stored bytes, padding
   if (options.codec == proto::CODEC_ZSTD && raw_size > 0) {
     const bool shuffled = options.shuffle && element_width > 1;
-    ZSTD_CCtx* cctx = ThreadCCtx();
     const double keep = 1.0 - options.min_saving;
-    bool worth_trying = true;
-    if (options.probe_bytes > 0 && raw_size > 2 * options.probe_bytes) {
-      // The sample is filtered on its own: a prefix of the filtered chunk would
-      // hold only the low bytes of its elements and misjudge it.
-      size_t sample = options.probe_bytes / element_width * element_width;
-      const uint8_t* probe_input = raw.data();
-      if (shuffled) {
-        uint8_t* filtered = Scratch(sample, 0);
-        ByteShuffle(raw.data(), filtered, sample, element_width);
-        probe_input = filtered;
-      }
-      size_t probe_cap = ZSTD_compressBound(sample);
-      size_t probe = ZSTD_compressCCtx(cctx, Scratch(probe_cap, 1), probe_cap,
-                                       probe_input, sample, options.zstd_level);
-      if (ZSTD_isError(probe)) return ZstdError(probe, "compress probe");
-      worth_trying =
-          static_cast<double>(probe) < keep * static_cast<double>(sample);
-    }
-    if (worth_trying) {
-      const uint8_t* input = raw.data();
-      if (shuffled) {
-        uint8_t* filtered = Scratch(raw_size, 0);
-        ByteShuffle(raw.data(), filtered, raw_size, element_width);
-        input = filtered;
-      }
+    auto keep_if_smaller = [&](size_t n, proto::Codec codec, bool filtered) {
+      if (static_cast<double>(n) >= keep * static_cast<double>(raw_size))
+        return;
+      header->codec = codec;
+      header->filter =
+          filtered ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
+      header->stored_size = static_cast<uint32_t>(n);
+      header->stored_xxh3 = Checksum({out.data() + kChunkHeaderSize, n});
+    };
+    if (shuffled && options.planes && element_width >= kMinPlaneWidth &&
+        element_width <= kMaxPlaneWidth && raw_size >= kMinPlanesBytes) {
+      // The plane codec probes each plane itself.
       out = acquire();
-      uint8_t* stored = out.data() + kChunkHeaderSize;
-      size_t n = ZSTD_compressCCtx(cctx, stored, ZSTD_compressBound(raw_size),
-                                   input, raw_size, options.zstd_level);
-      if (ZSTD_isError(n)) return ZstdError(n, "compress");
-      if (static_cast<double>(n) < keep * static_cast<double>(raw_size)) {
-        header->codec = proto::CODEC_ZSTD;
-        header->filter =
-            shuffled ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
-        header->stored_size = static_cast<uint32_t>(n);
-        header->stored_xxh3 = Checksum({stored, n});
+      absl::StatusOr<size_t> n =
+          EncodePlanes(raw, element_width,
+                       {.zstd_level = options.zstd_level,
+                        .min_saving = options.min_plane_saving,
+                        .probe_bytes = options.probe_bytes},
+                       out.data() + kChunkHeaderSize);
+      if (!n.ok()) return n.status();
+      if (*n > 0) keep_if_smaller(*n, proto::CODEC_ZSTD_PLANES, true);
+    } else {
+      ZSTD_CCtx* cctx = ThreadCCtx();
+      bool worth_trying = true;
+      if (options.probe_bytes > 0 && raw_size > 2 * options.probe_bytes) {
+        // The sample is filtered on its own: a prefix of the filtered chunk
+        // would hold only the low bytes of its elements and misjudge it.
+        size_t sample = options.probe_bytes / element_width * element_width;
+        const uint8_t* probe_input = raw.data();
+        if (shuffled) {
+          uint8_t* filtered = Scratch(sample, 0);
+          ByteShuffle(raw.data(), filtered, sample, element_width);
+          probe_input = filtered;
+        }
+        size_t probe_cap = ZSTD_compressBound(sample);
+        size_t probe =
+            ZSTD_compressCCtx(cctx, Scratch(probe_cap, 1), probe_cap,
+                              probe_input, sample, options.zstd_level);
+        if (ZSTD_isError(probe)) return ZstdError(probe, "compress probe");
+        worth_trying =
+            static_cast<double>(probe) < keep * static_cast<double>(sample);
+      }
+      if (worth_trying) {
+        const uint8_t* input = raw.data();
+        if (shuffled) {
+          uint8_t* filtered = Scratch(raw_size, 0);
+          ByteShuffle(raw.data(), filtered, raw_size, element_width);
+          input = filtered;
+        }
+        out = acquire();
+        size_t n = ZSTD_compressCCtx(cctx, out.data() + kChunkHeaderSize,
+                                     ZSTD_compressBound(raw_size), input,
+                                     raw_size, options.zstd_level);
+        if (ZSTD_isError(n)) return ZstdError(n, "compress");
+        keep_if_smaller(n, proto::CODEC_ZSTD, shuffled);
       }
     }
   }
@@ -217,6 +204,14 @@ absl::Status DecodeChunk(const ChunkHeader& header,
         ByteUnshuffle(dst, raw_out.data(), raw_size, header.element_width);
       break;
     }
+    case proto::CODEC_ZSTD_PLANES:
+      if (!shuffled || header.version < kPlanesFormatVersion) {
+        return absl::DataLossError(absl::StrCat(
+            "byte planes without the byte-shuffle filter or in format ",
+            header.version));
+      }
+      RETURN_IF_ERROR(DecodePlanes(stored, header.element_width, raw_out));
+      break;
     default:
       return absl::DataLossError(absl::StrCat("unknown codec ", header.codec));
   }

@@ -1,5 +1,6 @@
-// The chunk codec: raw bytes -> (byte-shuffle filter) -> (zstd) -> stored
-// bytes, each step checksummed with XXH3-64, and back. Encoding produces
+// The chunk codec: raw bytes -> (byte-shuffle filter) -> (zstd, over the whole
+// chunk or plane by plane) -> stored bytes, each step checksummed with XXH3-64,
+// and back. Encoding produces
 // write-ready, O_DIRECT-aligned pieces: the 64-byte chunk header, the stored
 // bytes and zero padding; a chunk stored raw is written from where its bytes
 // lie when they are aligned (no copy). Decoding bounds every decompression by
@@ -25,6 +26,9 @@ namespace ckpt::snapshot {
 // Smaller raw chunks are copied behind their header by default: padding the
 // header to the alignment would cost more than the copy saves.
 inline constexpr size_t kMinInPlaceBytes = 64 << 10;
+// Smaller chunks are coded in one zstd frame: a frame per plane would cost
+// more than coding planes apart gains.
+inline constexpr size_t kMinPlanesBytes = 4 << 10;
 
 struct CodecOptions {
   // CODEC_NONE stores every chunk raw; CODEC_ZSTD compresses when it pays.
@@ -32,6 +36,12 @@ struct CodecOptions {
   int zstd_level = 1;
   // Byte-shuffle elements wider than one byte before compressing.
   bool shuffle = true;
+  // Code the shuffled bytes' planes one by one (CODEC_ZSTD_PLANES, format 4:
+  // snapshot/plane_codec.h) instead of in one zstd frame, for elements of
+  // kMinPlaneWidth..kMaxPlaneWidth bytes in chunks of kMinPlanesBytes or more.
+  bool planes = true;
+  // A plane is stored raw unless compressing it saves this fraction.
+  double min_plane_saving = 0.005;
   // A chunk is stored raw unless compression saves at least this fraction.
   double min_saving = 0.03;
   // Chunks larger than twice this are probed first: if a sample of this many

@@ -11,6 +11,7 @@
 #include "io/status_macros.h"
 #include "snapshot/dtype.h"
 #include "snapshot/names.h"
+#include "snapshot/plane_codec.h"
 #include "snapshot/xxh3.h"
 
 namespace ckpt::snapshot {
@@ -71,8 +72,9 @@ bool AllZero(const uint8_t* p, size_t n) {
   return true;
 }
 
-bool KnownCodec(proto::Codec c) {
-  return c == proto::CODEC_NONE || c == proto::CODEC_ZSTD;
+bool KnownCodec(proto::Codec c, uint32_t version) {
+  return c == proto::CODEC_NONE || c == proto::CODEC_ZSTD ||
+         (c == proto::CODEC_ZSTD_PLANES && version >= kPlanesFormatVersion);
 }
 bool KnownFilter(proto::Filter f) {
   return f == proto::FILTER_NONE || f == proto::FILTER_BYTE_SHUFFLE;
@@ -289,7 +291,8 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
     return bad("manifest: data size ", m.data_size(),
                " does not match manifest offset ", manifest_offset);
   }
-  if (m.format_version() < 3 && (m.bases_size() > 0 || m.increments() > 0))
+  if (m.format_version() < kIncrementalFormatVersion &&
+      (m.bases_size() > 0 || m.increments() > 0))
     return bad("manifest: base shards in format ", m.format_version());
   if ((m.bases_size() > 0) != (m.increments() > 0)) {
     return bad("manifest: ", m.bases_size(), " base shards but ",
@@ -352,9 +355,19 @@ absl::Status ValidateManifest(const proto::ShardManifest& m,
         return bad(where(),
                    ": only the last chunk may be smaller than the chunk size");
       }
-      if (!KnownCodec(chunk.codec()) || !KnownFilter(chunk.filter())) {
+      if (!KnownCodec(chunk.codec(), m.format_version()) ||
+          !KnownFilter(chunk.filter())) {
         return bad(where(), ": unknown codec ", chunk.codec(), " or filter ",
-                   chunk.filter());
+                   chunk.filter(), " in format ", m.format_version());
+      }
+      if (chunk.codec() == proto::CODEC_ZSTD_PLANES &&
+          (chunk.filter() != proto::FILTER_BYTE_SHUFFLE ||
+           chunk.element_width() < kMinPlaneWidth ||
+           chunk.element_width() > kMaxPlaneWidth)) {
+        return bad(where(), ": byte planes need the byte-shuffle filter and ",
+                   kMinPlaneWidth, " to ", kMaxPlaneWidth,
+                   "-byte elements (filter ", chunk.filter(), ", width ",
+                   chunk.element_width(), ")");
       }
       if (chunk.element_width() != width) {
         return bad(where(), ": element width ", chunk.element_width(),

@@ -20,8 +20,12 @@ namespace ckpt::snapshot {
 
 // What writers write; readers also read every version from
 // kOldestFormatVersion on.
-inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kFormatVersion = 4;
 inline constexpr uint32_t kOldestFormatVersion = 1;
+// The first versions with chunks stored in base shards (incremental saves)
+// and with byte-plane coded chunks (CODEC_ZSTD_PLANES).
+inline constexpr uint32_t kIncrementalFormatVersion = 3;
+inline constexpr uint32_t kPlanesFormatVersion = 4;
 inline constexpr uint32_t kAlignment = 4096;
 inline constexpr size_t kChunkHeaderSize = 64;
 inline constexpr size_t kFooterSize = 64;

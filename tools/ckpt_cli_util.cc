@@ -33,6 +33,8 @@ std::string CodecName(proto::Codec c) {
       return "none";
     case proto::CODEC_ZSTD:
       return "zstd";
+    case proto::CODEC_ZSTD_PLANES:
+      return "zstd-planes";
     default:
       return absl::StrCat("unknown(", static_cast<int>(c), ")");
   }

@@ -67,7 +67,7 @@ TEST_F(IncrementalServiceTest, SavesStoreWhatChangedAndKeepTheirBases) {
                                       r->base_steps().end());
     if (full) {
       EXPECT_TRUE(bases.empty()) << "step " << step;
-      EXPECT_GT(r->stored_bytes(), 3 * kChunk) << "step " << step;
+      EXPECT_GT(r->stored_bytes(), 2 * kChunk) << "step " << step;
     } else {
       EXPECT_EQ(bases, std::vector<uint64_t>{(step - 1) / 4 * 4 + 1})
           << "step " << step;

@@ -70,7 +70,7 @@ TEST(ChunkCodecTest, CompressibleDataIsCompressedAndShuffled) {
   ChunkHeader h;
   auto encoded = EncodeChunk(raw, 4, CodecOptions{}, nullptr, &h);
   ASSERT_TRUE(encoded.ok());
-  EXPECT_EQ(h.codec, proto::CODEC_ZSTD);
+  EXPECT_EQ(h.codec, proto::CODEC_ZSTD_PLANES);
   EXPECT_EQ(h.filter, proto::FILTER_BYTE_SHUFFLE);
   EXPECT_LT(h.stored_size, raw.size() / 4);
   EXPECT_EQ(encoded->size() % kAlignment, 0u);

@@ -23,13 +23,15 @@ struct Combo {
   bool shuffle;
   uint32_t chunk_size;
   bool direct;
+  bool planes = true;  // the byte-plane codec (format 4) where it applies
 };
 
 std::string ComboName(const ::testing::TestParamInfo<Combo>& info) {
   const Combo& c = info.param;
   return std::string(c.codec == proto::CODEC_ZSTD ? "zstd" : "none") +
          (c.shuffle ? "_shuffle" : "_noshuffle") + "_chunk" +
-         std::to_string(c.chunk_size) + (c.direct ? "_direct" : "_buffered");
+         std::to_string(c.chunk_size) + (c.direct ? "_direct" : "_buffered") +
+         (c.planes ? "" : "_noplanes");
 }
 
 // Values that look like a real tensor of the dtype: compressible but not
@@ -75,6 +77,7 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
   ShardWriterOptions options;
   options.codec.codec = combo.codec;
   options.codec.shuffle = combo.shuffle;
+  options.codec.planes = combo.planes;
   options.chunk_size = combo.chunk_size;
   options.direct_io = combo.direct;
   const std::string path = dir_.File("s.shard");
@@ -143,8 +146,10 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
     }
   }
   EXPECT_TRUE((*reader)->VerifyAll().empty());
+  int plane_chunks = 0;
   for (const proto::Item& item : m.items()) {
     for (const proto::ChunkInfo& c : item.chunks()) {
+      plane_chunks += c.codec() == proto::CODEC_ZSTD_PLANES;
       if (combo.codec == proto::CODEC_NONE) {
         EXPECT_EQ(c.codec(), proto::CODEC_NONE);
       }
@@ -153,6 +158,10 @@ TEST_P(RoundTripTest, EveryDTypeIsBitExact) {
       }
     }
   }
+  // Plane-coded chunks exactly where the codec, the shuffle and the option
+  // allow them (the float tensors' chunks compress).
+  EXPECT_EQ(plane_chunks > 0,
+            combo.codec == proto::CODEC_ZSTD && combo.shuffle && combo.planes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -161,6 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Combo{proto::CODEC_ZSTD, false, 4096, true},
                       Combo{proto::CODEC_ZSTD, true, 4096, true},
                       Combo{proto::CODEC_ZSTD, true, 65536, false},
+                      Combo{proto::CODEC_ZSTD, true, 65536, true, false},
                       Combo{proto::CODEC_NONE, false, 1 << 20, false},
                       Combo{proto::CODEC_ZSTD, true, 4 << 20, true}),
     ComboName);

@@ -99,7 +99,7 @@ TEST(ShardStreamTest, ReadsEveryItemBitExact) {
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   // Both kinds of chunks are there.
   EXPECT_EQ(manifest->items(0).chunks(0).codec(), proto::CODEC_NONE);
-  EXPECT_EQ(manifest->items(1).chunks(0).codec(), proto::CODEC_ZSTD);
+  EXPECT_EQ(manifest->items(1).chunks(0).codec(), proto::CODEC_ZSTD_PLANES);
   io::ThreadPool pool(2);
   for (io::ThreadPool* decoders :
        {static_cast<io::ThreadPool*>(nullptr), &pool}) {
