@@ -9,21 +9,25 @@
 namespace ckpt::snapshot {
 namespace {
 
-// kForward: element-major -> byte-plane-major; else the inverse, for elements
-// [begin, elements). A fixed W lets the compiler unroll; W == 0 means "use
-// `width`".
-template <bool kForward, size_t W>
-void Planes(const uint8_t* src, uint8_t* dst, size_t begin, size_t elements,
-            size_t width) {
+// Element-major -> byte-plane-major for elements [begin, elements). A fixed W
+// lets the compiler unroll; W == 0 means "use `width`".
+template <size_t W>
+void ToPlanes(const uint8_t* src, uint8_t* dst, size_t begin, size_t elements,
+              size_t width) {
   const size_t w = W != 0 ? W : width;
   for (size_t i = begin; i < elements; ++i) {
-    for (size_t b = 0; b < w; ++b) {
-      if constexpr (kForward) {
-        dst[b * elements + i] = src[i * w + b];
-      } else {
-        dst[i * w + b] = src[b * elements + i];
-      }
-    }
+    for (size_t b = 0; b < w; ++b) dst[b * elements + i] = src[i * w + b];
+  }
+}
+
+// The inverse, reading plane b through planes[b]: the planes need not lie
+// back to back.
+template <size_t W>
+void FromPlanes(const uint8_t* const* planes, uint8_t* dst, size_t begin,
+                size_t elements, size_t width) {
+  const size_t w = W != 0 ? W : width;
+  for (size_t i = begin; i < elements; ++i) {
+    for (size_t b = 0; b < w; ++b) dst[i * w + b] = planes[b][i];
   }
 }
 
@@ -51,10 +55,10 @@ size_t Shuffle2(const uint8_t* src, uint8_t* dst, size_t elements) {
   return i;
 }
 
-size_t Unshuffle2(const uint8_t* src, uint8_t* dst, size_t elements) {
+size_t Unshuffle2(const uint8_t* const* planes, uint8_t* dst, size_t elements) {
   size_t i = 0;
   for (; i + 16 <= elements; i += 16) {
-    const __m128i p0 = Load(src + i), p1 = Load(src + elements + i);
+    const __m128i p0 = Load(planes[0] + i), p1 = Load(planes[1] + i);
     Store(dst + 2 * i, _mm_unpacklo_epi8(p0, p1));
     Store(dst + 2 * i + 16, _mm_unpackhi_epi8(p0, p1));
   }
@@ -85,12 +89,11 @@ size_t Shuffle4(const uint8_t* src, uint8_t* dst, size_t elements) {
   return i;
 }
 
-size_t Unshuffle4(const uint8_t* src, uint8_t* dst, size_t elements) {
+size_t Unshuffle4(const uint8_t* const* planes, uint8_t* dst, size_t elements) {
   size_t i = 0;
   for (; i + 16 <= elements; i += 16) {
-    const __m128i p0 = Load(src + i), p1 = Load(src + elements + i);
-    const __m128i p2 = Load(src + 2 * elements + i);
-    const __m128i p3 = Load(src + 3 * elements + i);
+    const __m128i p0 = Load(planes[0] + i), p1 = Load(planes[1] + i);
+    const __m128i p2 = Load(planes[2] + i), p3 = Load(planes[3] + i);
     // Bytes 0|1 and 2|3 of each element, then whole elements.
     const __m128i lo01 = _mm_unpacklo_epi8(p0, p1);
     const __m128i lo23 = _mm_unpacklo_epi8(p2, p3);
@@ -105,13 +108,14 @@ size_t Unshuffle4(const uint8_t* src, uint8_t* dst, size_t elements) {
 }
 #else
 size_t Shuffle2(const uint8_t*, uint8_t*, size_t) { return 0; }
-size_t Unshuffle2(const uint8_t*, uint8_t*, size_t) { return 0; }
+size_t Unshuffle2(const uint8_t* const*, uint8_t*, size_t) { return 0; }
 size_t Shuffle4(const uint8_t*, uint8_t*, size_t) { return 0; }
-size_t Unshuffle4(const uint8_t*, uint8_t*, size_t) { return 0; }
+size_t Unshuffle4(const uint8_t* const*, uint8_t*, size_t) { return 0; }
 #endif
 
-template <bool kForward>
-void Transform(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
+}  // namespace
+
+void ByteShuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
   if (n == 0) return;
   if (width <= 1) {
     std::memcpy(dst, src, n);
@@ -119,36 +123,66 @@ void Transform(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
   }
   const size_t elements = n / width;
   switch (width) {
-    case 2: {
-      const size_t done = kForward ? Shuffle2(src, dst, elements)
-                                   : Unshuffle2(src, dst, elements);
-      Planes<kForward, 2>(src, dst, done, elements, width);
+    case 2:
+      ToPlanes<2>(src, dst, Shuffle2(src, dst, elements), elements, width);
       break;
-    }
-    case 4: {
-      const size_t done = kForward ? Shuffle4(src, dst, elements)
-                                   : Unshuffle4(src, dst, elements);
-      Planes<kForward, 4>(src, dst, done, elements, width);
+    case 4:
+      ToPlanes<4>(src, dst, Shuffle4(src, dst, elements), elements, width);
       break;
-    }
     case 8:
-      Planes<kForward, 8>(src, dst, 0, elements, width);
+      ToPlanes<8>(src, dst, 0, elements, width);
       break;
     default:
-      Planes<kForward, 0>(src, dst, 0, elements, width);
+      ToPlanes<0>(src, dst, 0, elements, width);
   }
   const size_t done = elements * width;
   std::memcpy(dst + done, src + done, n - done);
 }
 
-}  // namespace
-
-void ByteShuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
-  Transform<true>(src, dst, n, width);
+void ByteUnshufflePlanes(const uint8_t* const* planes, const uint8_t* tail,
+                         uint8_t* dst, size_t n, size_t width) {
+  if (n == 0) return;
+  const size_t elements = n / width;
+  switch (width) {
+    case 1:
+      std::memcpy(dst, planes[0], elements);
+      break;
+    case 2:
+      FromPlanes<2>(planes, dst, Unshuffle2(planes, dst, elements), elements,
+                    width);
+      break;
+    case 4:
+      FromPlanes<4>(planes, dst, Unshuffle4(planes, dst, elements), elements,
+                    width);
+      break;
+    case 8:
+      FromPlanes<8>(planes, dst, 0, elements, width);
+      break;
+    default:
+      FromPlanes<0>(planes, dst, 0, elements, width);
+  }
+  const size_t done = elements * width;
+  std::memcpy(dst + done, tail, n - done);
 }
 
 void ByteUnshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width) {
-  Transform<false>(src, dst, n, width);
+  if (width <= 1) {
+    if (n > 0) std::memcpy(dst, src, n);
+    return;
+  }
+  const size_t elements = n / width;
+  if (width > 255) {
+    for (size_t i = 0; i < elements; ++i) {
+      for (size_t b = 0; b < width; ++b)
+        dst[i * width + b] = src[b * elements + i];
+    }
+    std::memcpy(dst + elements * width, src + elements * width,
+                n - elements * width);
+    return;
+  }
+  const uint8_t* planes[255];
+  for (size_t b = 0; b < width; ++b) planes[b] = src + b * elements;
+  ByteUnshufflePlanes(planes, src + elements * width, dst, n, width);
 }
 
 }  // namespace ckpt::snapshot

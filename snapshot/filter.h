@@ -18,6 +18,11 @@ namespace ckpt::snapshot {
 // plain copy.
 void ByteShuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width);
 void ByteUnshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t width);
+// ByteUnshuffle of planes that need not lie back to back: byte b of element i
+// is planes[b][i] (width 1 to 255), and the tail of n % width bytes is at
+// `tail`.
+void ByteUnshufflePlanes(const uint8_t* const* planes, const uint8_t* tail,
+                         uint8_t* dst, size_t n, size_t width);
 
 }  // namespace ckpt::snapshot
 

@@ -143,14 +143,17 @@ absl::Status DecodePlanes(absl::Span<const uint8_t> stored, size_t width,
         absl::StrCat("plane codec: planes and tail take ", total,
                      " bytes, the chunk stores ", stored.size()));
   }
-  uint8_t* planes = Scratch(n, 0);
+  // Raw planes are unshuffled from where they lie; frames are decoded into
+  // scratch first.
+  uint8_t* scratch = Scratch(n, 0);
+  const uint8_t* planes[kMaxPlaneWidth];
   const uint8_t* at = stored.data() + 4 * width;
   for (size_t b = 0; b < width; ++b) {
     const uint32_t size = Get32(stored.data() + 4 * b);
-    uint8_t* plane = planes + b * plane_size;
     if (size == plane_size) {
-      std::memcpy(plane, at, plane_size);
+      planes[b] = at;
     } else {
+      uint8_t* plane = scratch + b * plane_size;
       const unsigned long long declared = ZSTD_getFrameContentSize(at, size);
       if (declared != plane_size) {
         return absl::DataLossError(absl::StrCat(
@@ -165,11 +168,11 @@ absl::Status DecodePlanes(absl::Span<const uint8_t> stored, size_t width,
         return absl::DataLossError(absl::StrCat("plane ", b, ": decompressed ",
                                                 got, " bytes of ", plane_size));
       }
+      planes[b] = plane;
     }
     at += size;
   }
-  std::memcpy(planes + plane_size * width, at, tail);
-  ByteUnshuffle(planes, raw_out.data(), n, width);
+  ByteUnshufflePlanes(planes, at, raw_out.data(), n, width);
   return absl::OkStatus();
 }
 

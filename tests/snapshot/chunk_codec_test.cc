@@ -61,6 +61,38 @@ TEST(FilterTest, ShuffleMatchesTheDefinitionAtEverySize) {
   }
 }
 
+// Planes read from separate buffers (as the plane codec's raw and decoded
+// planes lie) give the same bytes as ByteUnshuffle of the planes back to back,
+// for every width the plane codec takes and an odd one past it.
+TEST(FilterTest, UnshuffleFromScatteredPlanesMatchesUnshuffle) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (size_t width : {1u, 2u, 3u, 4u, 8u, 16u, 300u}) {
+    for (size_t n : {size_t{0}, width - 1, 16 * width * 3 + 5, size_t{70001}}) {
+      const std::vector<uint8_t> shuffled = testing::RandomBytes(rng, n);
+      const size_t elements = n / width;
+      std::vector<std::vector<uint8_t>> copies(width);
+      std::vector<const uint8_t*> planes(width);
+      for (size_t b = 0; b < width; ++b) {
+        // One byte of offset so that no plane is aligned as it was.
+        copies[b].assign(elements + 1, 0);
+        std::memcpy(copies[b].data() + 1, shuffled.data() + b * elements,
+                    elements);
+        planes[b] = copies[b].data() + 1;
+      }
+      std::vector<uint8_t> expected(n), got(n);
+      ByteUnshuffle(shuffled.data(), expected.data(), n, width);
+      if (width <= 255) {
+        ByteUnshufflePlanes(planes.data(), shuffled.data() + elements * width,
+                            got.data(), n, width);
+        ASSERT_EQ(got, expected) << "width " << width << " n " << n;
+      }
+      std::vector<uint8_t> back(n);
+      ByteShuffle(expected.data(), back.data(), n, width);
+      ASSERT_EQ(back, shuffled) << "width " << width << " n " << n;
+    }
+  }
+}
+
 TEST(ChunkCodecTest, CompressibleDataIsCompressedAndShuffled) {
   std::vector<uint8_t> raw(1 << 20);
   for (size_t i = 0; i < raw.size() / 4; ++i) {
