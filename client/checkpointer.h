@@ -91,9 +91,10 @@ struct CheckpointerOptions {
   // copied (stats().gather_refused says why).
   uint64_t gather_max_tensor_bytes = 1 << 20;
   uint64_t gather_buffer_bytes = 64 << 20;
-  // kCuda: a restore of device tensors from a shard file reads them into a
-  // pinned host buffer of at most this many bytes, half at a time, each half
-  // copied to the device while the other is read (client/device_upload.h).
+  // kCuda: a restore of device tensors reads them into a pinned host buffer
+  // of at most this many bytes, half at a time, each half copied to the
+  // device while the other is read (client/device_upload.h); a restore onto
+  // another number of ranks assembles boxes larger than a half in slabs.
   uint64_t restore_buffer_bytes = 256 << 20;
   // Staging slots kept mapped (and, on a GPU, pinned) between saves. ckptd
   // reuses slot files, so a steady job maps and pins each slot once.

@@ -32,22 +32,24 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
     }
     saved[o].shard = resp.shard();
   }
-  std::vector<uint8_t> host, part;
-  // Device tensors are assembled in pinned halves, each copied to the device
-  // while the next tensor is assembled in the other (tensors larger than half
-  // of restore_buffer_bytes in pageable memory, one at a time).
+  std::vector<uint8_t> part;
+  // Device tensors are assembled in pinned halves of at most half of
+  // restore_buffer_bytes, each copied to the device while the next is
+  // assembled in the other: a tensor as a whole, or, when it is larger than a
+  // half, in slabs (parts contiguous in its layout) that fit one.
   std::unique_ptr<PinnedHalves> staging;
-  size_t staged_tensors = 0;
+  size_t sent = 0;
+  constexpr uint64_t kWidestElement = 16;  // a slab is never less than one
+  const uint64_t half_bound =
+      std::max<uint64_t>(options_.restore_buffer_bytes / 2, kWidestElement);
   if (!device_->host_resident()) {
-    uint64_t largest = 0;  // of those that fit half the bound
+    uint64_t largest = 0;
     for (const Registered& r : items_) {
-      if (r.is_tensor() &&
-          r.item.raw_size() <= options_.restore_buffer_bytes / 2) {
-        largest = std::max(largest, r.item.raw_size());
-      }
+      if (r.is_tensor()) largest = std::max(largest, r.item.raw_size());
     }
     if (largest > 0) {
-      staging = std::make_unique<PinnedHalves>(device_.get(), largest);
+      staging = std::make_unique<PinnedHalves>(device_.get(),
+                                               std::min(largest, half_bound));
       RETURN_IF_ERROR(staging->Pin());
     }
   }
@@ -101,19 +103,6 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
     const snapshot::Box want{
         {r.item.box_offset().begin(), r.item.box_offset().end()},
         {r.item.box_length().begin(), r.item.box_length().end()}};
-    absl::Span<uint8_t> dst;
-    bool staged = false;  // in `staging`
-    if (device_->host_resident()) {
-      dst = absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
-                                r.item.raw_size());
-    } else if (staging != nullptr && r.item.raw_size() <= staging->half()) {
-      ASSIGN_OR_RETURN(uint8_t * area, staging->Fill(staged_tensors));
-      dst = absl::Span<uint8_t>(area, r.item.raw_size());
-      staged = true;
-    } else {
-      host.resize(r.item.raw_size());
-      dst = absl::MakeSpan(host);
-    }
     // The saved boxes overlapping this rank's box, grouped by box: the ranks
     // of one group are replicas (data-parallel state saved by every rank).
     // One replica of each group is read, the next one if it fails.
@@ -143,8 +132,10 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
       groups[{std::move(box.offset), std::move(box.length)}].push_back(
           {&src, staged});
     }
-    // Copies the overlap of one saved box; returns the elements copied.
-    auto copy_from = [&](const Source& source) -> absl::StatusOr<int64_t> {
+    // Copies the overlap of one saved box with `want`, laid out in `dst`;
+    // returns the elements copied.
+    auto copy_from = [&](const Source& source, const snapshot::Box& want,
+                         absl::Span<uint8_t> dst) -> absl::StatusOr<int64_t> {
       SavedRank& src = *source.rank;
       const proto::Item& had = source.staged->item();
       const snapshot::Box box{
@@ -177,7 +168,6 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
       return snapshot::CopyBoxIntersection(
           absl::MakeConstSpan(bytes, had.raw_size()), box, dst, want, width);
     };
-    int64_t covered = 0;
     for (auto& [box, replicas] : groups) {
       // Spread the reads of replicated state over the saved ranks: this rank
       // starts with the replica of its own number when there is one.
@@ -191,29 +181,57 @@ absl::Status Checkpointer::RestoreResharded(uint64_t step, uint32_t saved_world,
                     replicas.begin() + options_.rank % replicas.size(),
                     replicas.end());
       }
-      absl::StatusOr<int64_t> copied;
-      for (size_t i = 0; i < replicas.size(); ++i) {
-        copied = copy_from(replicas[i]);
-        if (copied.ok()) break;
-        if (i + 1 < replicas.size()) report_.fallbacks++;  // another replica
-      }
-      if (!copied.ok()) return copied.status();
-      covered += *copied;
     }
-    if (covered != want.elements()) {
-      return absl::NotFoundError(absl::StrCat(
-          what, ": tensor \"", r.item.name(), "\": the shards saved by ",
-          saved_world, " rank(s) cover ", covered, " of the ", want.elements(),
-          " elements of this rank's box",
-          covered > want.elements() ? " (saved boxes overlap)" : ""));
-    }
-    if (!device_->host_resident()) {
-      RETURN_IF_ERROR(device_->CopyFromHost(dst.data(), r.tensor, dst.size()));
-      if (staged) {
-        RETURN_IF_ERROR(staging->Send(staged_tensors++));
-      } else {
-        RETURN_IF_ERROR(device_->Synchronize());
+    // Fills `dst`, laid out over `part_box` (the rank's box or a slab of it),
+    // from one replica of every group overlapping it.
+    // `first`: where the part starts in the box's layout.
+    auto assemble = [&](const snapshot::Box& part_box, int64_t first,
+                        absl::Span<uint8_t> dst) -> absl::Status {
+      int64_t covered = 0;
+      for (auto& [box, replicas] : groups) {
+        const snapshot::Box saved{box.first, box.second};
+        if (snapshot::Intersect(saved, part_box).elements() == 0) continue;
+        absl::StatusOr<int64_t> copied;
+        for (size_t i = 0; i < replicas.size(); ++i) {
+          copied = copy_from(replicas[i], part_box, dst);
+          if (copied.ok()) break;
+          if (i + 1 < replicas.size()) report_.fallbacks++;  // another replica
+        }
+        if (!copied.ok()) return copied.status();
+        covered += *copied;
       }
+      if (covered != part_box.elements()) {
+        return absl::NotFoundError(absl::StrCat(
+            what, ": tensor \"", r.item.name(), "\": the shards saved by ",
+            saved_world, " rank(s) cover ", covered, " of the ",
+            part_box.elements(), " elements of ",
+            part_box.elements() == want.elements()
+                ? std::string("this rank's box")
+                : absl::StrCat("this rank's box from its element ", first),
+            covered > part_box.elements() ? " (saved boxes overlap)" : ""));
+      }
+      return absl::OkStatus();
+    };
+    if (device_->host_resident()) {
+      RETURN_IF_ERROR(
+          assemble(want, 0,
+                   absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                       r.item.raw_size())));
+      continue;
+    }
+    if (r.item.raw_size() == 0) continue;
+    // The bound, not the half: halves are rounded up to whole pages.
+    const int64_t per_half = static_cast<int64_t>(
+        std::min(staging->half(), half_bound) / std::max<size_t>(width, 1));
+    for (const snapshot::Slab& slab :
+         snapshot::ContiguousSlabs(want, per_half)) {
+      const uint64_t bytes = static_cast<uint64_t>(slab.box.elements()) * width;
+      ASSIGN_OR_RETURN(uint8_t * area, staging->Fill(sent));
+      RETURN_IF_ERROR(
+          assemble(slab.box, slab.first, absl::Span<uint8_t>(area, bytes)));
+      RETURN_IF_ERROR(device_->CopyFromHost(
+          area, static_cast<uint8_t*>(r.tensor) + slab.first * width, bytes));
+      RETURN_IF_ERROR(staging->Send(sent++));
     }
   }
   return staging != nullptr ? staging->Finish() : absl::OkStatus();

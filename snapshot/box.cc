@@ -72,4 +72,40 @@ int64_t CopyBoxIntersection(absl::Span<const uint8_t> src, const Box& src_box,
   return total;
 }
 
+std::vector<Slab> ContiguousSlabs(const Box& box, int64_t max_elements) {
+  std::vector<Slab> out;
+  if (box.elements() == 0) return out;
+  max_elements = std::max<int64_t>(1, max_elements);
+  const size_t dims = box.length.size();
+  if (dims == 0 || box.elements() <= max_elements) {
+    out.push_back({box, 0});
+    return out;
+  }
+  // The outermost dimension `cut` whose every later dimension fits whole:
+  // slabs take `rows` of it at a time, one index of each earlier dimension.
+  std::vector<int64_t> inner(dims, 1);  // elements per index of dimension d
+  for (size_t d = dims - 1; d > 0; --d) inner[d - 1] = inner[d] * box.length[d];
+  size_t cut = 0;
+  while (inner[cut] > max_elements) ++cut;
+  const int64_t rows = std::max<int64_t>(1, max_elements / inner[cut]);
+  int64_t outer = 1;
+  for (size_t d = 0; d < cut; ++d) outer *= box.length[d];
+  for (int64_t o = 0; o < outer; ++o) {
+    Slab slab{box, 0};
+    int64_t rest = o;
+    for (size_t d = cut; d-- > 0;) {  // o's index in each earlier dimension
+      slab.box.offset[d] = box.offset[d] + rest % box.length[d];
+      slab.box.length[d] = 1;
+      rest /= box.length[d];
+    }
+    for (int64_t a = 0; a < box.length[cut]; a += rows) {
+      slab.box.offset[cut] = box.offset[cut] + a;
+      slab.box.length[cut] = std::min(rows, box.length[cut] - a);
+      slab.first = (o * box.length[cut] + a) * inner[cut];
+      out.push_back(slab);
+    }
+  }
+  return out;
+}
+
 }  // namespace ckpt::snapshot

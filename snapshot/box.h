@@ -37,6 +37,19 @@ int64_t CopyBoxIntersection(absl::Span<const uint8_t> src, const Box& src_box,
                             absl::Span<uint8_t> dst, const Box& dst_box,
                             size_t element_size);
 
+// A part of a box whose elements are contiguous in the box's row-major layout,
+// starting at element `first` of it.
+struct Slab {
+  Box box;
+  int64_t first = 0;
+};
+
+// Cuts `box` into slabs of at most `max_elements` elements (at least 1) each,
+// in layout order: ranges along one dimension with every later dimension
+// whole, as few as that allows. A box of no elements has no slabs; a scalar
+// is one.
+std::vector<Slab> ContiguousSlabs(const Box& box, int64_t max_elements);
+
 }  // namespace ckpt::snapshot
 
 #endif  // CKPT_SNAPSHOT_BOX_H_

@@ -101,8 +101,9 @@ struct Rank {
 };
 
 // With `device_twin`, odd ranks hold their tensors "on a device" (the CUDA
-// device's CPU twin), restored through a pinned buffer so small that some
-// tensors are assembled in it and others are not.
+// device's CPU twin), restored through a pinned buffer so small (two halves of
+// 256 bytes) that some tensors are assembled in one half and the others in
+// slabs of one, rows or parts of rows at a time.
 std::vector<Rank> Ranks(const std::string& socket, const std::string& job,
                         uint32_t world, bool device_twin = false) {
   std::vector<Rank> ranks(world);
@@ -283,6 +284,53 @@ TEST(ReshardReplicasTest, ReplicatedStateRestoresFromAnyIntactReplica) {
     EXPECT_TRUE(std::equal(halves[r].begin(), halves[r].end(),
                            expected.begin() + r * 500))
         << "rank " << r;
+  }
+}
+
+// Saved boxes that leave a gap: the restore fails and names the tensor and
+// what is missing, on the host and through slabs of the device's buffer alike.
+TEST(ReshardGapsTest, ElementsNoSavedBoxCoversAreAnErrorNamingTheTensor) {
+  testing::DaemonProcess daemon({"--keep-memory", "1"});
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  const std::string job = "gaps";
+  {
+    std::vector<std::vector<float>> parts(2, std::vector<float>(4, 1.5f));
+    std::vector<std::unique_ptr<client::Checkpointer>> savers;
+    for (uint32_t r = 0; r < 2; ++r) {
+      auto c = client::Checkpointer::Connect({job, r, 2, daemon.socket()});
+      ASSERT_TRUE(c.ok()) << c.status();
+      // [0, 4) and [6, 10) of 10: elements 4 and 5 are saved by no rank.
+      ASSERT_TRUE((*c)->RegisterTensor("t", proto::DTYPE_FLOAT32,
+                                       parts[r].data(), {10}, {r * 6ll}, {4})
+                      .ok());
+      savers.push_back(*std::move(c));
+    }
+    std::vector<std::shared_ptr<client::SaveHandle>> saves;
+    for (auto& c : savers) saves.push_back(*c->SaveAsync(1));
+    for (auto& save : saves)
+      ASSERT_TRUE(save->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+  }
+  for (bool device : {false, true}) {
+    client::CheckpointerOptions options{job, 0, 1, daemon.socket()};
+    if (device) {
+      options.device = client::DeviceKind::kCpuQueued;
+      options.restore_buffer_bytes = 16;  // slabs of the least, 4 elements
+    }
+    auto c = client::Checkpointer::Connect(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::vector<float> whole(10, -1);
+    ASSERT_TRUE((*c)->RegisterTensor("t", proto::DTYPE_FLOAT32, whole.data(),
+                                     {10}, {0}, {10})
+                    .ok());
+    absl::Status s = (*c)->Restore(1);
+    EXPECT_TRUE(absl::IsNotFound(s)) << s;
+    EXPECT_THAT(std::string(s.message()),
+                ::testing::HasSubstr(
+                    device ? "\"t\": the shards saved by 2 rank(s) cover 2 of "
+                             "the 4 elements of this rank's box from its "
+                             "element 4"
+                           : "\"t\": the shards saved by 2 rank(s) cover 8 of "
+                             "the 10 elements of this rank's box"));
   }
 }
 

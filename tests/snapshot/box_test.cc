@@ -80,5 +80,46 @@ TEST(BoxTest, DisjointBoxesCopyNothing) {
   EXPECT_EQ(Intersect(a, b).elements(), 0);
 }
 
+// Slabs tile the box in layout order, each within the limit, and each one's
+// elements are the contiguous run of the box's layout it says it starts at.
+TEST(BoxTest, ContiguousSlabsTileTheLayoutInOrder) {
+  std::mt19937_64 rng(testing::TestSeed());
+  for (int trial = 0; trial < 500; ++trial) {
+    const size_t dims = rng() % 5;
+    Box box;
+    for (size_t d = 0; d < dims; ++d) {
+      box.offset.push_back(static_cast<int64_t>(rng() % 5));
+      box.length.push_back(static_cast<int64_t>(1 + rng() % 6));
+    }
+    const int64_t n = box.elements();
+    const int64_t limit = static_cast<int64_t>(rng() % (n + 2));
+    std::vector<uint8_t> layout(static_cast<size_t>(n) * 2);
+    for (size_t i = 0; i < layout.size(); ++i)
+      layout[i] = static_cast<uint8_t>(i * 7 + 1);
+    int64_t next = 0;
+    for (const Slab& slab : ContiguousSlabs(box, limit)) {
+      const int64_t m = slab.box.elements();
+      ASSERT_GT(m, 0);
+      ASSERT_LE(m, std::max<int64_t>(1, limit)) << "trial " << trial;
+      ASSERT_EQ(slab.first, next) << "trial " << trial;
+      std::vector<uint8_t> part(static_cast<size_t>(m) * 2);
+      ASSERT_EQ(
+          CopyBoxIntersection(layout, box, absl::MakeSpan(part), slab.box, 2),
+          m);
+      ASSERT_TRUE(
+          std::equal(part.begin(), part.end(), layout.begin() + slab.first * 2))
+          << "trial " << trial;
+      next += m;
+    }
+    EXPECT_EQ(next, n) << "trial " << trial;
+  }
+  EXPECT_TRUE(ContiguousSlabs(Box{{0, 0}, {3, 0}}, 4).empty());
+  // A 4 x 5 x 6 box by 12 elements: two rows of the last dimension at a time.
+  const std::vector<Slab> slabs =
+      ContiguousSlabs(Box{{0, 0, 0}, {4, 5, 6}}, 12);
+  EXPECT_EQ(slabs.size(), 4u * 3u);
+  EXPECT_EQ(slabs[2].box.length, (std::vector<int64_t>{1, 1, 6}));
+}
+
 }  // namespace
 }  // namespace ckpt::snapshot
