@@ -15,6 +15,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/erasure_code.h"
+#include "snapshot/format.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -130,6 +131,13 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "to while the disk is the bottleneck (at least --zstd-level; "
                  "level 1 and this at 1 never raise it)")
       ->check(CLI::Range(-7, 19))
+      ->capture_default_str();
+  app.add_option("--shard-format", f.shard_format,
+                 "shard file format to write: 4 (byte-plane coded chunks), or "
+                 "3 while some node still runs a ckptd that reads only 3")
+      ->check(
+          CLI::Range(static_cast<int>(snapshot::kOldestWrittenFormatVersion),
+                     static_cast<int>(snapshot::kFormatVersion)))
       ->capture_default_str();
   app.add_option("--node-id", f.node_id, "this node's name")
       ->capture_default_str();
@@ -258,6 +266,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   options.persist_threads = f.persist_threads;
   options.recycle_files = f.recycle_files;
   options.writer.codec.zstd_level = f.zstd_level;
+  options.writer.codec.format_version = static_cast<uint32_t>(f.shard_format);
   if (f.codec == "none") {
     options.writer.codec.codec = proto::CODEC_NONE;
   } else if (f.codec == "adaptive") {

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/checkpoint_service.h"
+#include "snapshot/format.h"
 
 namespace ckpt::daemon {
 
@@ -27,6 +28,8 @@ struct CkptdFlags {
   double idle_ttl_s = 600;
   std::string codec = "adaptive";
   int zstd_max_level = 1;
+  // The shard format persists write (snapshot/FORMAT.md).
+  int shard_format = static_cast<int>(snapshot::kFormatVersion);
   std::string coordinator = "embedded";
   double lease_ttl_s = 10;
   std::string peer_address, failure_domain, replica_dir, replica_budget = "1G";

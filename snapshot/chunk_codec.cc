@@ -31,6 +31,12 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
     return absl::InvalidArgumentError(
         absl::StrCat("element width ", element_width));
   }
+  if (options.format_version < kOldestWrittenFormatVersion ||
+      options.format_version > kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard format ", options.format_version, ": writers write ",
+        kOldestWrittenFormatVersion, " to ", kFormatVersion));
+  }
   const size_t raw_size = raw.size();
   const size_t max_size = MaxEncodedSize(raw_size);
   auto acquire = [&] {
@@ -39,7 +45,7 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
                : io::AlignedBuffer(max_size);
   };
 
-  header->version = kFormatVersion;
+  header->version = options.format_version;
   header->stored_offset = kChunkHeaderSize;
   header->element_width = element_width;
   header->raw_size = static_cast<uint32_t>(raw_size);
@@ -61,8 +67,10 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
       header->stored_size = static_cast<uint32_t>(n);
       header->stored_xxh3 = Checksum({out.data() + kChunkHeaderSize, n});
     };
-    if (shuffled && options.planes && element_width >= kMinPlaneWidth &&
-        element_width <= kMaxPlaneWidth && raw_size >= kMinPlanesBytes) {
+    if (shuffled && options.planes &&
+        options.format_version >= kPlanesFormatVersion &&
+        element_width >= kMinPlaneWidth && element_width <= kMaxPlaneWidth &&
+        raw_size >= kMinPlanesBytes) {
       // The plane codec probes each plane itself.
       out = acquire();
       absl::StatusOr<size_t> n =

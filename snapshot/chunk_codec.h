@@ -31,6 +31,9 @@ inline constexpr size_t kMinInPlaceBytes = 64 << 10;
 inline constexpr size_t kMinPlanesBytes = 4 << 10;
 
 struct CodecOptions {
+  // The format the chunks (and the shard file) are written in, from
+  // kOldestWrittenFormatVersion to kFormatVersion; byte planes need 4.
+  uint32_t format_version = kFormatVersion;
   // CODEC_NONE stores every chunk raw; CODEC_ZSTD compresses when it pays.
   proto::Codec codec = proto::CODEC_ZSTD;
   int zstd_level = 1;
@@ -74,7 +77,7 @@ struct EncodedChunk {
 // The largest buffer EncodeChunk needs for a raw chunk of `raw_size` bytes.
 size_t MaxEncodedSize(size_t raw_size);
 
-// Encodes one chunk in the current format (kFormatVersion). Uses a buffer from
+// Encodes one chunk in options.format_version. Uses a buffer from
 // `pool` when it is large enough (pool may be null). `header`'s item_index,
 // chunk_index and raw_offset are inputs (they are written into the chunk
 // header); the other fields are filled with what was written. A chunk stored in

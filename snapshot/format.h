@@ -26,6 +26,9 @@ inline constexpr uint32_t kOldestFormatVersion = 1;
 // and with byte-plane coded chunks (CODEC_ZSTD_PLANES).
 inline constexpr uint32_t kIncrementalFormatVersion = 3;
 inline constexpr uint32_t kPlanesFormatVersion = 4;
+// The oldest version a writer may be asked to write (ckptd --shard-format), so
+// that nodes not yet upgraded read what upgraded ones write.
+inline constexpr uint32_t kOldestWrittenFormatVersion = 3;
 inline constexpr uint32_t kAlignment = 4096;
 inline constexpr size_t kChunkHeaderSize = 64;
 inline constexpr size_t kFooterSize = 64;

@@ -50,7 +50,7 @@ const proto::Item* BaseItem(const ShardBase* base,
                             const proto::ShardManifest& m, int index) {
   if (base == nullptr) return nullptr;
   const proto::ShardManifest& b = base->manifest;
-  if (b.format_version() != kFormatVersion || b.job() != m.job() ||
+  if (b.format_version() != m.format_version() || b.job() != m.job() ||
       b.rank() != m.rank() || b.world_size() != m.world_size() ||
       b.chunk_size() != m.chunk_size() || b.step() >= m.step() ||
       index >= b.items_size()) {
@@ -79,7 +79,7 @@ ShardWriter::ShardWriter(io::FileSystem* fs, std::string path, ShardInfo info,
       path_(std::move(path)),
       temp_path_(absl::StrCat(path_, kTempSuffix)),
       options_(std::move(options)) {
-  manifest_.set_format_version(kFormatVersion);
+  manifest_.set_format_version(options_.codec.format_version);
   manifest_.set_job(info.job);
   manifest_.set_step(info.step);
   manifest_.set_rank(info.rank);
@@ -164,6 +164,12 @@ absl::StatusOr<proto::ShardManifest> ShardWriter::Commit() {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk size ", options_.chunk_size,
                      " must be a multiple of 8 in (0, ", kMaxChunkSize, "]"));
+  }
+  if (options_.codec.format_version < kOldestWrittenFormatVersion ||
+      options_.codec.format_version > kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard format ", options_.codec.format_version, ": writers write ",
+        kOldestWrittenFormatVersion, " to ", kFormatVersion));
   }
   manifest_.set_created_unix_micros(NowMicros());
 
@@ -422,6 +428,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   std::memset(tail.data(), 0, tail_size);
   std::memcpy(tail.data(), serialized.data(), serialized.size());
   Footer footer;
+  footer.version = manifest_.format_version();
   footer.manifest_offset = file_pos;
   footer.manifest_size = serialized.size();
   footer.manifest_xxh3 = Checksum(

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "snapshot/chunk_codec.h"
@@ -245,6 +246,56 @@ TEST(PlaneCodecTest, ManifestsOfEarlierFormatsCannotNamePlanes) {
       proto::FILTER_NONE);
   EXPECT_THAT(ValidateManifest(unfiltered, m.data_size()).message(),
               HasSubstr("byte planes need the byte-shuffle filter"));
+}
+
+// A writer asked for format 3 (ckptd --shard-format 3, while some node reads
+// only 3) writes no plane-coded chunk and format-3 headers; a format-4 writer
+// does not build on a format-3 base (the first save after an upgrade is
+// full); formats writers do not write are refused by number.
+TEST(PlaneCodecTest, WritersWriteTheFormatTheyAreAskedFor) {
+  testing::TempDir dir;
+  std::mt19937_64 rng(testing::TestSeed());
+  const std::vector<uint8_t> raw = FloatLike(rng, 64 << 10, 4);
+  const int64_t n = static_cast<int64_t>(raw.size() / 4);
+  auto write = [&](const std::string& path, uint64_t step, uint32_t version,
+                   std::shared_ptr<ShardBase> base) {
+    ShardWriterOptions options;
+    options.codec.format_version = version;
+    options.base = std::move(base);
+    ShardWriter writer(io::DefaultFileSystem(), path, {"job", step, 0, 1},
+                       options);
+    absl::Status s = writer.AddTensor(
+        {"w", proto::DTYPE_FLOAT32, {n}, {0}, {n}, absl::MakeConstSpan(raw)});
+    return s.ok() ? writer.Commit() : absl::StatusOr<proto::ShardManifest>(s);
+  };
+  auto three = write(dir.File("3.shard"), 1, 3, nullptr);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->format_version(), 3u);
+  EXPECT_EQ(three->items(0).chunks(0).codec(), proto::CODEC_ZSTD);
+  auto reader = ShardReader::Open(io::DefaultFileSystem(), dir.File("3.shard"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->VerifyAll().empty());
+
+  auto base = std::make_shared<ShardBase>();
+  base->manifest = (*reader)->manifest();
+  base->manifest_xxh3 = Checksum(absl::MakeConstSpan(
+      reinterpret_cast<const uint8_t*>((*reader)->manifest_bytes().data()),
+      (*reader)->manifest_bytes().size()));
+  auto four = write(dir.File("4.shard"), 2, 4, base);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(four->format_version(), 4u);
+  EXPECT_EQ(four->bases_size(), 0);  // the unchanged chunk is written again
+  EXPECT_EQ(four->items(0).chunks(0).codec(), proto::CODEC_ZSTD_PLANES);
+  auto also_three = write(dir.File("3b.shard"), 2, 3, base);
+  ASSERT_TRUE(also_three.ok()) << also_three.status();
+  EXPECT_EQ(also_three->bases_size(), 1);  // same format: built on it
+
+  for (uint32_t version : {2u, 5u}) {
+    auto refused = write(dir.File("x.shard"), 3, version, nullptr);
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr(absl::StrCat("shard format ", version,
+                                       ": writers write 3 to 4")));
+  }
 }
 
 }  // namespace

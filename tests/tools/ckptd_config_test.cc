@@ -81,6 +81,11 @@ TEST(CkptdConfigTest, UnknownKeysAndBadValuesAreRefusedByName) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("codec"));
 
+  testing::WriteAll(dir.File("format.toml"), "shard-format = 2\n");
+  r = Ckptd("--config " + dir.File("format.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, HasSubstr("shard-format"));
+
   r = Ckptd("--config " + dir.File("missing.toml"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("missing.toml"));
