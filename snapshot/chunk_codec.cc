@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +19,9 @@ uint64_t Checksum(absl::Span<const uint8_t> bytes) {
 }
 
 size_t MaxEncodedSize(size_t raw_size) {
-  return ChunkFootprint(kChunkHeaderSize, ZSTD_compressBound(raw_size));
+  return ChunkFootprint(
+      kChunkHeaderSize, std::max(ZSTD_compressBound(raw_size),
+                                 PlanesStoredBound(raw_size, kMaxPlaneWidth)));
 }
 
 absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
