@@ -19,8 +19,8 @@ uint64_t Checksum(absl::Span<const uint8_t> bytes) {
 }
 
 size_t MaxEncodedSize(size_t raw_size) {
-  return ChunkFootprint(
-      kChunkHeaderSize, std::max(ZSTD_compressBound(raw_size),
+  return ChunkFootprint(kChunkHeaderSize,
+                        std::max(ZSTD_compressBound(raw_size),
                                  PlanesStoredBound(raw_size, kMaxPlaneWidth)));
 }
 
@@ -34,12 +34,7 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
     return absl::InvalidArgumentError(
         absl::StrCat("element width ", element_width));
   }
-  if (options.format_version < kOldestWrittenFormatVersion ||
-      options.format_version > kFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard format ", options.format_version, ": writers write ",
-        kOldestWrittenFormatVersion, " to ", kFormatVersion));
-  }
+  RETURN_IF_ERROR(CheckWrittenFormat(options.format_version));
   const size_t raw_size = raw.size();
   const size_t max_size = MaxEncodedSize(raw_size);
   auto acquire = [&] {

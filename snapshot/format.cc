@@ -105,6 +105,14 @@ void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
   Put64(out + 56, XXH3_64bits(out, 56));
 }
 
+absl::Status CheckWrittenFormat(uint32_t version) {
+  if (version >= kOldestWrittenFormatVersion && version <= kFormatVersion)
+    return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("shard format ", version, ": writers write ",
+                   kOldestWrittenFormatVersion, " to ", kFormatVersion));
+}
+
 absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
   if (bytes.size() < kChunkHeaderSize) {
     return absl::DataLossError(

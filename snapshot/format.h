@@ -110,6 +110,10 @@ inline uint32_t StoredOffset(const proto::ChunkInfo& chunk) {
                                     : chunk.stored_offset();
 }
 
+// OK when writers may write `version` (kOldestWrittenFormatVersion to
+// kFormatVersion); else InvalidArgument naming it.
+absl::Status CheckWrittenFormat(uint32_t version);
+
 // Checks that a manifest is self-consistent and fits a file of `file_size`
 // bytes whose manifest starts at `manifest_offset`: version, names (valid,
 // unique), dtypes, shapes and boxes, item sizes, chunk tiling of both the raw

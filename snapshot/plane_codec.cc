@@ -1,6 +1,7 @@
 #include "snapshot/plane_codec.h"
 
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <cstring>
 
@@ -35,14 +36,17 @@ absl::Status Configure(ZSTD_CCtx* cctx, int level) {
   return absl::OkStatus();
 }
 
-// Compresses `plane` into `out` (room for ZSTD_compressBound) and returns the
-// frame's size, or 0 when that would not save `min_saving` of the plane.
+// Compresses `plane` into `out` (room for `room` bytes) and returns the
+// frame's size, or 0 when that would not save `min_saving` of the plane (a
+// frame that does not fit the room, at least the plane's size, would not).
 absl::StatusOr<size_t> CompressPlane(ZSTD_CCtx* cctx, const uint8_t* plane,
-                                     size_t n, double min_saving,
-                                     uint8_t* out) {
-  const size_t size =
-      ZSTD_compress2(cctx, out, ZSTD_compressBound(n), plane, n);
-  if (ZSTD_isError(size)) return ZstdError(size, "compress plane");
+                                     size_t n, double min_saving, uint8_t* out,
+                                     size_t room) {
+  const size_t size = ZSTD_compress2(cctx, out, room, plane, n);
+  if (ZSTD_isError(size)) {
+    if (ZSTD_getErrorCode(size) == ZSTD_error_dstSize_tooSmall) return 0;
+    return ZstdError(size, "compress plane");
+  }
   // A frame as large as the plane would read as a raw plane.
   if (size >= n ||
       static_cast<double>(size) >= (1.0 - min_saving) * static_cast<double>(n))
@@ -73,31 +77,23 @@ absl::StatusOr<size_t> EncodePlanes(absl::Span<const uint8_t> raw, size_t width,
     bool worth_trying = plane_size > 0;
     if (worth_trying && options.probe_bytes > 0 &&
         plane_size > 2 * options.probe_bytes) {
-      uint8_t* probe_out = Scratch(ZSTD_compressBound(options.probe_bytes), 1);
-      absl::StatusOr<size_t> probe = CompressPlane(
-          cctx, plane, options.probe_bytes, options.min_saving, probe_out);
+      const size_t probe_room = ZSTD_compressBound(options.probe_bytes);
+      absl::StatusOr<size_t> probe =
+          CompressPlane(cctx, plane, options.probe_bytes, options.min_saving,
+                        Scratch(probe_room, 1), probe_room);
       if (!probe.ok()) return probe.status();
       worth_trying = *probe > 0;
     }
     if (worth_trying) {
-      // The frame goes where the plane's stored bytes belong; a frame that
-      // saves too little is overwritten by the raw plane. It fits: the
-      // output has room for every plane raw, and a frame of the plane's
-      // compressBound is only ever tried where that much room is left.
-      const size_t room = PlanesStoredBound(n, width) - (at - out);
-      if (room >= ZSTD_compressBound(plane_size)) {
-        absl::StatusOr<size_t> size =
-            CompressPlane(cctx, plane, plane_size, options.min_saving, at);
-        if (!size.ok()) return size.status();
-        stored = *size;
-      } else {
-        uint8_t* frame = Scratch(ZSTD_compressBound(plane_size), 1);
-        absl::StatusOr<size_t> size =
-            CompressPlane(cctx, plane, plane_size, options.min_saving, frame);
-        if (!size.ok()) return size.status();
-        stored = *size;
-        if (stored > 0) std::memcpy(at, frame, stored);
-      }
+      // The frame goes where the plane's stored bytes belong; one that saves
+      // too little is overwritten by the raw plane. The room left holds every
+      // remaining plane raw, so it is never less than this plane.
+      const size_t room =
+          PlanesStoredBound(n, width) - static_cast<size_t>(at - out);
+      absl::StatusOr<size_t> size =
+          CompressPlane(cctx, plane, plane_size, options.min_saving, at, room);
+      if (!size.ok()) return size.status();
+      stored = *size;
     }
     if (stored == 0) {
       stored = plane_size;

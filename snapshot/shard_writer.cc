@@ -165,12 +165,7 @@ absl::StatusOr<proto::ShardManifest> ShardWriter::Commit() {
         absl::StrCat("chunk size ", options_.chunk_size,
                      " must be a multiple of 8 in (0, ", kMaxChunkSize, "]"));
   }
-  if (options_.codec.format_version < kOldestWrittenFormatVersion ||
-      options_.codec.format_version > kFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard format ", options_.codec.format_version, ": writers write ",
-        kOldestWrittenFormatVersion, " to ", kFormatVersion));
-  }
+  RETURN_IF_ERROR(CheckWrittenFormat(options_.codec.format_version));
   manifest_.set_created_unix_micros(NowMicros());
 
   io::FileOptions file_options{.direct = options_.direct_io};
