@@ -11,7 +11,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/instance_dirs.h"
 #include "daemon/peer_service.h"
+#include "io/host.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/erasure_code.h"
@@ -52,6 +55,32 @@ bool ParseBytes(std::string s, uint64_t* out) {
   return true;
 }
 
+// Without TLS, the peer service (and its bulk transfers) is plaintext and
+// unauthenticated: only on loopback, or where the operator says the network
+// is trusted.
+absl::Status CheckPlaintextPeers(const CkptdFlags& f) {
+  absl::StatusOr<std::string> host = io::HostOfAddress(f.peer_address);
+  if (!host.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer-address: ", host.status().message()));
+  }
+  if (io::IsLoopbackHost(*host)) return absl::OkStatus();
+  if (!f.peer_insecure) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peer-address ", f.peer_address,
+        " is reachable from other hosts and peer TLS is off: anyone who "
+        "reaches it could read, forge and delete checkpoints. Give "
+        "--peer-tls-ca, --peer-tls-cert and --peer-tls-key (tools/ckpt-certs "
+        "makes a CA and a certificate per node), or --peer-insecure on a "
+        "network whose every host is trusted"));
+  }
+  CKPT_LOG_WARN(
+      "ckptd: --peer-insecure: the peer service on {} runs without TLS; "
+      "anyone who reaches it can read, forge and delete checkpoints",
+      f.peer_address);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
@@ -61,7 +90,7 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
   f.socket_path = socket_env != nullptr && socket_env[0] != '\0'
                       ? std::string(socket_env)
                       : absl::StrCat("/tmp/ckpt-", uid, "/ckptd.sock");
-  f.data_dir = absl::StrCat("/tmp/ckpt-", uid, "/data");
+  f.data_dir = DefaultDataDir();
   f.staging_dir = absl::StrCat("/dev/shm/ckpt-", uid, "-staging");
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) f.node_id = host;
@@ -149,6 +178,23 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
   app.add_option("--coordinator", f.coordinator,
                  "embedded (one node), or etcd://host:port[,host:port...]")
       ->capture_default_str();
+  app.add_option("--etcd-ca", f.etcd_ca,
+                 "TLS to etcd: PEM file of the CA that signed etcd's server "
+                 "certificate (etcd's https:// client URLs)");
+  app.add_option("--etcd-cert", f.etcd_cert,
+                 "TLS to etcd: this node's client certificate (PEM), for "
+                 "etcd's --client-cert-auth (with auth on, its common name is "
+                 "the etcd user)");
+  app.add_option("--etcd-key", f.etcd_key, "TLS to etcd: its key (PEM)");
+  app.add_option("--etcd-user", f.etcd_user,
+                 "etcd auth: the user ckptd authenticates as");
+  app.add_option("--etcd-password-file", f.etcd_password_file,
+                 "etcd auth: a file (mode 0600) whose first line is the "
+                 "user's password");
+  app.add_flag("--etcd-insecure", f.etcd_insecure,
+               "reach etcd endpoints off loopback without TLS: anyone on the "
+               "path could forge votes and commits (only on a trusted "
+               "network); warned at every start");
   app.add_option("--lease-ttl", f.lease_ttl_s,
                  "seconds without keep-alive before etcd declares this node "
                  "dead (it is then fenced until it rejoins)")
@@ -191,6 +237,11 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "mutual TLS: this node's certificate (PEM)");
   app.add_option("--peer-tls-key", f.tls_key,
                  "mutual TLS: this node's private key (PEM)");
+  app.add_flag("--peer-insecure", f.peer_insecure,
+               "run the peer service without TLS on a non-loopback "
+               "--peer-address: anyone who reaches the port can then read, "
+               "forge and delete checkpoints (only for a network every host "
+               "of which is trusted); warned at every start");
   app.add_option("--shared-dir", f.shared_dir,
                  "tier T3: a directory every node sees (NFS, Lustre, any "
                  "POSIX mount) that persisted shards are also copied to");
@@ -245,6 +296,46 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
     return std::optional<int>(0);
   }
   return std::nullopt;
+}
+
+absl::StatusOr<EtcdOptions> EtcdOptionsFrom(const CkptdFlags& f) {
+  EtcdOptions o;
+  ASSIGN_OR_RETURN(o.endpoints, ParseEtcdUrl(f.coordinator));
+  o.node_id = f.node_id;
+  o.lease_ttl = absl::Seconds(f.lease_ttl_s);
+  o.ca_file = f.etcd_ca;
+  o.cert_file = f.etcd_cert;
+  o.key_file = f.etcd_key;
+  o.user = f.etcd_user;
+  o.password_file = f.etcd_password_file;
+  if (o.user.empty() != o.password_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd-user and --etcd-password-file go together");
+  }
+  if (!o.ca_file.empty()) return o;
+  std::vector<std::string> remote;
+  for (const std::string& e : o.endpoints) {
+    absl::StatusOr<std::string> host = io::HostOfAddress(e);
+    if (!host.ok() || !io::IsLoopbackHost(*host)) remote.push_back(e);
+  }
+  if (remote.empty()) return o;
+  if (!o.user.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-user without --etcd-ca would send the password in plaintext "
+        "to ",
+        absl::StrJoin(remote, ", "), ": give --etcd-ca"));
+  }
+  if (!f.etcd_insecure) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd at ", absl::StrJoin(remote, ", "),
+        " would be reached without TLS: anyone on the path could forge votes "
+        "and commits (and make retention delete real shards). Give --etcd-ca "
+        "(and --etcd-cert/--etcd-key or --etcd-user/--etcd-password-file), or "
+        "--etcd-insecure on a network whose every host is trusted"));
+  }
+  CKPT_LOG_WARN("ckptd: --etcd-insecure: etcd at {} is reached without TLS",
+                absl::StrJoin(remote, ", "));
+  return o;
 }
 
 absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
@@ -311,6 +402,8 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
     if (tls_files == 3) {
       ASSIGN_OR_RETURN(r.credentials,
                        PeerTlsCredentials(f.tls_ca, f.tls_cert, f.tls_key));
+    } else {
+      RETURN_IF_ERROR(CheckPlaintextPeers(f));
     }
     if (f.coordinator == "embedded") {
       CKPT_LOG_WARN(

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/checkpoint_service.h"
+#include "daemon/etcd_coordinator.h"
 #include "snapshot/format.h"
 
 namespace ckpt::daemon {
@@ -31,9 +32,14 @@ struct CkptdFlags {
   // The shard format persists write (snapshot/FORMAT.md).
   int shard_format = static_cast<int>(snapshot::kFormatVersion);
   std::string coordinator = "embedded";
+  // etcd's TLS and auth (EtcdOptions), and plaintext off loopback.
+  std::string etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file;
+  bool etcd_insecure = false;
   double lease_ttl_s = 10;
   std::string peer_address, failure_domain, replica_dir, replica_budget = "1G";
   std::string tls_ca, tls_cert, tls_key;
+  // Peer service without TLS on a non-loopback address (a trusted network).
+  bool peer_insecure = false;
   int peer_replicas = 1;
   double reprotect_delay_s = 10;
   std::string peer_redundancy;
@@ -55,6 +61,11 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f);
 // InvalidArgument names the flag that is wrong. The coordinator and the
 // writer's cancel flag are left to the caller.
 absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f);
+
+// The etcd coordinator's options from the flags (--coordinator etcd://...):
+// endpoints, TLS and auth. InvalidArgument when an endpoint off loopback
+// would be reached in plaintext without --etcd-insecure, or a password would.
+absl::StatusOr<EtcdOptions> EtcdOptionsFrom(const CkptdFlags& f);
 
 }  // namespace ckpt::daemon
 

@@ -1,5 +1,6 @@
 // ckptd: the per-node checkpoint daemon.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "daemon/checkpoint_service.h"
 #include "daemon/ckptd_flags.h"
 #include "daemon/etcd_coordinator.h"
+#include "daemon/instance_dirs.h"
 #include "daemon/local_api.h"
 #include "daemon/metrics_server.h"
 #include "daemon/peer_service.h"
@@ -100,6 +102,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   ckpt::daemon::ServiceOptions options = *std::move(made);
+  // Everything ckptd creates is its uid's alone: files 0600, directories
+  // 0700 (trainers run as the same uid; see the README's threat model).
+  ::umask(077);
+  // Before anything is read or removed there: a second daemon on the same
+  // directories or socket stops here, and the first's slots stay.
+  auto claimed =
+      ckpt::daemon::ClaimInstanceDirs({.data_dir = f.data_dir,
+                                       .staging_dir = f.staging_dir,
+                                       .socket_path = f.socket_path,
+                                       .replica_dir = options.replication.dir});
+  if (!claimed.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n",
+                 std::string(claimed.status().message()).c_str());
+    return 1;
+  }
   // Set when a stop runs out of time: the persists in flight then stop at
   // their next chunk.
   std::atomic<bool> cancel_persists{false};
@@ -114,16 +131,13 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (f.coordinator != "embedded") {
-    auto endpoints = ckpt::daemon::ParseEtcdUrl(f.coordinator);
-    if (!endpoints.ok()) {
+    auto etcd_options = ckpt::daemon::EtcdOptionsFrom(f);
+    if (!etcd_options.ok()) {
       std::fprintf(stderr, "ckptd: --coordinator: %s\n",
-                   std::string(endpoints.status().message()).c_str());
+                   std::string(etcd_options.status().message()).c_str());
       return 2;
     }
-    auto etcd = ckpt::daemon::EtcdCoordinator::Connect(
-        {.endpoints = *endpoints,
-         .node_id = f.node_id,
-         .lease_ttl = absl::Seconds(f.lease_ttl_s)});
+    auto etcd = ckpt::daemon::EtcdCoordinator::Connect(*etcd_options);
     if (!etcd.ok()) {
       std::fprintf(stderr, "ckptd: %s\n",
                    std::string(etcd.status().message()).c_str());

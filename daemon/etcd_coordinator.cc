@@ -3,10 +3,16 @@
 // etcd_coordinator_steps.cc.
 #include "daemon/etcd_coordinator.h"
 
-#include <algorithm>
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "daemon/etcd_ops.h"
@@ -46,6 +52,66 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdUrl(absl::string_view url) {
   return endpoints;
 }
 
+namespace {
+
+// The bytes of a credential file; the error names the file and what it is.
+absl::StatusOr<std::string> ReadCredential(const std::string& file,
+                                           absl::string_view what) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("etcd: cannot read the ", what, " ", file));
+  }
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// The password of `file` (its first line): a file only its owner can read.
+absl::StatusOr<std::string> ReadPassword(const std::string& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "etcd: the password file ", file, " is readable by other users (mode ",
+        absl::StrFormat("%04o", st.st_mode & 0777), "): chmod 600 it"));
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadCredential(file, "password file"));
+  std::string password = text.substr(0, text.find('\n'));
+  if (password.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd: the password file ", file, " is empty"));
+  }
+  return password;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
+    const EtcdOptions& o) {
+  if (o.ca_file.empty()) {
+    if (!o.cert_file.empty() || !o.key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "an etcd client certificate needs the CA of etcd's server "
+          "certificate too (--etcd-ca)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (o.cert_file.empty() != o.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "an etcd client certificate needs its key, and a key its certificate "
+        "(--etcd-cert and --etcd-key)");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadCredential(o.ca_file, "CA file"));
+  if (!o.cert_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                     ReadCredential(o.cert_file, "client certificate"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadCredential(o.key_file, "client key"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
 EtcdCoordinator::EtcdCoordinator(const EtcdOptions& options)
     : options_(options) {}
 
@@ -66,12 +132,26 @@ absl::StatusOr<std::unique_ptr<EtcdCoordinator>> EtcdCoordinator::Connect(
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  c->channel_ = grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   EtcdCredentials(options));
+  c->channel_ = grpc::CreateCustomChannel(target, credentials, args);
   c->kv_ = etcdserverpb::KV::NewStub(c->channel_);
   c->lease_stub_ = etcdserverpb::Lease::NewStub(c->channel_);
   c->watch_stub_ = etcdserverpb::Watch::NewStub(c->channel_);
-  RETURN_IF_ERROR(c->Register());
+  c->auth_stub_ = etcdserverpb::Auth::NewStub(c->channel_);
+  RETURN_IF_ERROR(c->Authenticate());
+  if (absl::Status s = c->Register(); !s.ok()) {
+    if (options.user.empty() &&
+        (absl::IsPermissionDenied(s) || absl::IsUnauthenticated(s) ||
+         absl::StrContains(s.message(), "user name is empty"))) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          s.message(), " (etcd at ", target,
+          " requires authentication: give "
+          "--etcd-user and --etcd-password-file, or a client certificate its "
+          "auth knows: --etcd-cert and --etcd-key)"));
+    }
+    return s;
+  }
   c->keep_alive_ = std::thread([p = c.get()] { p->KeepAliveLoop(); });
   CKPT_LOG_INFO("ckptd: node {} joined etcd at {} (lease {:x}, TTL {} s)",
                 options.node_id, target, c->lease_id(),
@@ -89,6 +169,7 @@ EtcdCoordinator::~EtcdCoordinator() {
   if (keep_alive_.joinable()) keep_alive_.join();
   if (lease != 0) {
     grpc::ClientContext context;
+    Authorize(&context);
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::seconds(2));
     etcdserverpb::LeaseRevokeRequest req;
@@ -112,8 +193,45 @@ int64_t EtcdCoordinator::lease_id() const {
   return lease_;
 }
 
+absl::Status EtcdCoordinator::Authenticate() {
+  if (options_.user.empty()) return absl::OkStatus();
+  etcdserverpb::AuthenticateRequest req;
+  req.set_name(options_.user);
+  ASSIGN_OR_RETURN(*req.mutable_password(),
+                   ReadPassword(options_.password_file));
+  etcdserverpb::AuthenticateResponse resp;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  RETURN_IF_ERROR(EtcdError(
+      auth_stub_->Authenticate(&context, req, &resp),
+      absl::StrCat("authenticating to etcd as user \"", options_.user, "\"")));
+  absl::MutexLock lock(&mu_);
+  token_ = resp.token();
+  token_at_ = absl::Now();
+  return absl::OkStatus();
+}
+
+void EtcdCoordinator::RefreshToken() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.user.empty() ||
+        absl::Now() - token_at_ < options_.token_refresh) {
+      return;
+    }
+  }
+  absl::Status s = Authenticate();
+  if (!s.ok())
+    CKPT_LOG_WARN("ckptd: renewing the etcd token: {}", s.ToString());
+}
+
+void EtcdCoordinator::Authorize(grpc::ClientContext* context) const {
+  absl::MutexLock lock(&mu_);
+  if (!token_.empty()) context->AddMetadata("token", token_);
+}
+
 grpc::ClientContext* EtcdCoordinator::Prepare(
     grpc::ClientContext* context) const {
+  Authorize(context);
   context->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   return context;
 }
@@ -175,7 +293,9 @@ void EtcdCoordinator::KeepAliveLoop() {
                     options_.node_id, lease_id());
       continue;
     }
+    RefreshToken();
     grpc::ClientContext context;
+    Authorize(&context);
     auto stream = lease_stub_->LeaseKeepAlive(&context);
     while (true) {
       etcdserverpb::LeaseKeepAliveRequest req;
@@ -193,6 +313,7 @@ void EtcdCoordinator::KeepAliveLoop() {
         break;
       }
       if (!nap(period)) break;
+      RefreshToken();
     }
     context.TryCancel();
     (void)stream->Finish();
@@ -261,6 +382,7 @@ absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
     // One watch from the revision after the caller's state: any event
     // (a node joining or leaving) ends the wait.
     grpc::ClientContext context;
+    Authorize(&context);
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     auto stream = watch_stub_->Watch(&context);
     etcdserverpb::WatchRequest req;

@@ -39,6 +39,16 @@ struct EtcdOptions {
   std::string node_id;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration rpc_timeout = absl::Seconds(5);
+  // TLS to etcd, as etcd's own clients take it: the CA that signed etcd's
+  // server certificate (empty: plaintext) and, for etcd's
+  // --client-cert-auth, this node's certificate and key (with auth on, etcd
+  // takes the certificate's common name as the user).
+  std::string ca_file, cert_file, key_file;
+  // etcd's auth by user and password, the password read from
+  // `password_file` (its first line): every call carries a token from
+  // Authenticate, renewed every `token_refresh`.
+  std::string user, password_file;
+  absl::Duration token_refresh = absl::Seconds(60);
 };
 
 // Parses "etcd://host:port[,host:port...]" into endpoints.
@@ -102,6 +112,13 @@ class EtcdCoordinator final : public Coordinator {
   // Takes a fresh lease and puts the membership key on it.
   absl::Status Register();
   void KeepAliveLoop();
+  // Takes a token for options_.user (no-op without a user).
+  absl::Status Authenticate();
+  // Renews the token once it is older than options_.token_refresh.
+  void RefreshToken();
+  // Adds the auth token (if any) to a call's metadata.
+  void Authorize(grpc::ClientContext* context) const;
+  // Authorize, and the deadline of options_.rpc_timeout.
   grpc::ClientContext* Prepare(grpc::ClientContext* context) const;
   // The comparison that fences a node without its lease.
   etcdserverpb::Compare HoldsLease(int64_t lease) const;
@@ -117,7 +134,10 @@ class EtcdCoordinator final : public Coordinator {
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_stub_;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch_stub_;
+  std::unique_ptr<etcdserverpb::Auth::Stub> auth_stub_;
   mutable absl::Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);
+  absl::Time token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,9 +2,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/grpc_status.h"
+#include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -25,14 +31,30 @@ std::string Describe(const ReplicaStore::Key& k) {
   return absl::StrCat("job ", k.job, " step ", k.step, " rank ", k.rank);
 }
 
+// The names a TLS client's certificate gives: its subject alternative names,
+// then its common name.
+std::vector<std::string> CertificateNames(const grpc::ServerContext& ctx) {
+  std::vector<std::string> names;
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr) return names;
+  for (const char* property :
+       {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+      names.emplace_back(v.data(), v.size());
+    }
+  }
+  return names;
+}
+
 class PeerService final : public proto::CkptPeer::Service {
  public:
   PeerService(CheckpointService* service, Replicator* replicator,
-              io::BulkServer* bulk, ParityStore* parity)
+              io::BulkServer* bulk, ParityStore* parity, bool tls)
       : service_(service),
         replicator_(replicator),
         bulk_(bulk),
-        parity_(parity) {}
+        parity_(parity),
+        tls_(tls) {}
 
   grpc::Status PushParity(grpc::ServerContext* ctx,
                           grpc::ServerReader<proto::ParityPiece>* reader,
@@ -43,6 +65,7 @@ class PeerService final : public proto::CkptPeer::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a parity push without a first piece");
     }
+    if (grpc::Status in = Admit(*ctx, piece.from_node()); !in.ok()) return in;
     absl::StatusOr<std::unique_ptr<ParityStore::Contribution>> contribution =
         parity_->Contribute(piece.block(), piece.group(), piece.position());
     if (!contribution.ok()) return ToGrpc(contribution.status());
@@ -67,9 +90,10 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetParityBlock(grpc::ServerContext*,
+  grpc::Status GetParityBlock(grpc::ServerContext* ctx,
                               const proto::ParityBlockRequest* req,
                               proto::ParityBlockState* resp) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     if (parity_ == nullptr) return NoParity();
     absl::StatusOr<proto::ParityBlockRecord> record =
         parity_->Record(req->block());
@@ -80,9 +104,10 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status OfferParity(grpc::ServerContext*,
+  grpc::Status OfferParity(grpc::ServerContext* ctx,
                            const proto::ParityBlockRequest* req,
                            proto::ShardOffer* resp) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     if (parity_ == nullptr) return NoParity();
     if (bulk_ == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -104,6 +129,7 @@ class PeerService final : public proto::CkptPeer::Service {
   grpc::Status FetchParity(
       grpc::ServerContext* ctx, const proto::ParityBlockRequest* req,
       grpc::ServerWriter<proto::ShardPiece>* writer) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     if (parity_ == nullptr) return NoParity();
     absl::StatusOr<ParityStore::Complete> block =
         parity_->OpenComplete(req->block());
@@ -122,9 +148,13 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status PullReplica(grpc::ServerContext*,
+  grpc::Status PullReplica(grpc::ServerContext* ctx,
                            const proto::PullReplicaRequest* req,
                            proto::PushReplicaResponse* resp) override {
+    if (grpc::Status in = Admit(*ctx, req->from_node()); !in.ok()) return in;
+    if (grpc::Status dial = MayDial(*ctx, req->host()); !dial.ok()) {
+      return dial;
+    }
     const ReplicaStore::Key key = KeyOf(req->shard());
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> room =
         Receive(key, req->file_bytes());
@@ -152,6 +182,7 @@ class PeerService final : public proto::CkptPeer::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a replica push without a first piece");
     }
+    if (grpc::Status in = Admit(*ctx, piece.from_node()); !in.ok()) return in;
     const ReplicaStore::Key key = KeyOf(piece.shard());
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> receiver =
         Receive(key, piece.file_bytes());
@@ -170,9 +201,10 @@ class PeerService final : public proto::CkptPeer::Service {
     return Stored(key, from, *std::move(receiver), resp);
   }
 
-  grpc::Status LocateShard(grpc::ServerContext*,
+  grpc::Status LocateShard(grpc::ServerContext* ctx,
                            const proto::LocateShardRequest* req,
                            proto::LocateShardResponse* resp) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     absl::StatusOr<Copy> copy = Best(KeyOf(req->shard()));
     if (absl::IsNotFound(copy.status())) {
       resp->set_tier(proto::TIER_UNSPECIFIED);
@@ -198,6 +230,7 @@ class PeerService final : public proto::CkptPeer::Service {
   grpc::Status FetchShard(
       grpc::ServerContext* ctx, const proto::FetchShardRequest* req,
       grpc::ServerWriter<proto::ShardPiece>* writer) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     const ReplicaStore::Key key = KeyOf(req->shard());
     absl::StatusOr<Copy> copy = Best(key);
     if (!copy.ok()) return ToGrpc(copy.status());
@@ -225,9 +258,10 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status OfferShard(grpc::ServerContext*,
+  grpc::Status OfferShard(grpc::ServerContext* ctx,
                           const proto::FetchShardRequest* req,
                           proto::ShardOffer* resp) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     if (bulk_ == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "bulk transfers are off on this node (mutual TLS): "
@@ -258,6 +292,68 @@ class PeerService final : public proto::CkptPeer::Service {
   }
 
  private:
+  // Who may call. With mutual TLS, a node of the cluster that the caller's
+  // certificate names, and `claimed` (the sender a call names, if any) must
+  // be one of the certificate's names. Without TLS (loopback, or the
+  // operator's --peer-insecure) no caller is authenticated.
+  grpc::Status Admit(const grpc::ServerContext& ctx,
+                     const std::string& claimed) {
+    if (!tls_) return grpc::Status::OK;
+    const std::vector<std::string> names = CertificateNames(ctx);
+    const std::string listed =
+        names.empty() ? "no name" : absl::StrJoin(names, ", ");
+    bool member = false;
+    for (const std::string& n : names)
+      member = member || replicator_->IsMember(n);
+    if (!member) {
+      CKPT_LOG_WARN(
+          "peer service: refused a call from {}: its certificate "
+          "names {}, no node of this cluster",
+          ctx.peer(), listed);
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("the peer's certificate names ", listed,
+                       ": no node of this cluster (a node is known by the "
+                       "peer address it publishes in the coordinator)"));
+    }
+    if (!claimed.empty() &&
+        std::find(names.begin(), names.end(), claimed) == names.end()) {
+      CKPT_LOG_WARN(
+          "peer service: refused a call from {} claiming to be "
+          "node {}: its certificate names {}",
+          ctx.peer(), claimed, listed);
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("the call says it comes from node ", claimed,
+                       ", but the peer's certificate names ", listed));
+    }
+    return grpc::Status::OK;
+  }
+
+  // PullReplica makes this node connect to `host`: only to the host the call
+  // comes from, so that no caller can point ckptd at an address of its
+  // choosing. With TLS there are no bulk transfers at all.
+  grpc::Status MayDial(const grpc::ServerContext& ctx,
+                       const std::string& host) {
+    if (tls_ || bulk_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "bulk transfers are off on this node (mutual TLS): "
+                          "push the replica with PushReplica");
+    }
+    const std::string caller = io::IpOfGrpcPeer(ctx.peer());
+    absl::StatusOr<std::vector<std::string>> addresses = io::ResolveHost(host);
+    if (!caller.empty() && addresses.ok() &&
+        std::find(addresses->begin(), addresses->end(), caller) !=
+            addresses->end()) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat("PullReplica names host \"", host,
+                     "\", which is not the address the call comes from (",
+                     ctx.peer(), "): this node fetches only from its caller"));
+  }
+
   // Room for a replica; replicas of steps retention no longer keeps make
   // room when the store is full.
   absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> Receive(
@@ -326,6 +422,7 @@ class PeerService final : public proto::CkptPeer::Service {
   Replicator* const replicator_;
   io::BulkServer* const bulk_;  // null: bulk transfers off
   ParityStore* const parity_;   // null: no erasure-coded peer tier
+  const bool tls_;              // mutual TLS: callers are authenticated
 };
 
 }  // namespace
@@ -368,8 +465,8 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
                      io::BulkServer::Start(options.address.substr(0, colon)));
     replicator->SetBulkServer(server->bulk_);
   }
-  server->service_ = std::make_unique<PeerService>(service, replicator,
-                                                   server->bulk_.get(), parity);
+  server->service_ = std::make_unique<PeerService>(
+      service, replicator, server->bulk_.get(), parity, tls_files == 3);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, creds, &server->port_);
   builder.RegisterService(server->service_.get());

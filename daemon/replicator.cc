@@ -286,7 +286,9 @@ absl::StatusOr<std::vector<proto::PeerInfo>> Replicator::Peers() {
     absl::MutexLock lock(&mu_);
     address = address_;
   }
+  const absl::Time asking = absl::Now();
   ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> all, coordinator_->ListPeers());
+  Learn(all, asking);
   std::vector<proto::PeerInfo> others;
   bool published = false;
   for (proto::PeerInfo& p : all) {
@@ -377,12 +379,72 @@ bool Replicator::Replicate(Pending& p,
   return true;
 }
 
+void Replicator::Learn(const std::vector<proto::PeerInfo>& all,
+                       absl::Time asked) {
+  absl::MutexLock lock(&directory_mu_);
+  directory_asked_ = std::max(directory_asked_, asked);
+  for (const proto::PeerInfo& p : all) {
+    node_at_[p.address()] = p.node_id();
+    members_.insert(p.node_id());
+  }
+}
+
+void Replicator::RefreshDirectory() {
+  const absl::Time missed = absl::Now();
+  // One listing at a time; a miss is answered by any listing begun after it,
+  // so a flood of calls from unknown names costs etcd one read at a time.
+  absl::MutexLock serial(&refresh_mu_);
+  {
+    absl::MutexLock lock(&directory_mu_);
+    if (directory_asked_ > missed) return;
+  }
+  const absl::Time asking = absl::Now();
+  absl::StatusOr<std::vector<proto::PeerInfo>> all = coordinator_->ListPeers();
+  if (all.ok()) {
+    Learn(*all, asking);
+  } else {
+    CKPT_LOG_WARN("replication: listing the cluster's nodes: {}",
+                  all.status().ToString());
+  }
+}
+
+std::string Replicator::NodeAt(const std::string& address) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      absl::MutexLock lock(&directory_mu_);
+      auto it = node_at_.find(address);
+      if (it != node_at_.end()) return it->second;
+    }
+    if (attempt == 0) RefreshDirectory();
+  }
+  return "";
+}
+
+bool Replicator::IsMember(const std::string& node) {
+  if (node.empty()) return false;
+  if (node == options_.node_id) return true;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      absl::MutexLock lock(&directory_mu_);
+      if (members_.count(node) > 0) return true;
+    }
+    if (attempt == 0) RefreshDirectory();
+  }
+  return false;
+}
+
 std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
     const std::string& address) {
+  // With mutual TLS the peer is the node its certificate names: the name
+  // checked is the node's id, not the host it was dialed at.
+  const std::string node =
+      options_.credentials != nullptr ? NodeAt(address) : std::string();
+  const std::string key = absl::StrCat(address, "|", node);
   absl::MutexLock lock(&mu_);
-  auto it = channels_.find(address);
+  auto it = channels_.find(key);
   if (it != channels_.end()) return it->second;
   grpc::ChannelArguments args;
+  if (!node.empty()) args.SetSslTargetNameOverride(node);
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
   // A restarted peer is reached again at once, not after a long backoff.
@@ -391,7 +453,7 @@ std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
                    ? options_.credentials
                    : grpc::InsecureChannelCredentials();
   auto channel = grpc::CreateCustomChannel(address, creds, args);
-  channels_[address] = channel;
+  channels_[key] = channel;
   return channel;
 }
 
@@ -450,7 +512,11 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
     req.set_ticket(ticket.token);
     proto::PushReplicaResponse resp;
     grpc::Status pulled = stub->PullReplica(&ctx, req, &resp);
-    if (pulled.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+    // PERMISSION_DENIED: the peer sees this node's calls come from another
+    // address than the one it would fetch from (a node of several
+    // interfaces), and dials only its caller.
+    if (pulled.error_code() != grpc::StatusCode::UNIMPLEMENTED &&
+        pulled.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
       RETURN_IF_ERROR(FromGrpc(pulled, what));
       if (resp.bytes() != ticket.bytes) {
         return absl::DataLossError(absl::StrCat(what, ": the peer verified ",
@@ -461,7 +527,8 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
                     static_cast<double>(ticket.bytes));
       return absl::OkStatus();
     }
-    // A peer without PullReplica: the bytes go over the stream below.
+    // A peer without PullReplica, or that would not dial this node: the
+    // bytes go over the stream below.
   }
   if (view.file == nullptr) {  // offered above to a peer that cannot pull
     ASSIGN_OR_RETURN(view,

@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -318,6 +319,7 @@ absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(
   for (const std::string& job : jobs) {
     std::string job_dir = io::JoinPath(options_.dir, job);
     if (job_dir == FreeDir()) continue;
+    if (absl::StartsWith(job, ".")) continue;  // ckptd's lock (no job id)
     absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
     if (!names.ok() || !snapshot::ValidateJobId(job).ok()) {
       CKPT_LOG_WARN("staging: ignoring unexpected entry {}", job_dir);

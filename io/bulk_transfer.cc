@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,13 +16,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
+#include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -31,8 +33,11 @@ namespace {
 
 constexpr uint64_t kNoSuchTicket = ~uint64_t{0};
 constexpr absl::Duration kTicketLife = absl::Seconds(30);
-// A peer that stops reading (or sending its ticket) is dropped after this.
+// A peer that stops reading is dropped after this.
 constexpr int kIoTimeoutS = 30;
+// A connection must present its ticket this soon: the fetching node sends it
+// right after connecting, so a connection that stays silent only holds a slot.
+constexpr int kTicketTimeoutS = 5;
 
 void SetTimeouts(int fd, int seconds) {
   timeval tv{.tv_sec = seconds, .tv_usec = 0};
@@ -75,14 +80,6 @@ uint64_t GetLe64(const uint8_t in[8]) {
   return v;
 }
 
-// "[::1]" (a host as gRPC writes IPv6 addresses) as "::1".
-std::string BareHost(const std::string& host) {
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
 // The first IPv4 or IPv6 address of `host` (numeric or a name).
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port,
                                          socklen_t* len) {
@@ -103,10 +100,28 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port,
   return addr;
 }
 
+// 16 bytes from the kernel's CSPRNG: a ticket is all that lets a connection
+// take the file it stands for.
+std::string RandomToken(size_t bytes) {
+  std::string token(bytes, '\0');
+  for (size_t at = 0; at < bytes;) {
+    const ssize_t got = ::getrandom(token.data() + at, bytes - at, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      // A kernel without getrandom, or a seccomp filter: a ticket must
+      // never be predictable, so no weaker fallback.
+      CKPT_LOG_ERROR("bulk transfers: getrandom: {}", std::strerror(errno));
+      std::abort();
+    }
+    at += static_cast<size_t>(got);
+  }
+  return token;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
-    const std::string& host) {
+    const std::string& host, const BulkLimits& limits) {
   const std::string bare = BareHost(host);
   socklen_t len = 0;
   absl::StatusOr<sockaddr_storage> addr = Resolve(bare, 0, &len);
@@ -129,7 +144,7 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
       ntohs(bound.ss_family == AF_INET6
                 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                 : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  std::unique_ptr<BulkServer> server(new BulkServer(fd, port));
+  std::unique_ptr<BulkServer> server(new BulkServer(fd, port, limits));
   BulkServer* self = server.get();
   server->acceptor_ = std::thread([self] { self->AcceptLoop(); });
   return server;
@@ -151,6 +166,7 @@ BulkServer::~BulkServer() {
 }
 
 absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
+  RETURN_IF_ERROR(RoomForTicket());
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return io::ErrnoToStatus(errno, "opening " + path);
   // Held while the ticket lives: the file is not recycled under the sender.
@@ -171,15 +187,26 @@ absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
 absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(
     std::unique_ptr<ReadableFile> file, uint64_t bytes) {
   if (file == nullptr) return absl::InvalidArgumentError("no file to offer");
+  RETURN_IF_ERROR(RoomForTicket());
   return Issue(Offered{-1, bytes, absl::Now() + kTicketLife, std::move(file)});
+}
+
+absl::Status BulkServer::RoomForTicket() {
+  absl::MutexLock lock(&mu_);
+  Expire();
+  if (tickets_.size() >= limits_.max_tickets) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bulk transfers: ", tickets_.size(),
+        " tickets are outstanding (the most this node issues); fetch over "
+        "the peer service's stream instead, or retry"));
+  }
+  return absl::OkStatus();
 }
 
 BulkServer::Ticket BulkServer::Issue(Offered offered) {
   Ticket t;
   t.bytes = offered.bytes;
-  t.token.resize(kTicketBytes);
-  absl::BitGen gen;
-  for (char& c : t.token) c = static_cast<char>(absl::Uniform<uint8_t>(gen));
+  t.token = RandomToken(kTicketBytes);
   absl::MutexLock lock(&mu_);
   Expire();
   tickets_[t.token] = std::move(offered);
@@ -189,6 +216,11 @@ BulkServer::Ticket BulkServer::Issue(Offered offered) {
 size_t BulkServer::outstanding() const {
   absl::MutexLock lock(&mu_);
   return tickets_.size();
+}
+
+uint64_t BulkServer::refused_connections() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
 }
 
 void BulkServer::Expire() {
@@ -214,6 +246,14 @@ void BulkServer::AcceptLoop() {
       ::close(c);
       break;
     }
+    if (connections_.size() >= limits_.max_connections) {
+      // Refused at once, before a thread: a flood of connections costs this
+      // node an accept and a close each. The fetcher falls back to the
+      // peer service's stream.
+      ++refused_;
+      ::close(c);
+      continue;
+    }
     connections_.insert(c);
     ++serving_;
     std::thread([this, c] { Serve(c); }).detach();
@@ -227,11 +267,13 @@ void BulkServer::Serve(int connection) {
   sigemptyset(&pipe);
   sigaddset(&pipe, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-  SetTimeouts(connection, kIoTimeoutS);
+  SetTimeouts(connection, kTicketTimeoutS);
   std::string token(kTicketBytes, '\0');
   Offered offered{-1, kNoSuchTicket, absl::InfinitePast(), nullptr};
   bool found = false;
-  if (RecvAll(connection, token.data(), token.size())) {
+  const bool got_ticket = RecvAll(connection, token.data(), token.size());
+  SetTimeouts(connection, kIoTimeoutS);
+  if (got_ticket) {
     absl::MutexLock lock(&mu_);
     Expire();
     auto it = tickets_.find(token);

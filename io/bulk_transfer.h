@@ -12,6 +12,13 @@
 // service runs with mutual TLS, no bulk server runs (the bytes would travel
 // unencrypted): fetches then stream over gRPC.
 //
+// Limits (BulkLimits): at most `max_connections` connections are served at
+// once (more are closed as they are accepted), a connection that does not
+// present its ticket within 5 s is dropped, and at most `max_tickets` are
+// outstanding (Offer is then ResourceExhausted): a flood of connections or
+// offers costs this node bounded threads and file descriptors. Tickets come
+// from the kernel's CSPRNG (getrandom).
+//
 // Wire: the client sends the 16-byte ticket; the server answers the file's
 // size as 8 bytes little-endian (all ones: no such ticket) and then the file.
 //
@@ -40,6 +47,11 @@
 
 namespace ckpt::io {
 
+struct BulkLimits {
+  size_t max_connections = 64;
+  size_t max_tickets = 4096;
+};
+
 class BulkServer {
  public:
   static constexpr size_t kTicketBytes = 16;
@@ -47,7 +59,7 @@ class BulkServer {
   // Listens on `host` (an address of this host; the host of --peer-address)
   // at a port the kernel picks.
   static absl::StatusOr<std::unique_ptr<BulkServer>> Start(
-      const std::string& host);
+      const std::string& host, const BulkLimits& limits = {});
   // Stops accepting, drops the tickets not used, and waits for the transfers
   // in flight (each bounded by its send timeout).
   ~BulkServer();
@@ -67,9 +79,13 @@ class BulkServer {
 
   // Tickets issued and not yet used or expired (for tests).
   size_t outstanding() const;
+  // Connections closed unserved because `max_connections` were being served.
+  uint64_t refused_connections() const;
 
  private:
-  BulkServer(int listener, int port) : listener_(listener), port_(port) {}
+  BulkServer(int listener, int port, const BulkLimits& limits)
+      : listener_(listener), port_(port), limits_(limits) {}
+  absl::Status RoomForTicket();
   void AcceptLoop();
   void Serve(int connection);
   // Closes the files of tickets past their time.
@@ -87,6 +103,7 @@ class BulkServer {
 
   const int listener_;
   const int port_;
+  const BulkLimits limits_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   mutable absl::Mutex mu_;
@@ -94,6 +111,7 @@ class BulkServer {
   // Connections being served (shut down when the server stops).
   std::set<int> connections_ ABSL_GUARDED_BY(mu_);
   int serving_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The receiving end of one transfer, read in order, piece by piece (a shard

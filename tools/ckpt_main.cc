@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/daemon_admin.h"
+#include "daemon/instance_dirs.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "tools/ckpt_cli.h"
@@ -28,9 +29,8 @@ int Main(int argc, char** argv) {
   app.require_subcommand(1);
   bool json = false;
   const char* env_dir = std::getenv("CKPT_DATA_DIR");
-  std::string data_dir = env_dir != nullptr
-                             ? env_dir
-                             : absl::StrCat("/tmp/ckpt-", ::getuid(), "/data");
+  std::string data_dir =
+      env_dir != nullptr ? env_dir : daemon::DefaultDataDir();
   app.add_option("--data-dir", data_dir,
                  "ckptd's data directory (env CKPT_DATA_DIR); without it, the "
                  "one of the ckptd at --socket, else this default (a stopped "

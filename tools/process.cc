@@ -76,8 +76,9 @@ bool ListeningOnLoopback(int port) {
   return ok;
 }
 
-LocalEtcd::LocalEtcd(std::string dir)
+LocalEtcd::LocalEtcd(std::string dir, Tls tls)
     : dir_(std::move(dir)),
+      tls_(std::move(tls)),
       client_port_(FreeLoopbackPort()),
       peer_port_(FreeLoopbackPort()) {}
 
@@ -92,14 +93,28 @@ bool LocalEtcd::Start() {
   if (::access(kBinary, X_OK) != 0) return false;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
-  const std::string client = "http://" + endpoint();
+  const bool tls = !tls_.cert_file.empty();
+  const std::string client = (tls ? "https://" : "http://") + endpoint();
   const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-  pid_ =
-      Spawn({kBinary, "--name", "ckpt-local", "--data-dir", dir_ + "/data",
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", "ckpt-local=" + peer},
-            log_path());
+  std::vector<std::string> args = {kBinary, "--name", "ckpt-local",
+                                   "--data-dir", dir_ + "/data"};
+  for (const char* flag : {"--listen-client-urls", "--advertise-client-urls"}) {
+    args.insert(args.end(), {flag, client});
+  }
+  for (const char* flag :
+       {"--listen-peer-urls", "--initial-advertise-peer-urls"}) {
+    args.insert(args.end(), {flag, peer});
+  }
+  args.insert(args.end(), {"--initial-cluster", "ckpt-local=" + peer});
+  if (tls) {
+    args.insert(args.end(),
+                {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file});
+  }
+  if (!tls_.client_ca_file.empty()) {
+    args.insert(args.end(), {"--trusted-ca-file", tls_.client_ca_file,
+                             "--client-cert-auth"});
+  }
+  pid_ = Spawn(args, log_path());
   if (pid_ <= 0) return false;
   for (int i = 0; i < 800; ++i) {
     int status;

@@ -39,7 +39,12 @@ class LocalEtcd {
  public:
   static constexpr const char* kBinary = "/usr/bin/etcd";
 
-  explicit LocalEtcd(std::string dir);
+  // TLS on its client URL (https): its certificate and key, and the CA that
+  // must have signed every client's certificate (empty: none required).
+  struct Tls {
+    std::string cert_file, key_file, client_ca_file;
+  };
+  explicit LocalEtcd(std::string dir, Tls tls = {});
   ~LocalEtcd();  // kills it
   LocalEtcd(const LocalEtcd&) = delete;
   LocalEtcd& operator=(const LocalEtcd&) = delete;
@@ -57,6 +62,7 @@ class LocalEtcd {
 
  private:
   const std::string dir_;
+  const Tls tls_;
   const int client_port_, peer_port_;
   pid_t pid_ = -1;
 };

@@ -43,8 +43,31 @@ class DaemonProcess {
     extra_args_ = std::move(args);
   }
 
-  std::string socket() const { return dir_.File("run/ckptd.sock"); }
-  std::string data_dir() const { return dir_.File("data"); }
+  std::string socket() const {
+    return socket_.empty() ? dir_.File("run/ckptd.sock") : socket_;
+  }
+  std::string data_dir() const {
+    return data_dir_.empty() ? dir_.File("data") : data_dir_;
+  }
+  // Another daemon's directories or socket (for tests of what may be shared).
+  void UseSocket(std::string path) { socket_ = std::move(path); }
+  void UseDataDir(std::string path) { data_dir_ = std::move(path); }
+  void UseStagingDir(std::string path) { staging_ = std::move(path); }
+  pid_t pid() const { return pid_; }
+  // Waits (at most `seconds`) for the process to exit; false if it still
+  // runs.
+  bool WaitExit(int seconds) {
+    for (int i = 0; pid_ > 0 && i < seconds * 40; ++i) {
+      int status;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        exit_status_ = status;
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return pid_ <= 0;
+  }
   const std::string& staging_dir() const { return staging_; }
   // ckptd's default --replica-dir.
   std::string replica_dir() const { return staging_ + ".peer"; }
@@ -143,6 +166,7 @@ class DaemonProcess {
   static inline int counter_ = 0;
   TempDir dir_;
   std::string staging_;
+  std::string socket_, data_dir_;  // empty: in dir_
   std::vector<std::string> extra_args_;
   pid_t pid_ = -1;
   int exit_status_ = 0;

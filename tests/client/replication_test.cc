@@ -437,26 +437,36 @@ TEST(ReplicationTest, TheSharedTierServesTheStepsOfALostNode) {
   EXPECT_THAT(missing.message(), HasSubstr("shared tier"));
 }
 
-// A CA, and a certificate it signed for 127.0.0.1, made with openssl.
+// A CA and its nodes' certificates, made by the shipped tools/ckpt-certs:
+// each names its node id (and 127.0.0.1).
 struct Pki {
   testing::TempDir dir;
-  bool Make(const std::string& name) {
-    const std::string d = dir.path();
-    const std::string cmd = absl::StrCat(
-        "cd ", d, " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 ",
-        "-subj /CN=", name, "-ca -keyout ", name, "-ca.key -out ", name,
-        "-ca.pem >/dev/null 2>&1 && openssl req -newkey rsa:2048 -nodes ",
-        "-subj /CN=127.0.0.1 -keyout ", name, ".key -out ", name,
-        ".csr >/dev/null 2>&1 && printf 'subjectAltName=IP:127.0.0.1' > ", name,
-        ".ext && openssl x509 -req -in ", name, ".csr -CA ", name,
-        "-ca.pem -CAkey ", name, "-ca.key -CAcreateserial -days 2 -extfile ",
-        name, ".ext -out ", name, ".pem >/dev/null 2>&1");
+  // Makes CA `ca` (a directory of its own) and certificates for `nodes`.
+  bool Make(const std::string& ca, const std::vector<std::string>& nodes) {
+    std::string cmd =
+        absl::StrCat(CKPT_CERTS_TOOL, " ca ", dir.File(ca), " >/dev/null");
+    for (const std::string& node : nodes) {
+      absl::StrAppend(&cmd, " && ", CKPT_CERTS_TOOL, " node ", dir.File(ca),
+                      " ", node, " 127.0.0.1 >/dev/null");
+    }
     return std::system(cmd.c_str()) == 0;
   }
-  std::string File(const std::string& f) const { return dir.File(f); }
-  std::vector<std::string> Args(const std::string& name) const {
-    return {"--peer-tls-ca",     File(name + "-ca.pem"), "--peer-tls-cert",
-            File(name + ".pem"), "--peer-tls-key",       File(name + ".key")};
+  std::string File(const std::string& ca, const std::string& f) const {
+    return dir.File(ca + "/" + f);
+  }
+  std::vector<std::string> Args(const std::string& ca,
+                                const std::string& node) const {
+    return {"--peer-tls-ca",   File(ca, "ca.pem"),
+            "--peer-tls-cert", File(ca, node + ".pem"),
+            "--peer-tls-key",  File(ca, node + ".key")};
+  }
+  grpc::SslCredentialsOptions Client(const std::string& ca,
+                                     const std::string& node) const {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = testing::ReadAll(File(ca, "ca.pem"));
+    o.pem_cert_chain = testing::ReadAll(File(ca, node + ".pem"));
+    o.pem_private_key = testing::ReadAll(File(ca, node + ".key"));
+    return o;
   }
 };
 
@@ -481,15 +491,54 @@ grpc::Status Locate(const std::string& address,
   return stub->LocateShard(&ctx, req, &resp);
 }
 
+// A channel to a node's peer service whose certificate must name `node`.
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address,
+                                          const grpc::SslCredentialsOptions& o,
+                                          const std::string& node) {
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(node);
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(o), args);
+}
+
+grpc::Status LocateVia(std::shared_ptr<grpc::Channel> channel) {
+  auto stub = proto::CkptPeer::NewStub(std::move(channel));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::LocateShardRequest req;
+  req.mutable_shard()->set_job("tls");
+  proto::LocateShardResponse resp;
+  return stub->LocateShard(&ctx, req, &resp);
+}
+
+// A replica push of a few bytes that claims to come from `from_node`.
+grpc::Status PushClaiming(std::shared_ptr<grpc::Channel> channel,
+                          const std::string& from_node) {
+  auto stub = proto::CkptPeer::NewStub(std::move(channel));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::PushReplicaResponse resp;
+  auto writer = stub->PushReplica(&ctx, &resp);
+  proto::ReplicaPiece piece;
+  piece.mutable_shard()->set_job("tls");
+  piece.mutable_shard()->set_step(1);
+  piece.set_file_bytes(4);
+  piece.set_from_node(from_node);
+  piece.set_data("ckpt");
+  writer->Write(piece);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   Pki pki;
-  ASSERT_TRUE(pki.Make("good")) << "openssl failed";
-  ASSERT_TRUE(pki.Make("rogue")) << "openssl failed";
+  ASSERT_TRUE(pki.Make("good", {"node-a", "node-b", "node-c", "node-x"}))
+      << "tools/ckpt-certs failed";
+  ASSERT_TRUE(pki.Make("rogue", {"node-a"})) << "tools/ckpt-certs failed";
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
   testing::DaemonProcess a(
-      NodeArgs(etcd.endpoint(), "node-a", pki.Args("good"))),
-      b(NodeArgs(etcd.endpoint(), "node-b", pki.Args("good")));
+      NodeArgs(etcd.endpoint(), "node-a", pki.Args("good", "node-a"))),
+      b(NodeArgs(etcd.endpoint(), "node-b", pki.Args("good", "node-b")));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   Rank r(a.socket(), "tls", 0, 1, 1 << 16);
@@ -499,26 +548,39 @@ TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   const std::string address = PeerAddress(b.log());
   ASSERT_FALSE(address.empty()) << b.log();
   EXPECT_THAT(b.log(), HasSubstr("with mutual TLS"));
-  // A peer with a certificate of the same CA gets in.
-  grpc::SslCredentialsOptions good;
-  good.pem_root_certs = testing::ReadAll(pki.File("good-ca.pem"));
-  good.pem_cert_chain = testing::ReadAll(pki.File("good.pem"));
-  good.pem_private_key = testing::ReadAll(pki.File("good.key"));
-  EXPECT_TRUE(Locate(address, grpc::SslCredentials(good)).ok());
+  // A node of the cluster with its own certificate gets in.
+  const grpc::SslCredentialsOptions as_a = pki.Client("good", "node-a");
+  EXPECT_TRUE(LocateVia(TlsChannel(address, as_a, "node-b")).ok());
+  // b's certificate names b: a client that expects another node there (a
+  // node answering at an address another one published) does not talk to it.
+  EXPECT_FALSE(LocateVia(TlsChannel(address, as_a, "node-c")).ok());
   // No TLS at all, TLS without a client certificate, a certificate of
   // another CA: refused before any call.
   EXPECT_FALSE(Locate(address, grpc::InsecureChannelCredentials()).ok());
   grpc::SslCredentialsOptions anonymous;
-  anonymous.pem_root_certs = good.pem_root_certs;
-  EXPECT_FALSE(Locate(address, grpc::SslCredentials(anonymous)).ok());
-  grpc::SslCredentialsOptions rogue = good;
-  rogue.pem_cert_chain = testing::ReadAll(pki.File("rogue.pem"));
-  rogue.pem_private_key = testing::ReadAll(pki.File("rogue.key"));
-  EXPECT_FALSE(Locate(address, grpc::SslCredentials(rogue)).ok());
+  anonymous.pem_root_certs = as_a.pem_root_certs;
+  EXPECT_FALSE(LocateVia(TlsChannel(address, anonymous, "node-b")).ok());
+  grpc::SslCredentialsOptions rogue = pki.Client("rogue", "node-a");
+  rogue.pem_root_certs = as_a.pem_root_certs;
+  EXPECT_FALSE(LocateVia(TlsChannel(address, rogue, "node-b")).ok());
+  // A certificate of the right CA for a node the coordinator does not know.
+  grpc::Status stranger =
+      LocateVia(TlsChannel(address, pki.Client("good", "node-x"), "node-b"));
+  EXPECT_EQ(stranger.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(stranger.error_message(), HasSubstr("no node of this cluster"));
+  // A node of the cluster claiming to be another: its push is refused, and
+  // b holds nothing it pushed.
+  grpc::Status forged =
+      PushClaiming(TlsChannel(address, as_a, "node-b"), "node-c");
+  EXPECT_EQ(forged.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(forged.error_message(),
+              HasSubstr("says it comes from node node-c, but the peer's "
+                        "certificate names node-a"));
+  EXPECT_THAT(b.log(), HasSubstr("claiming to be node node-c"));
   // A restore on a third node fetches the lost node's shard from b inside
   // TLS: bulk transfers (plain TCP) are off, the bytes stream over gRPC.
   testing::DaemonProcess c(
-      NodeArgs(etcd.endpoint(), "node-c", pki.Args("good")));
+      NodeArgs(etcd.endpoint(), "node-c", pki.Args("good", "node-c")));
   ASSERT_TRUE(c.Start()) << c.log();
   a.Lose();
   Rank moved(c.socket(), "tls", 0, 1, 1 << 16);
@@ -528,10 +590,54 @@ TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   EXPECT_TRUE(moved.Matches(1));
   EXPECT_THAT(c.log(), HasSubstr("over gRPC"));
   // Half a TLS configuration is refused with a clear error.
-  testing::DaemonProcess half(NodeArgs(
-      etcd.endpoint(), "node-h", {"--peer-tls-ca", pki.File("good-ca.pem")}));
+  testing::DaemonProcess half(
+      NodeArgs(etcd.endpoint(), "node-h",
+               {"--peer-tls-ca", pki.File("good", "ca.pem")}));
   EXPECT_FALSE(half.Start());
   EXPECT_THAT(half.log(), HasSubstr("--peer-tls-ca, --peer-tls-cert"));
+}
+
+// Without TLS the peer service listens only on loopback, unless the operator
+// says the network is trusted (and is warned at every start).
+TEST(ReplicationTest, APublicPeerAddressWithoutTlsIsRefused) {
+  testing::DaemonProcess open({"--peer-address", "0.0.0.0:0"});
+  EXPECT_FALSE(open.Start());
+  EXPECT_THAT(open.log(), HasSubstr("--peer-address 0.0.0.0:0 is reachable "
+                                    "from other hosts and peer TLS is off"));
+  EXPECT_THAT(open.log(), HasSubstr("tools/ckpt-certs"));
+  EXPECT_THAT(open.log(), HasSubstr("--peer-insecure"));
+  testing::DaemonProcess trusted(
+      {"--peer-address", "0.0.0.0:0", "--peer-insecure"});
+  ASSERT_TRUE(trusted.Start()) << trusted.log();
+  EXPECT_THAT(trusted.log(), HasSubstr("--peer-insecure: the peer service on "
+                                       "0.0.0.0:0 runs without TLS"));
+}
+
+// PullReplica makes the receiving node connect out: only to the address the
+// call comes from, never to one the caller names.
+TEST(ReplicationTest, PullReplicaDialsOnlyItsCaller) {
+  testing::DaemonProcess a({"--peer-address", "127.0.0.1:0"});
+  ASSERT_TRUE(a.Start()) << a.log();
+  const std::string address = PeerAddress(a.log());
+  ASSERT_FALSE(address.empty()) << a.log();
+  auto stub = proto::CkptPeer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::PullReplicaRequest req;
+  req.mutable_shard()->set_job("pull");
+  req.mutable_shard()->set_step(1);
+  req.set_file_bytes(4);
+  req.set_from_node("node-z");
+  req.set_host("192.0.2.1");  // TEST-NET-1: anyone's choice of target
+  req.set_port(80);
+  req.set_ticket(std::string(16, 'x'));
+  proto::PushReplicaResponse resp;
+  grpc::Status s = stub->PullReplica(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("PullReplica names host \"192.0.2.1\", which is not "
+                        "the address the call comes from"));
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 
 #include <signal.h>
 
+#include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/test_util.h"
 #include "tools/process.h"
 
@@ -17,6 +20,32 @@ class EtcdProcess {
   static constexpr const char* kBinary = tools::LocalEtcd::kBinary;
 
   EtcdProcess() : etcd_(dir_.path()) {}
+  explicit EtcdProcess(tools::LocalEtcd::Tls tls)
+      : tls_(!tls.cert_file.empty()), etcd_(dir_.path(), std::move(tls)) {}
+
+  // Turns etcd's auth on (etcdctl, given `tls_flags` such as "--cacert
+  // ca.pem" for an https etcd): a root user, and `user` with `password`
+  // allowed to read and write /ckpt/ only.
+  bool EnableAuth(const std::string& tls_flags, const std::string& user,
+                  const std::string& password) {
+    const std::string etcdctl = absl::StrCat(
+        "ETCDCTL_API=3 timeout 20 etcdctl --endpoints ",
+        tls_ ? "https://" : "http://", endpoint(), " ", tls_flags, " ");
+    const std::vector<std::string> steps = {
+        "user add root:root-" + password,
+        "user grant-role root root",
+        absl::StrCat("user add ", user, ":", password),
+        "role add ckptd",
+        "role grant-permission ckptd --prefix=true readwrite /ckpt/",
+        absl::StrCat("user grant-role ", user, " ckptd"),
+        "auth enable"};
+    for (const std::string& step : steps) {
+      const std::string cmd =
+          absl::StrCat(etcdctl, step, " >>", dir_.File("etcdctl.log"), " 2>&1");
+      if (std::system(cmd.c_str()) != 0) return false;
+    }
+    return true;
+  }
 
   std::string endpoint() const { return etcd_.endpoint(); }
   std::string log() const { return ReadAll(etcd_.log_path()); }
@@ -33,6 +62,7 @@ class EtcdProcess {
 
  private:
   TempDir dir_;
+  bool tls_ = false;
   tools::LocalEtcd etcd_;
 };
 

@@ -1,9 +1,14 @@
 // Bulk transfers: a real server on loopback, real files, real sockets.
 #include "io/bulk_transfer.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,6 +143,77 @@ TEST_F(BulkTransferTest, ConcurrentTransfersEachGetTheirFile) {
     EXPECT_TRUE(results[i].ok()) << results[i];
     EXPECT_TRUE(got[i] == contents[i]) << i;
   }
+}
+
+// A connection to `port` on loopback that sends nothing; -1 if refused.
+int SilentConnection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A flood of connections that never present a ticket holds at most
+// max_connections server threads, each for at most the ticket's deadline:
+// the server then serves again, and offers beyond max_tickets are refused
+// by name.
+TEST_F(BulkTransferTest, FloodsOfConnectionsAndOffersAreBounded) {
+  auto s = BulkServer::Start(
+      "127.0.0.1", BulkLimits{.max_connections = 8, .max_tickets = 4});
+  ASSERT_TRUE(s.ok()) << s.status();
+  server_ = *std::move(s);
+  std::vector<int> flood;
+  for (int i = 0; i < 1000; ++i) {
+    if (int fd = SilentConnection(server_->port()); fd >= 0)
+      flood.push_back(fd);
+  }
+  EXPECT_GT(flood.size(), 0u);
+  for (int i = 0; i < 100 && server_->refused_connections() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GT(server_->refused_connections(), 0u);
+
+  // The flood stays open; a fetch goes through once the silent connections
+  // served have been dropped at their ticket's deadline.
+  auto ticket = server_->Offer(path_);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::string got(contents_.size(), '\0');
+  absl::Status fetched;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  do {
+    fetched = Fetch(ticket->token, &got);
+    if (!fetched.ok()) absl::SleepFor(absl::Milliseconds(200));
+  } while (!fetched.ok() && absl::Now() < deadline);
+  ASSERT_TRUE(fetched.ok()) << fetched;
+  EXPECT_TRUE(got == contents_);
+  for (int fd : flood) ::close(fd);
+
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(server_->Offer(path_).ok()) << i;
+  auto refused = server_->Offer(path_);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("4 tickets are outstanding"));
+}
+
+// Tickets are unpredictable: no two of many are equal, and their bytes are
+// spread (a counter or a clock would not be).
+TEST_F(BulkTransferTest, TicketsAreRandom) {
+  std::set<std::string> seen;
+  std::array<int, 256> counts{};
+  for (int i = 0; i < 2000; ++i) {
+    auto t = server_->Offer(path_);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(seen.insert(t->token).second);
+    for (char c : t->token) ++counts[static_cast<uint8_t>(c)];
+  }
+  // 32000 bytes over 256 values: about 125 each.
+  for (int c : counts) EXPECT_GT(c, 40);
 }
 
 }  // namespace

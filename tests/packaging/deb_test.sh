@@ -33,7 +33,7 @@ dpkg-deb -f "$work"/debs/ckptd_*.deb Depends | grep -q librocksdb ||
 dpkg-deb -f "$work"/debs/libckpt-dev_*.deb Depends | grep -q libckpt0 ||
   fail "libckpt-dev does not depend on libckpt0"
 root=$work/root
-for f in usr/bin/ckptd usr/bin/ckpt usr/bin/ckpt-chaos usr/lib/ckpt/ckpt-demo-trainer \
+for f in usr/bin/ckptd usr/bin/ckpt usr/bin/ckpt-chaos usr/bin/ckpt-certs usr/lib/ckpt/ckpt-demo-trainer \
          usr/lib/systemd/system/ckptd@.service etc/ckpt/ckptd.toml \
          usr/include/ckpt/ckpt.h; do
   [ -e "$root/$f" ] || fail "$f is not in the packages"

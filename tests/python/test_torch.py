@@ -1,7 +1,11 @@
 """ckpt.torch in one process over a real ckptd: what a state dict holds comes
 back in place, and bad use raises a clear exception."""
 
+import collections
+import os
+import pickle
 import random
+import tempfile
 import unittest
 
 import numpy
@@ -9,8 +13,26 @@ import torch
 
 import ckpt
 import ckpt.torch
+from ckpt.torch import _unpickle
 from ckpt_testing import Daemon, DaemonTestCase
 from torch_compare import differences
+
+
+class RunsCode:
+    """Pickles to a call of os.system: what a forged checkpoint would hold."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class Config:
+    """A user's class saved as a plain value."""
+
+    def __init__(self, depth):
+        self.depth = depth
 
 
 def model_and_optimizer():
@@ -241,6 +263,85 @@ class TorchCheckpointerTest(DaemonTestCase):
         with self.assertRaises(ckpt.UnavailableError) as e:
             ckpt.torch.Checkpointer({"a": torch.ones(2)}, job="torch-gone", socket=gone.socket)
         self.assertIn("is ckptd running", str(e.exception))
+
+
+def same(a, b):
+    """Equal values, tensors and arrays compared by their elements."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, numpy.ndarray):
+        return a.dtype == b.dtype and numpy.array_equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, ckpt.torch.TensorRef):
+        return vars(a) == vars(b)
+    return a == b
+
+
+class UnpickleTest(DaemonTestCase):
+    """Restores unpickle checkpoint bytes through an allow-list: no pickle
+    runs code in the trainer unless the caller trusts it."""
+
+    def test_a_pickle_that_would_run_code_is_refused_by_name(self):
+        marker = os.path.join(tempfile.mkdtemp(prefix="ckpt-pickle-"), "ran")
+        state = {"t": torch.ones(3), "evil": RunsCode(marker)}
+        c = ckpt.torch.Checkpointer(state, job="pickle-evil",
+                                    socket=self.daemon.socket)
+        c.save_async(1).wait_committed("disk", 60)
+        with self.assertRaises(ckpt.PermissionDeniedError) as e:
+            c.restore(1)
+        message = str(e.exception)
+        self.assertIn("step 1 of job pickle-evil, __ckpt__/extra/evil", message)
+        self.assertIn(f"names {os.system.__module__}.system", message)
+        self.assertIn("trusted_globals", message)
+        self.assertFalse(os.path.exists(marker))
+        c.close()
+
+    def test_a_users_class_needs_trusting(self):
+        state = {"t": torch.ones(3), "cfg": Config(4)}
+        c = ckpt.torch.Checkpointer(state, job="pickle-cfg",
+                                    socket=self.daemon.socket)
+        c.save_async(1).wait_committed("disk", 60)
+        with self.assertRaises(ckpt.PermissionDeniedError) as e:
+            c.restore(1)
+        self.assertIn(f"{__name__}.Config", str(e.exception))
+        c.close()
+        for trusted in ([Config], [f"{__name__}.Config"]):
+            state = {"t": torch.zeros(3), "cfg": None}
+            c = ckpt.torch.Checkpointer(state, job="pickle-cfg",
+                                        socket=self.daemon.socket,
+                                        trusted_globals=trusted)
+            self.assertEqual(c.restore(1), 1)
+            self.assertEqual(state["cfg"].depth, 4)
+            self.assertTrue(torch.equal(state["t"], torch.ones(3)))
+            c.close()
+
+    def test_what_ckpt_saves_passes_the_allow_list(self):
+        policy = _unpickle.Policy()
+        values = [
+            {"rng": torch.get_rng_state(), "np": numpy.random.get_state(),
+             "py": random.getstate()},
+            collections.OrderedDict(a=[1, 2.5, (3, "x")], b={1, 2}),
+            ckpt.torch.TensorRef("m/w", "float32", (2, 3), True),
+            [torch.float32, torch.bfloat16, torch.Size([2, 3]),
+             torch.arange(6, dtype=torch.int64).reshape(2, 3)[:, 1:],
+             numpy.arange(4, dtype=numpy.float32), numpy.float64(2.5)],
+        ]
+        for value in values:
+            back = policy.loads(pickle.dumps(value), "test")
+            self.assertTrue(same(back, value), f"{back!r} != {value!r}")
+        with self.assertRaises(ckpt.DataLossError) as e:
+            policy.loads(b"\x80\x04garbage", "step 3 of job x, item y")
+        self.assertIn("step 3 of job x, item y: not a valid pickle",
+                      str(e.exception))
+        unsafe = _unpickle.Policy(unsafe_pickle=True)
+        self.assertEqual(unsafe.loads(pickle.dumps(Config(2)), "t").depth, 2)
+        with self.assertRaises(ckpt.InvalidArgumentError):
+            _unpickle.Policy(trusted_globals=["Config"])
 
 
 if __name__ == "__main__":

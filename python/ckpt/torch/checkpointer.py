@@ -8,6 +8,7 @@ import torch
 from ckpt import _ckpt
 from ckpt import errors
 from ckpt.torch import _state
+from ckpt.torch import _unpickle
 from ckpt.torch._native import NativeBinding
 from ckpt.torch._state import TensorRef
 
@@ -28,7 +29,12 @@ class Checkpointer:
     thread copies them; wait_staged waits for it), or "fork" (a forked child
     writes them from a copy-on-write view; wait_staged waits only for the
     fork, and the trainer's first writes to its pages after it fault: see
-    the README). CKPT_HOST_SNAPSHOT overrides it."""
+    the README). CKPT_HOST_SNAPSHOT overrides it. trusted_globals,
+    unsafe_pickle: restores unpickle the saved values through an allow-list
+    (containers, scalars, tensors, numpy arrays: see ckpt.torch._unpickle)
+    and refuse any other class a pickle names, as torch.load(weights_only=
+    True) does; trusted_globals adds classes (or "module.name"), and
+    unsafe_pickle=True trusts the checkpoint with everything."""
 
     def __init__(self,
                  state,
@@ -39,7 +45,9 @@ class Checkpointer:
                  rpc_timeout=30.0,
                  device=None,
                  rng=True,
-                 host_snapshot="copy"):
+                 host_snapshot="copy",
+                 trusted_globals=(),
+                 unsafe_pickle=False):
         if not isinstance(state, dict):
             raise errors.InvalidArgumentError(
                 f"state must be a dict of tensors, modules, optimizers and "
@@ -52,6 +60,7 @@ class Checkpointer:
                            if world_size is None else int(world_size))
         self.socket = socket or ""
         self.rng = rng
+        self._unpickle = _unpickle.Policy(trusted_globals, unsafe_pickle)
         self._resume = None  # the epoch of the last rejoin(), until restore()
         self._binding = NativeBinding(job, self.rank, self.world_size,
                                       self.socket, rpc_timeout, host_snapshot,
@@ -117,10 +126,10 @@ class Checkpointer:
         native.restore(step)
         for name in layout.bytes:
             if name == _RNG:
-                _state.set_rng_state(pickle.loads(native.get_bytes(name)))
+                _state.set_rng_state(self._loads(native, step, name))
             elif name.startswith(_EXTRA):
                 key = name[len(_EXTRA):]
-                self._load_extra(key, pickle.loads(native.get_bytes(name)))
+                self._load_extra(key, self._loads(native, step, name))
         for key, skel in meta.get("nested", {}).items():
             if key in self.state:
                 self.state[key] = _state.merge(self.state[key], skel)
@@ -245,8 +254,14 @@ class Checkpointer:
         else:
             self.state[key] = value
 
+    def _loads(self, native, step, name):
+        return self._unpickle.loads(native.get_bytes(name),
+                                    f"step {step} of job {self.job}, {name}")
+
     def _read_meta(self, step):
-        meta = pickle.loads(self._binding.read_bytes(step, [_META])[_META])
+        meta = self._unpickle.loads(
+            self._binding.read_bytes(step, [_META])[_META],
+            f"step {step} of job {self.job}, {_META}")
         if meta.get("version") != _FORMAT_VERSION:
             raise errors.FailedPreconditionError(
                 f"step {step} of job {self.job} was saved by ckpt.torch format "

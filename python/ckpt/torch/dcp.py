@@ -59,6 +59,7 @@ except ImportError:
     flatten_state_dict = None
 
 from ckpt import errors
+from ckpt.torch import _unpickle
 from ckpt.torch import _state
 from ckpt.torch._native import NativeBinding
 
@@ -366,7 +367,10 @@ def _element_size(dtype):
 
 class CkptStorageReader(StorageReader):
     """Reads DCP checkpoints from ckptd job `job`: step `step`, else the one
-    checkpoint_id names, else the newest committed at `tier`."""
+    checkpoint_id names, else the newest committed at `tier`. Each rank's
+    index is unpickled through ckpt's allow-list (see ckpt.torch.Checkpointer:
+    trusted_globals, unsafe_pickle); DCP itself deserializes non-tensor
+    values."""
 
     def __init__(self,
                  job,
@@ -375,8 +379,11 @@ class CkptStorageReader(StorageReader):
                  tier="disk",
                  rank=None,
                  world_size=None,
-                 rpc_timeout=30.0):
+                 rpc_timeout=30.0,
+                 trusted_globals=(),
+                 unsafe_pickle=False):
         super().__init__()
+        self._unpickle = _unpickle.Policy(trusted_globals, unsafe_pickle)
         self.step = None if step is None else int(step)
         self.tier = tier
         self._options = _Options(job, socket, rank, world_size, rpc_timeout,
@@ -425,8 +432,11 @@ class CkptStorageReader(StorageReader):
         tensor_items = []
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(
-                    item, io.BytesIO(self._bytes[item.storage_index.fqn]))
+                fqn = item.storage_index.fqn
+                self._unpickle.check_torch_bytes(
+                    self._bytes[fqn], f"step {self.step} of job "
+                    f"{self._options.job}, value {fqn!r}")
+                planner.load_bytes(item, io.BytesIO(self._bytes[fqn]))
             else:
                 tensor_items.append(item)
         for round_ in _rounds(tensor_items):
@@ -452,7 +462,9 @@ class CkptStorageReader(StorageReader):
                 f"through ckpt.torch.dcp (rank {rank} saved no {_INDEX!r}); "
                 f"restore it with ckpt.torch.Checkpointer",
                 "FAILED_PRECONDITION") from e
-        index = pickle.loads(data)
+        index = self._unpickle.loads(
+            data, f"step {self.step} of job {self._options.job}, rank {rank}'s "
+            f"{_INDEX}")
         if index.get("version") != _FORMAT or index.get("rank") != rank:
             raise errors.FailedPreconditionError(
                 f"step {self.step} of job {self._options.job} is not a DCP "
