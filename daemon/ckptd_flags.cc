@@ -242,6 +242,11 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                "--peer-address: anyone who reaches the port can then read, "
                "forge and delete checkpoints (only for a network every host "
                "of which is trusted); warned at every start");
+  app.add_option("--peer-idle-timeout", f.peer_idle_timeout_s,
+                 "seconds a peer's push or fetch may stay without progress "
+                 "before it is cancelled and what it reserved is released")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   app.add_option("--shared-dir", f.shared_dir,
                  "tier T3: a directory every node sees (NFS, Lustre, any "
                  "POSIX mount) that persisted shards are also copied to");

@@ -40,6 +40,7 @@ struct CkptdFlags {
   std::string tls_ca, tls_cert, tls_key;
   // Peer service without TLS on a non-loopback address (a trusted network).
   bool peer_insecure = false;
+  double peer_idle_timeout_s = 30;
   int peer_replicas = 1;
   double reprotect_delay_s = 10;
   std::string peer_redundancy;

@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
         {.address = f.peer_address,
          .tls_ca_file = f.tls_ca,
          .tls_cert_file = f.tls_cert,
-         .tls_key_file = f.tls_key});
+         .tls_key_file = f.tls_key,
+         .idle_timeout = absl::Seconds(f.peer_idle_timeout_s)});
     if (!started.ok()) {
       std::fprintf(stderr, "ckptd: %s\n",
                    std::string(started.status().message()).c_str());

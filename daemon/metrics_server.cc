@@ -32,6 +32,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   std::unique_ptr<MetricsServer> s(new MetricsServer);
   s->server_ = std::make_unique<httplib::Server>();
+  // Only GETs are served: a request body, a slow client or a kept-alive
+  // connection costs bounded memory and time.
+  s->server_->set_payload_max_length(4096);
+  s->server_->set_read_timeout(5, 0);
+  s->server_->set_write_timeout(5, 0);
+  s->server_->set_keep_alive_max_count(16);
+  s->server_->set_keep_alive_timeout(5);
   s->server_->Get(
       "/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
         res.set_content(metrics->Render(), "text/plain; version=0.0.4");

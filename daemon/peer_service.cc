@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/call_watchdog.h"
 #include "daemon/grpc_status.h"
 #include "io/host.h"
 #include "io/kill_point.h"
@@ -49,17 +50,20 @@ std::vector<std::string> CertificateNames(const grpc::ServerContext& ctx) {
 class PeerService final : public proto::CkptPeer::Service {
  public:
   PeerService(CheckpointService* service, Replicator* replicator,
-              io::BulkServer* bulk, ParityStore* parity, bool tls)
+              io::BulkServer* bulk, ParityStore* parity, bool tls,
+              CallWatchdog* watchdog)
       : service_(service),
         replicator_(replicator),
         bulk_(bulk),
         parity_(parity),
-        tls_(tls) {}
+        tls_(tls),
+        watchdog_(watchdog) {}
 
   grpc::Status PushParity(grpc::ServerContext* ctx,
                           grpc::ServerReader<proto::ParityPiece>* reader,
                           proto::PushParityResponse* resp) override {
     if (parity_ == nullptr) return NoParity();
+    auto watch = watchdog_->Start(ctx, "a parity push");
     proto::ParityPiece piece;
     if (!reader->Read(&piece)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -78,6 +82,7 @@ class PeerService final : public proto::CkptPeer::Service {
       if (!s.ok()) return ToGrpc(s);
       CKPT_KILL_POINT("peer.parity_piece_received");
       if (piece.last() || !reader->Read(&piece)) break;
+      watch->Touch();
     }
     if (!piece.last() || ctx->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED,
@@ -135,6 +140,7 @@ class PeerService final : public proto::CkptPeer::Service {
         parity_->OpenComplete(req->block());
     if (!block.ok()) return ToGrpc(block.status());
     const uint64_t size = block->map->size();
+    auto watch = watchdog_->Start(ctx, "a parity fetch");
     proto::ShardPiece piece;
     piece.set_file_bytes(size);
     for (uint64_t at = 0; at < size && !ctx->IsCancelled();) {
@@ -142,6 +148,7 @@ class PeerService final : public proto::CkptPeer::Service {
           static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - at));
       piece.set_data(block->map->data() + at, n);
       if (!writer->Write(piece)) break;
+      watch->Touch();
       at += n;
       piece.Clear();
     }
@@ -177,6 +184,7 @@ class PeerService final : public proto::CkptPeer::Service {
   grpc::Status PushReplica(grpc::ServerContext* ctx,
                            grpc::ServerReader<proto::ReplicaPiece>* reader,
                            proto::PushReplicaResponse* resp) override {
+    auto watch = watchdog_->Start(ctx, "a replica push");
     proto::ReplicaPiece piece;
     if (!reader->Read(&piece)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -192,6 +200,7 @@ class PeerService final : public proto::CkptPeer::Service {
       absl::Status s = (*receiver)->Append(piece.data());
       if (!s.ok()) return ToGrpc(s);
       CKPT_KILL_POINT("peer.piece_received");
+      watch->Touch();
     } while (reader->Read(&piece));
     if (ctx->IsCancelled()) {
       return grpc::Status(
@@ -241,6 +250,7 @@ class PeerService final : public proto::CkptPeer::Service {
     if (!view.ok()) return ToGrpc(view.status());
     std::unique_ptr<io::ReadableFile>* file = &view->file;
     absl::StatusOr<uint64_t> size = view->size;
+    auto watch = watchdog_->Start(ctx, "a shard fetch");
     proto::ShardPiece piece;
     piece.set_file_bytes(*size);
     for (uint64_t at = 0; at < *size && !ctx->IsCancelled();) {
@@ -252,6 +262,7 @@ class PeerService final : public proto::CkptPeer::Service {
           at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
       if (!read.ok()) return ToGrpc(read);
       if (!writer->Write(piece)) break;
+      watch->Touch();
       at += n;
       piece.Clear();
     }
@@ -423,6 +434,7 @@ class PeerService final : public proto::CkptPeer::Service {
   io::BulkServer* const bulk_;  // null: bulk transfers off
   ParityStore* const parity_;   // null: no erasure-coded peer tier
   const bool tls_;              // mutual TLS: callers are authenticated
+  CallWatchdog* const watchdog_;
 };
 
 }  // namespace
@@ -465,9 +477,17 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
                      io::BulkServer::Start(options.address.substr(0, colon)));
     replicator->SetBulkServer(server->bulk_);
   }
+  server->watchdog_ = std::make_unique<CallWatchdog>(options.idle_timeout);
   server->service_ = std::make_unique<PeerService>(
-      service, replicator, server->bulk_.get(), parity, tls_files == 3);
+      service, replicator, server->bulk_.get(), parity, tls_files == 3,
+      server->watchdog_.get());
   grpc::ServerBuilder builder;
+  // At most `max_calls` calls run at once (more are refused
+  // RESOURCE_EXHAUSTED), and a connection opens at most 16 streams at once.
+  grpc::ResourceQuota quota("ckptd-peer");
+  quota.SetMaxThreads(options.max_calls);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
   builder.AddListeningPort(options.address, creds, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);

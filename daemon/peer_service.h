@@ -7,7 +7,9 @@
 // Without, it also runs a BulkServer on the same host, which sends offered
 // shard files over plain TCP (the fast path of restores from peers). With the
 // erasure-coded peer tier, it also takes the parity contributions data nodes
-// push (into the ParityStore) and serves complete parity blocks.
+// push (into the ParityStore) and serves complete parity blocks. Limits:
+// at most `max_calls` calls at once, and a push or fetch idle for
+// `idle_timeout` is cancelled, releasing what it reserved.
 //
 // Thread-safety: thread-safe; calls run on gRPC's threads.
 #ifndef CKPT_DAEMON_PEER_SERVICE_H_
@@ -17,6 +19,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/call_watchdog.h"
 #include "daemon/checkpoint_service.h"
 #include "daemon/parity_store.h"
 #include "daemon/replicator.h"
@@ -37,6 +41,11 @@ struct PeerServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   int max_message_bytes = 8 << 20;
+  // A push or fetch that receives or sends nothing this long is cancelled
+  // (call_watchdog.h).
+  absl::Duration idle_timeout = absl::Seconds(30);
+  // Calls served at once (server threads); more are refused.
+  int max_calls = 64;
 };
 
 class PeerServer {
@@ -57,7 +66,8 @@ class PeerServer {
   PeerServer() = default;
 
   Replicator* replicator_ = nullptr;
-  std::shared_ptr<io::BulkServer> bulk_;  // shared with the replicator
+  std::shared_ptr<io::BulkServer> bulk_;    // shared with the replicator
+  std::unique_ptr<CallWatchdog> watchdog_;  // outlives service_'s calls
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

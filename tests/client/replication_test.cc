@@ -640,5 +640,55 @@ TEST(ReplicationTest, PullReplicaDialsOnlyItsCaller) {
                         "the address the call comes from"));
 }
 
+// A push that announces a size and then sends nothing holds the room it
+// reserved only until the peer idle timeout: then it is cancelled, and the
+// room serves the next push.
+TEST(ReplicationTest, APushThatStallsIsCancelledAndReleasesItsRoom) {
+  testing::DaemonProcess a({"--peer-address", "127.0.0.1:0",
+                            "--peer-idle-timeout", "1", "--replica-budget",
+                            "1M"});
+  ASSERT_TRUE(a.Start()) << a.log();
+  const std::string address = PeerAddress(a.log());
+  ASSERT_FALSE(address.empty()) << a.log();
+  auto stub = proto::CkptPeer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // Opens a push of the whole budget, sends its first 4 bytes, then stalls.
+  struct Stalled {
+    grpc::ClientContext ctx;
+    proto::PushReplicaResponse resp;
+    std::unique_ptr<grpc::ClientWriter<proto::ReplicaPiece>> writer;
+  };
+  auto stall = [&stub](uint64_t step) {
+    auto s = std::make_unique<Stalled>();
+    s->ctx.set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(120));
+    s->writer = stub->PushReplica(&s->ctx, &s->resp);
+    proto::ReplicaPiece piece;
+    piece.mutable_shard()->set_job("stall");
+    piece.mutable_shard()->set_step(step);
+    piece.set_file_bytes(1 << 20);
+    piece.set_from_node("node-z");
+    piece.set_data("ckpt");
+    s->writer->Write(piece);
+    return s;
+  };
+  std::unique_ptr<Stalled> first = stall(1);
+  // Meanwhile the room is taken: another push is refused at once.
+  std::unique_ptr<Stalled> crowded = stall(2);
+  grpc::Status full = crowded->writer->Finish();
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << full.error_message();
+  grpc::Status cut = first->writer->Finish();
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::CANCELLED)
+      << cut.error_message();
+  EXPECT_THAT(a.log(), HasSubstr("cancelling a replica push from"));
+  // The room is free again: the next push of the whole budget gets it (and
+  // is cut off the same way).
+  std::unique_ptr<Stalled> second = stall(3);
+  grpc::Status again = second->writer->Finish();
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::CANCELLED)
+      << again.error_message();
+}
+
 }  // namespace
 }  // namespace ckpt::client

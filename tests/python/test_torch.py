@@ -338,6 +338,14 @@ class UnpickleTest(DaemonTestCase):
             policy.loads(b"\x80\x04garbage", "step 3 of job x, item y")
         self.assertIn("step 3 of job x, item y: not a valid pickle",
                       str(e.exception))
+        # getattr only picks an allowed Enum's member (as Python >= 3.11
+        # pickles them), never another attribute.
+        class Sneaky:
+            def __reduce__(self):
+                return (getattr, (collections.OrderedDict, "fromkeys"))
+        with self.assertRaises(ckpt.PermissionDeniedError) as e:
+            policy.loads(pickle.dumps(Sneaky()), "t")
+        self.assertIn("getattr only a member of an Enum class", str(e.exception))
         unsafe = _unpickle.Policy(unsafe_pickle=True)
         self.assertEqual(unsafe.loads(pickle.dumps(Config(2)), "t").depth, 2)
         with self.assertRaises(ckpt.InvalidArgumentError):

@@ -6,8 +6,9 @@ forged or altered checkpoint would run code in the trainer. Like
 torch.load(weights_only=True), `loads` resolves only names on an allow-list:
 
   - Python's containers and scalars (dict, list, tuple, set, frozenset, int,
-    float, complex, bool, str, bytes, bytearray, slice, range) and the
-    collections module's OrderedDict, defaultdict, deque and Counter,
+    float, complex, bool, str, bytes, bytearray, slice, range), the
+    collections module's OrderedDict, defaultdict, deque and Counter, and
+    getattr only as enum members are pickled (a member of an allowed Enum),
   - torch dtypes, layouts, memory formats, devices and sizes, and tensors
     (their storage read back with torch.load(weights_only=True)),
   - numpy arrays, dtypes and scalars (numpy's RNG state),
@@ -21,6 +22,7 @@ everything, as pickle.loads does."""
 
 import builtins
 import collections
+import enum
 import importlib
 import io
 import pickle
@@ -36,6 +38,8 @@ _TORCH_VALUE_TYPES = (torch.dtype, torch.layout, torch.memory_format)
 _TORCH_CALLABLES = {
     ("torch", "Size"): torch.Size,
     ("torch", "device"): torch.device,
+    ("torch", "Tensor"): torch.Tensor,
+    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
     ("torch._utils", "_rebuild_tensor"): torch._utils._rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
     ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
@@ -64,6 +68,18 @@ def _load_storage(data):
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def _enum_member(cls, name):
+    """builtins.getattr as Python >= 3.11 pickles enum members
+    (getattr(TheEnum, "NAME")): only a member of an Enum class that the
+    allow-list let in, never any other attribute."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(
+            name, str) and name in cls.__members__:
+        return cls[name]
+    raise errors.PermissionDeniedError(
+        f"the pickle calls getattr({cls!r}, {name!r}); ckpt lets a pickle "
+        f"getattr only a member of an Enum class", "PERMISSION_DENIED")
+
+
 def _import(module, name):
     obj = importlib.import_module(module)
     for part in name.split("."):
@@ -80,6 +96,8 @@ def _builtin_allowed(module, name):
     """The allow-list's object for (module, name), or None."""
     if module == "builtins" and name in _BUILTINS:
         return getattr(builtins, name)
+    if (module, name) == ("builtins", "getattr"):
+        return _enum_member
     if module == "collections" and name in _COLLECTIONS:
         return getattr(collections, name)
     if module == "torch":
@@ -90,6 +108,10 @@ def _builtin_allowed(module, name):
         return _TORCH_CALLABLES[(module, name)]
     if (module, name) == ("torch.storage", "_load_from_bytes"):
         return _load_storage
+    if (module, name) == ("torch.serialization", "_get_layout"):
+        # PyTorch >= 2.1 pickles layouts as _get_layout("torch.strided"): a
+        # lookup among torch's layouts.
+        return getattr(torch.serialization, "_get_layout", None)
     if ((module, name) in _NUMPY or (module, name) in _CKPT or
             _numpy_dtype_class(module, name) or
         (module == "torch.distributed.checkpoint.metadata" and
