@@ -141,7 +141,9 @@ class CheckpointService {
       const std::string& job, uint64_t step);
   // A shard's record: this node's own, else (with peer replication on) a
   // verified copy fetched from a peer, whose `shard_path` is a local file,
-  // else (with a shared tier) its copy there.
+  // else (with a shared tier) its copy there. With a cluster key, this
+  // node's shard file is handed out only if its seal checks; else the other
+  // copies are tried and the error names the file refused.
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
                                               uint64_t step, uint32_t rank);
   // Where copies of a shard are, in the order GetShard tries them (this
@@ -205,6 +207,10 @@ class CheckpointService {
                         uint32_t rank) const;
 
  private:
+  // With a cluster key, checks `r`'s shard file (its manifest's seal and
+  // checksums). A file refused is dropped from `r` when its slot is still
+  // there; else the error names it (the restore looks elsewhere).
+  absl::Status SealedForRestore(proto::ShardRecord& r) const;
   explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
   absl::Status Recover();
   void Enqueue(const SlotId& id);

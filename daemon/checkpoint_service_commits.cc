@@ -12,7 +12,9 @@
 #include "daemon/records.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/names.h"
+#include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
 
@@ -231,6 +233,32 @@ CheckpointService::ListStepCommits(const std::string& job, uint64_t step) {
   return out;
 }
 
+absl::Status CheckpointService::SealedForRestore(proto::ShardRecord& r) const {
+  // Only a cluster key makes a seal to check. The file is checked even when
+  // a slot is there: a restore that finds the slot unusable reads the file.
+  if (snapshot::InstalledSealKeys() == nullptr || r.shard_path().empty()) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
+      snapshot::ShardReader::Open(fs_, r.shard_path());
+  if (reader.ok()) return absl::OkStatus();
+  const absl::Status refused(
+      reader.status().code(),
+      absl::StrCat("shard file ", r.shard_path(),
+                   " is refused: ", reader.status().message()));
+  // The slot alone (memory only this uid maps) still serves the restore.
+  absl::StatusOr<bool> slot = r.slot_path().empty()
+                                  ? absl::StatusOr<bool>(false)
+                                  : fs_->Exists(r.slot_path());
+  if (slot.ok() && *slot) {
+    CKPT_LOG_ERROR("{}; the restore reads the staged slot only",
+                   refused.ToString());
+    r.clear_shard_path();
+    return absl::OkStatus();
+  }
+  return refused;
+}
+
 absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
     const std::string& job, uint64_t step, uint32_t rank) {
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
@@ -246,7 +274,13 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
   // committed when it began): a committed copy of the step, if peers or the
   // shared tier hold one, is what a restore wants; else the caller learns
   // that it is being staged.
-  if (whole) return *r;
+  absl::Status refused;
+  if (whole) {
+    refused = SealedForRestore(*r);
+    if (refused.ok()) return *r;
+    CKPT_LOG_ERROR("{}: {}; looking for another copy",
+                   Describe(job, step, rank), refused.ToString());
+  }
   absl::Status elsewhere = absl::NotFoundError(
       absl::StrCat("no shard for ", Describe(job, step, rank)));
   if (replicator_ != nullptr) {
@@ -261,6 +295,11 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
     elsewhere = absl::Status(
         elsewhere.code(),
         absl::StrCat(elsewhere.message(), "; ", copy.status().message()));
+  }
+  if (!refused.ok()) {
+    return absl::Status(refused.code(),
+                        absl::StrCat(refused.message(),
+                                     "; no other copy: ", elsewhere.message()));
   }
   if (!r.has_value()) return elsewhere;
   if (replicator_ != nullptr || shared_ != nullptr) {

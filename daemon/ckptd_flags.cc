@@ -195,6 +195,15 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                "reach etcd endpoints off loopback without TLS: anyone on the "
                "path could forge votes and commits (only on a trusted "
                "network); warned at every start");
+  app.add_option("--cluster-key", f.cluster_key,
+                 "a file (mode 0600) of at least 32 bytes of key material "
+                 "shared by every node (tools/ckpt-certs cluster-key makes "
+                 "one): every shard's manifest is sealed with it (a keyed "
+                 "MAC), and shards whose seal it does not check are refused "
+                 "at every tier");
+  app.add_option("--cluster-key-old", f.cluster_key_old,
+                 "during a key rotation: a previous cluster key, accepted "
+                 "for reading (repeatable)");
   app.add_option("--lease-ttl", f.lease_ttl_s,
                  "seconds without keep-alive before etcd declares this node "
                  "dead (it is then fenced until it rejoins)")

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/checkpoint_service.h"
@@ -35,6 +36,9 @@ struct CkptdFlags {
   // etcd's TLS and auth (EtcdOptions), and plaintext off loopback.
   std::string etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file;
   bool etcd_insecure = false;
+  // Manifest seals (snapshot/manifest_seal.h): the key, and old ones.
+  std::string cluster_key;
+  std::vector<std::string> cluster_key_old;
   double lease_ttl_s = 10;
   std::string peer_address, failure_domain, replica_dir, replica_budget = "1G";
   std::string tls_ca, tls_cert, tls_key;

@@ -28,6 +28,7 @@
 #include "daemon/supervisor_notify.h"
 #include "io/logging.h"
 #include "nlohmann/json.hpp"
+#include "snapshot/manifest_seal.h"
 
 namespace {
 
@@ -130,6 +131,25 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (!f.cluster_key.empty()) {
+    auto keys =
+        ckpt::snapshot::SealKeys::Load(f.cluster_key, f.cluster_key_old);
+    if (!keys.ok()) {
+      std::fprintf(stderr, "ckptd: --cluster-key: %s\n",
+                   std::string(keys.status().message()).c_str());
+      return 2;
+    }
+    CKPT_LOG_INFO("ckptd: manifests sealed with cluster key {}{}",
+                  (*keys)->current_id(),
+                  f.cluster_key_old.empty()
+                      ? ""
+                      : absl::StrCat(" (", f.cluster_key_old.size(),
+                                     " old keys accepted for reads)"));
+    ckpt::snapshot::InstallSealKeys(*std::move(keys));
+  } else if (!f.cluster_key_old.empty()) {
+    std::fprintf(stderr, "ckptd: --cluster-key-old needs --cluster-key\n");
+    return 2;
+  }
   if (f.coordinator != "embedded") {
     auto etcd_options = ckpt::daemon::EtcdOptionsFrom(f);
     if (!etcd_options.ok()) {

@@ -18,6 +18,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/names.h"
 
 namespace ckpt::daemon {
@@ -275,6 +276,15 @@ absl::StatusOr<proto::PeerShardOffer> Replicator::OfferFromPeers(
       failures.push_back(
           absl::StrCat(c.peer->node_id(), ": ", offered.error_message()));
       continue;
+    }
+    // The client routes the stream by this manifest and checks the file's
+    // own against it: with a cluster key, only a sealed one is handed on.
+    if (auto keys = snapshot::InstalledSealKeys()) {
+      if (absl::Status sealed = keys->Check(offer.manifest()); !sealed.ok()) {
+        failures.push_back(
+            absl::StrCat(c.peer->node_id(), "'s offer: ", sealed.message()));
+        continue;
+      }
     }
     proto::PeerShardOffer out;
     out.set_node(c.peer->node_id());

@@ -10,6 +10,7 @@
 #include "io/status_macros.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/format.h"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::snapshot {
@@ -123,8 +124,12 @@ absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
     }
   }
   flat.set_data_size(at);
+  flat.clear_seal();  // the rewritten manifest is sealed anew
   if (!flat.SerializeToString(&out.manifest_bytes))
     return absl::InternalError("manifest serialization failed");
+  if (std::shared_ptr<const SealKeys> keys = InstalledSealKeys()) {
+    out.manifest_bytes += keys->Seal(out.manifest_bytes);
+  }
   const size_t tail_size = io::AlignUp(out.manifest_bytes.size() + kFooterSize);
   std::string tail(tail_size, '\0');
   std::memcpy(tail.data(), out.manifest_bytes.data(),

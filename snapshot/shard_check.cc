@@ -6,6 +6,7 @@
 #include "io/aligned_buffer.h"
 #include "io/status_macros.h"
 #include "snapshot/chunk_codec.h"
+#include "snapshot/manifest_seal.h"
 
 namespace ckpt::snapshot {
 namespace {
@@ -70,6 +71,15 @@ absl::StatusOr<proto::ShardManifest> CheckManifest(
         absl::StrCat("non-zero padding byte at offset ",
                      footer.manifest_offset + footer.manifest_size + pad,
                      " between manifest and footer"));
+  }
+  if (std::shared_ptr<const SealKeys> keys = InstalledSealKeys()) {
+    absl::Status sealed = keys->Check(absl::string_view(
+        reinterpret_cast<const char*>(manifest_bytes), footer.manifest_size));
+    if (!sealed.ok()) {
+      return absl::PermissionDeniedError(absl::StrCat("manifest at offset ",
+                                                      footer.manifest_offset,
+                                                      ": ", sealed.message()));
+    }
   }
   proto::ShardManifest manifest;
   if (!manifest.ParseFromArray(manifest_bytes,

@@ -13,6 +13,7 @@
 #include "io/kill_point.h"
 #include "io/status_macros.h"
 #include "snapshot/dtype.h"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/names.h"
 
 namespace ckpt::snapshot {
@@ -412,6 +413,9 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   std::string serialized;
   if (!manifest_.SerializeToString(&serialized)) {
     return absl::InternalError("manifest serialization failed");
+  }
+  if (std::shared_ptr<const SealKeys> keys = InstalledSealKeys()) {
+    serialized += keys->Seal(serialized);  // the manifest's last field
   }
   if (serialized.size() > kMaxManifestSize) {
     return absl::ResourceExhaustedError(

@@ -26,6 +26,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/peer.grpc.pb.h"
+#include "snapshot/format.h"
+#include "snapshot/shard_writer.h"
 #include "tests/client/daemon_process.h"
 #include "tests/client/peer_ranks.h"
 #include "tests/daemon/etcd_process.h"
@@ -688,6 +690,111 @@ TEST(ReplicationTest, APushThatStallsIsCancelledAndReleasesItsRoom) {
   grpc::Status again = second->writer->Finish();
   EXPECT_EQ(again.error_code(), grpc::StatusCode::CANCELLED)
       << again.error_message();
+}
+
+// A forged shard of `job`'s step `step`, rank 0 of 1, laid out as a Rank of
+// `global` floats saves it (all `value`), written by a process without the
+// cluster key: every checksum holds, no seal.
+absl::Status WriteForged(const std::string& path, const std::string& job,
+                         uint64_t step, int64_t global, float value) {
+  std::vector<float> w(global, value);
+  const std::string rng = "forged";
+  snapshot::ShardWriter writer(io::DefaultFileSystem(), path, {job, step, 0, 1},
+                               {});
+  absl::Status s = writer.AddTensor(
+      {"model/w",
+       proto::DTYPE_FLOAT32,
+       {global},
+       {0},
+       {global},
+       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(w.data()),
+                           w.size() * sizeof(float))});
+  if (s.ok()) {
+    s = writer.AddBytes(
+        "rng", absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(rng.data()),
+                                   rng.size()));
+  }
+  return s.ok() ? writer.Commit().status() : s;
+}
+
+// With a cluster key, a shard whose manifest the key did not seal is refused
+// wherever it shows up: a forged replica pushed by a client (its checksums
+// right) is never held, and a node's own file altered on disk is not read by
+// a restore, which takes a peer's replica instead.
+TEST(ReplicationTest, ShardsWithoutTheClusterKeysSealAreRefusedAtEveryTier) {
+  testing::TempDir keys;
+  const std::string key = keys.File("cluster.key");
+  testing::WriteAll(key, std::string(64, 'c') + "\n");
+  ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  testing::DaemonProcess a(
+      NodeArgs(etcd.endpoint(), "node-a", {"--cluster-key", key})),
+      b(NodeArgs(etcd.endpoint(), "node-b", {"--cluster-key", key}));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  EXPECT_THAT(a.log(), HasSubstr("manifests sealed with cluster key"));
+  constexpr int64_t kGlobal = 1 << 14;
+  Rank r(a.socket(), "sealed", 0, 1, kGlobal);
+  ASSERT_TRUE(r.ckpt);
+  absl::Status s = SaveAll({&r}, 1, kPeer);
+  ASSERT_TRUE(s.ok()) << s << "\n" << a.log() << b.log();
+
+  // A forged replica pushed to b: refused, and b holds nothing of it.
+  const std::string forged = keys.File("forged.shard");
+  ASSERT_TRUE(WriteForged(forged, "forged", 1, kGlobal, 7.0f).ok());
+  const std::string bytes = testing::ReadAll(forged);
+  const std::string address = PeerAddress(b.log());
+  ASSERT_FALSE(address.empty()) << b.log();
+  auto stub = proto::CkptPeer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    proto::PushReplicaResponse resp;
+    auto writer = stub->PushReplica(&ctx, &resp);
+    proto::ReplicaPiece piece;
+    piece.mutable_shard()->set_job("forged");
+    piece.mutable_shard()->set_step(1);
+    piece.set_file_bytes(bytes.size());
+    piece.set_from_node("node-a");
+    piece.set_data(bytes);
+    writer->Write(piece);
+    writer->WritesDone();
+    grpc::Status pushed = writer->Finish();
+    EXPECT_EQ(pushed.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(pushed.error_message(), HasSubstr("manifest is not sealed"));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    proto::LocateShardRequest req;
+    req.mutable_shard()->set_job("forged");
+    req.mutable_shard()->set_step(1);
+    proto::LocateShardResponse resp;
+    ASSERT_TRUE(stub->LocateShard(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.tier(), proto::TIER_UNSPECIFIED);
+  }
+
+  // a's own file rewritten on disk, its checksums recomputed, while a is
+  // down and its memory tier gone (a reboot): the restore refuses it and
+  // reads b's replica.
+  a.Kill();
+  std::filesystem::remove_all(a.staging_dir());
+  const std::string own = a.data_dir() + "/shards/sealed/" +
+                          snapshot::ShardFileName(1, 0, ".shard");
+  ASSERT_TRUE(std::filesystem::exists(own)) << own;
+  ASSERT_TRUE(WriteForged(own, "sealed", 1, kGlobal, 7.0f).ok());
+  ASSERT_TRUE(a.Start()) << a.log();
+  Rank back(a.socket(), "sealed", 0, 1, kGlobal);
+  ASSERT_TRUE(back.ckpt);
+  back.Fill(99);
+  absl::Status restored = back.ckpt->Restore(1);
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << a.log();
+  EXPECT_TRUE(back.Matches(1));
+  EXPECT_THAT(a.log(), HasSubstr("manifest is not sealed"));
 }
 
 }  // namespace
