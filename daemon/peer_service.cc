@@ -315,7 +315,7 @@ class PeerService final : public proto::CkptPeer::Service {
         names.empty() ? "no name" : absl::StrJoin(names, ", ");
     bool member = false;
     for (const std::string& n : names)
-      member = member || replicator_->IsMember(n);
+      member = member || replicator_->directory()->IsMember(n);
     if (!member) {
       CKPT_LOG_WARN(
           "peer service: refused a call from {}: its certificate "

@@ -103,7 +103,8 @@ Replicator::Replicator(io::FileSystem* fs, ReplicationOptions options,
       incarnation_([] {
         absl::BitGen gen;
         return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
-      }()) {}
+      }()),
+      directory_(coordinator, options_.node_id) {}
 
 Replicator::~Replicator() {
   {
@@ -288,7 +289,7 @@ absl::StatusOr<std::vector<proto::PeerInfo>> Replicator::Peers() {
   }
   const absl::Time asking = absl::Now();
   ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> all, coordinator_->ListPeers());
-  Learn(all, asking);
+  directory_.Learn(all, asking);
   std::vector<proto::PeerInfo> others;
   bool published = false;
   for (proto::PeerInfo& p : all) {
@@ -379,66 +380,13 @@ bool Replicator::Replicate(Pending& p,
   return true;
 }
 
-void Replicator::Learn(const std::vector<proto::PeerInfo>& all,
-                       absl::Time asked) {
-  absl::MutexLock lock(&directory_mu_);
-  directory_asked_ = std::max(directory_asked_, asked);
-  for (const proto::PeerInfo& p : all) {
-    node_at_[p.address()] = p.node_id();
-    members_.insert(p.node_id());
-  }
-}
-
-void Replicator::RefreshDirectory() {
-  const absl::Time missed = absl::Now();
-  // One listing at a time; a miss is answered by any listing begun after it,
-  // so a flood of calls from unknown names costs etcd one read at a time.
-  absl::MutexLock serial(&refresh_mu_);
-  {
-    absl::MutexLock lock(&directory_mu_);
-    if (directory_asked_ > missed) return;
-  }
-  const absl::Time asking = absl::Now();
-  absl::StatusOr<std::vector<proto::PeerInfo>> all = coordinator_->ListPeers();
-  if (all.ok()) {
-    Learn(*all, asking);
-  } else {
-    CKPT_LOG_WARN("replication: listing the cluster's nodes: {}",
-                  all.status().ToString());
-  }
-}
-
-std::string Replicator::NodeAt(const std::string& address) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      absl::MutexLock lock(&directory_mu_);
-      auto it = node_at_.find(address);
-      if (it != node_at_.end()) return it->second;
-    }
-    if (attempt == 0) RefreshDirectory();
-  }
-  return "";
-}
-
-bool Replicator::IsMember(const std::string& node) {
-  if (node.empty()) return false;
-  if (node == options_.node_id) return true;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      absl::MutexLock lock(&directory_mu_);
-      if (members_.count(node) > 0) return true;
-    }
-    if (attempt == 0) RefreshDirectory();
-  }
-  return false;
-}
-
 std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
     const std::string& address) {
   // With mutual TLS the peer is the node its certificate names: the name
   // checked is the node's id, not the host it was dialed at.
-  const std::string node =
-      options_.credentials != nullptr ? NodeAt(address) : std::string();
+  const std::string node = options_.credentials != nullptr
+                               ? directory_.NodeAt(address)
+                               : std::string();
   const std::string key = absl::StrCat(address, "|", node);
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(key);

@@ -35,6 +35,7 @@
 #include "absl/types/optional.h"
 #include "daemon/coordinator.h"
 #include "daemon/metrics.h"
+#include "daemon/peer_directory.h"
 #include "daemon/replica_store.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
@@ -168,9 +169,8 @@ class Replicator {
   // A channel to a peer (one per address, reused). With mutual TLS the
   // peer's certificate must name the node that published `address`.
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
-  // Whether `node` is a node of the cluster: this one, or one that published
-  // a peer address in the coordinator (asked again when it is not known).
-  bool IsMember(const std::string& node);
+  // Who is in the cluster (the peer service checks callers against it).
+  PeerDirectory* directory() { return &directory_; }
 
   ReplicaStore* held() { return held_.get(); }
   ReplicaStore* fetched() { return fetched_.get(); }
@@ -236,15 +236,6 @@ class Replicator {
   bool InUse(const ReplicaStore::Key& key, absl::Duration grace) const;
   // The live peers other than this node; publishes this node when missing.
   absl::StatusOr<std::vector<proto::PeerInfo>> Peers();
-  // Remembers which node published which address (ChannelTo, IsMember), as
-  // the coordinator listed them at `asked`.
-  void Learn(const std::vector<proto::PeerInfo>& all, absl::Time asked);
-  // The node that published `address`, asking the coordinator again when
-  // none is known; empty when none did.
-  std::string NodeAt(const std::string& address);
-  // Asks the coordinator for the peers again, unless a listing begun since
-  // this call did.
-  void RefreshDirectory();
   // Fetch's last resort: the shard rebuilt (erasure-coded peer tier).
   absl::StatusOr<proto::ShardRecord> Rebuilt(const ReplicaStore::Key& key);
 
@@ -260,6 +251,7 @@ class Replicator {
   // it was seen lost (the loop's thread only).
   std::map<std::string, absl::Time> lost_since_;
   const std::string incarnation_;  // this start's
+  PeerDirectory directory_;
   std::unique_ptr<ReplicaStore> held_;
   std::unique_ptr<ReplicaStore> fetched_;
   absl::Mutex fetch_mu_;  // one fetch at a time: concurrent ranks share it
@@ -273,14 +265,6 @@ class Replicator {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
-  // The cluster as the coordinator last listed it: address -> node id, and
-  // when the newest listing began.
-  absl::Mutex refresh_mu_ ABSL_ACQUIRED_BEFORE(directory_mu_);
-  mutable absl::Mutex directory_mu_;
-  std::map<std::string, std::string> node_at_ ABSL_GUARDED_BY(directory_mu_);
-  std::set<std::string> members_ ABSL_GUARDED_BY(directory_mu_);
-  absl::Time directory_asked_ ABSL_GUARDED_BY(directory_mu_) =
-      absl::InfinitePast();
   // When each fetched copy was last handed to a restore: a copy stays a
   // while after that, whatever retention says, so that the restore that asked
   // for it can open it.
