@@ -152,6 +152,9 @@ class CheckpointService {
   absl::StatusOr<proto::FindShardResponse> FindShard(const std::string& job,
                                                      uint64_t step,
                                                      uint32_t rank);
+  // Whether this node saved the shard itself (its catalog has it).
+  absl::StatusOr<bool> SavedHere(const std::string& job, uint64_t step,
+                                 uint32_t rank);
   // The shard file this node persisted for a shard, if it has one.
   absl::StatusOr<absl::optional<std::string>> LocalShardFile(
       const std::string& job, uint64_t step, uint32_t rank);

@@ -266,6 +266,15 @@ absl::StatusOr<proto::FindShardResponse> CheckpointService::FindShard(
   return resp;
 }
 
+absl::StatusOr<bool> CheckpointService::SavedHere(const std::string& job,
+                                                  uint64_t step,
+                                                  uint32_t rank) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
+                   catalog_->GetShard(job, step, rank));
+  return r.has_value();
+}
+
 absl::StatusOr<absl::optional<std::string>> CheckpointService::LocalShardFile(
     const std::string& job, uint64_t step, uint32_t rank) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/call_watchdog.h"
 #include "daemon/grpc_status.h"
+#include "daemon/peer_authorization.h"
 #include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -57,7 +58,14 @@ class PeerService final : public proto::CkptPeer::Service {
         bulk_(bulk),
         parity_(parity),
         tls_(tls),
-        watchdog_(watchdog) {}
+        watchdog_(watchdog),
+        authorization_(
+            [service](const std::string& job, uint64_t step) {
+              return service->coordinator()->GetParityPlan(job, step);
+            },
+            [service](const std::string& job, uint64_t step, uint32_t rank) {
+              return service->SavedHere(job, step, rank);
+            }) {}
 
   grpc::Status PushParity(grpc::ServerContext* ctx,
                           grpc::ServerReader<proto::ParityPiece>* reader,
@@ -70,6 +78,11 @@ class PeerService final : public proto::CkptPeer::Service {
                           "a parity push without a first piece");
     }
     if (grpc::Status in = Admit(*ctx, piece.from_node()); !in.ok()) return in;
+    if (absl::Status may = authorization_.MayContribute(
+            piece.block(), piece.group(), piece.position(), Callers(*ctx));
+        !may.ok()) {
+      return Refused(*ctx, may);
+    }
     absl::StatusOr<std::unique_ptr<ParityStore::Contribution>> contribution =
         parity_->Contribute(piece.block(), piece.group(), piece.position());
     if (!contribution.ok()) return ToGrpc(contribution.status());
@@ -163,6 +176,11 @@ class PeerService final : public proto::CkptPeer::Service {
       return dial;
     }
     const ReplicaStore::Key key = KeyOf(req->shard());
+    if (absl::Status may = authorization_.MayHoldReplica(key, req->from_node(),
+                                                         *replicator_->held());
+        !may.ok()) {
+      return Refused(*ctx, may);
+    }
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> room =
         Receive(key, req->file_bytes());
     if (!room.ok()) return ToGrpc(room.status());
@@ -192,6 +210,11 @@ class PeerService final : public proto::CkptPeer::Service {
     }
     if (grpc::Status in = Admit(*ctx, piece.from_node()); !in.ok()) return in;
     const ReplicaStore::Key key = KeyOf(piece.shard());
+    if (absl::Status may = authorization_.MayHoldReplica(key, piece.from_node(),
+                                                         *replicator_->held());
+        !may.ok()) {
+      return Refused(*ctx, may);
+    }
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> receiver =
         Receive(key, piece.file_bytes());
     if (!receiver.ok()) return ToGrpc(receiver.status());
@@ -341,6 +364,19 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
+  // The names the caller's certificate gives (none without TLS).
+  std::vector<std::string> Callers(const grpc::ServerContext& ctx) const {
+    return tls_ ? CertificateNames(ctx) : std::vector<std::string>();
+  }
+
+  // A call PeerAuthorization refused, logged with who made it.
+  static grpc::Status Refused(const grpc::ServerContext& ctx,
+                              const absl::Status& why) {
+    CKPT_LOG_WARN("peer service: refused a call from {}: {}", ctx.peer(),
+                  why.ToString());
+    return ToGrpc(why);
+  }
+
   // PullReplica makes this node connect to `host`: only to the host the call
   // comes from, so that no caller can point ckptd at an address of its
   // choosing. With TLS there are no bulk transfers at all.
@@ -390,6 +426,7 @@ class PeerService final : public proto::CkptPeer::Service {
       return ToGrpc(stored.status());
     }
     resp->set_bytes(stored->bytes);
+    authorization_.Held(key, from, *replicator_->held());
     CKPT_LOG_INFO("holding a replica of {} for node {} ({} bytes)",
                   Describe(key), from, stored->bytes);
     replicator_->CollectGarbage(key.job);
@@ -435,6 +472,7 @@ class PeerService final : public proto::CkptPeer::Service {
   ParityStore* const parity_;   // null: no erasure-coded peer tier
   const bool tls_;              // mutual TLS: callers are authenticated
   CallWatchdog* const watchdog_;
+  PeerAuthorization authorization_;
 };
 
 }  // namespace

@@ -7,7 +7,8 @@
 // Without, it also runs a BulkServer on the same host, which sends offered
 // shard files over plain TCP (the fast path of restores from peers). With the
 // erasure-coded peer tier, it also takes the parity contributions data nodes
-// push (into the ParityStore) and serves complete parity blocks. Limits:
+// push (into the ParityStore) and serves complete parity blocks. What a peer
+// may push is PeerAuthorization's to say (peer_authorization.h). Limits:
 // at most `max_calls` calls at once, and a push or fetch idle for
 // `idle_timeout` is cancelled, releasing what it reserved.
 //

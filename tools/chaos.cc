@@ -63,7 +63,8 @@ Chaos::Chaos(const Options& o)
     nodes_.push_back(node);
   }
   if (multi())
-    etcd_ = std::make_unique<ckpt::tools::LocalEtcd>(o.dir + "/etcd");
+    etcd_ = std::make_unique<ckpt::tools::LocalEtcd>(
+        o.dir + "/etcd", ckpt::tools::LocalEtcd::Secured{o.certs_tool});
 }
 
 Chaos::~Chaos() {

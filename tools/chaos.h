@@ -97,6 +97,8 @@ struct Options {
   // The fault kinds to draw from; empty: every kind the cluster can take.
   std::vector<std::string> kinds;
   std::string ckptd, trainer;
+  // tools/ckpt-certs: the cluster's etcd runs with TLS and auth.
+  std::string certs_tool;
 };
 
 struct Report {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "io/host.h"
 #include "proto/daemon.grpc.pb.h"
 #include "tools/chaos.h"
 
@@ -32,9 +33,9 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
                                    std::to_string(kKeepDisk),
                                    "--fault-injection"};
   if (multi()) {
+    for (const std::string& a : etcd_->DaemonArgs()) args.push_back(a);
     for (const std::string& a :
-         {std::string("--coordinator"), "etcd://" + etcd_->endpoint(),
-          std::string("--lease-ttl"), std::to_string(kLeaseTtlS),
+         {std::string("--lease-ttl"), std::to_string(kLeaseTtlS),
           std::string("--node-id"), node.id, std::string("--failure-domain"),
           node.id, std::string("--peer-address"), std::string("127.0.0.1:0"),
           // Kills come faster than real failures: re-protection at once.
@@ -203,8 +204,9 @@ namespace {
 
 absl::Status InjectFaults(const Node& node,
                           const proto::InjectFaultsRequest& req) {
-  auto stub = proto::CkptDaemon::NewStub(grpc::CreateChannel(
-      "unix://" + node.socket(), grpc::InsecureChannelCredentials()));
+  auto stub = proto::CkptDaemon::NewStub(
+      grpc::CreateChannel(ckpt::io::UnixSocketTarget(node.socket()),
+                          grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   // The build tree's layout, else the installed one.
   o.ckptd = Sibling({"../daemon/ckptd", "ckptd"});
   o.trainer = Sibling({"ckpt-demo-trainer", "../lib/ckpt/ckpt-demo-trainer"});
+  o.certs_tool = Sibling("ckpt-certs");
   app.add_option("--dir", o.dir,
                  "working directory (default: a new temporary one)");
   app.add_option("--nodes", o.nodes,

@@ -16,6 +16,7 @@
 #include "daemon/instance_dirs.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
+#include "snapshot/manifest_seal.h"
 #include "tools/ckpt_cli.h"
 #include "tools/export.h"
 
@@ -71,6 +72,13 @@ int Main(int argc, char** argv) {
   verify->add_option("target", verify_args, "JOB [STEP], or shard files")
       ->required();
   verify->add_flag("--json", json, "print JSON");
+  std::string cluster_key;
+  std::vector<std::string> cluster_key_old;
+  verify->add_option("--cluster-key", cluster_key,
+                     "also check every manifest's seal with this cluster key "
+                     "(the file ckptd's --cluster-key names)");
+  verify->add_option("--cluster-key-old", cluster_key_old,
+                     "during a key rotation: a previous key, also accepted");
 
   std::string export_job, export_step, format = "safetensors", export_out;
   CLI::App* export_cmd = app.add_subcommand(
@@ -204,6 +212,11 @@ int Main(int argc, char** argv) {
     return InspectStep(data_dir, inspect_args[0], inspect_args[1], json);
   }
   if (*verify) {
+    if (!cluster_key.empty()) {
+      auto keys = ckpt::snapshot::SealKeys::Load(cluster_key, cluster_key_old);
+      if (!keys.ok()) return Fail("verify --cluster-key", keys.status());
+      ckpt::snapshot::InstallSealKeys(*std::move(keys));
+    }
     if (IsShardFile(verify_args[0])) return Verify(verify_args, json);
     if (verify_args.size() > 2) {
       std::cerr << "ckpt verify: give JOB [STEP], or shard files\n";

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/shard_reader.h"
 #include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"
@@ -15,6 +16,8 @@
 namespace ckpt::cli {
 
 int Verify(const std::vector<std::string>& paths, bool json) {
+  // With a cluster key given, every manifest read is checked against it.
+  const bool sealed = snapshot::InstalledSealKeys() != nullptr;
   int bad_files = 0;
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& path : paths) {
@@ -40,7 +43,8 @@ int Verify(const std::vector<std::string>& paths, bool json) {
       for (const absl::Status& e : errors)
         std::printf("BAD %s\n", std::string(e.message()).c_str());
       if (errors.empty())
-        std::printf("OK  %s: %d chunks verified\n", path.c_str(), chunks);
+        std::printf("OK  %s: %d chunks verified%s\n", path.c_str(), chunks,
+                    sealed ? " and its seal" : "");
     }
     out.push_back(std::move(j));
   }

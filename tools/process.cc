@@ -3,7 +3,9 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 namespace ckpt::tools {
@@ -76,11 +79,110 @@ bool ListeningOnLoopback(int port) {
   return ok;
 }
 
+namespace {
+
+// A secret for a test cluster's etcd users: 16 random bytes in hex.
+std::string RandomSecret() {
+  unsigned char bytes[16] = {};
+  if (::getrandom(bytes, sizeof(bytes), 0) != sizeof(bytes)) return "";
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return hex;
+}
+
+bool FileExists(const std::string& path) {
+  return ::access(path.c_str(), F_OK) == 0;
+}
+
+}  // namespace
+
 LocalEtcd::LocalEtcd(std::string dir, Tls tls)
     : dir_(std::move(dir)),
       tls_(std::move(tls)),
       client_port_(FreeLoopbackPort()),
       peer_port_(FreeLoopbackPort()) {}
+
+LocalEtcd::LocalEtcd(std::string dir, Secured secured)
+    : dir_(std::move(dir)),
+      secured_(std::move(secured)),
+      tls_{.cert_file = dir_ + "/pki/etcd.pem",
+           .key_file = dir_ + "/pki/etcd.key"},
+      client_port_(FreeLoopbackPort()),
+      peer_port_(FreeLoopbackPort()) {}
+
+std::string LocalEtcd::ca_file() const {
+  return secured() ? dir_ + "/pki/ca.pem" : "";
+}
+
+std::string LocalEtcd::password_file() const {
+  return secured() ? dir_ + "/pki/etcd-password" : "";
+}
+
+std::vector<std::string> LocalEtcd::DaemonArgs() const {
+  std::vector<std::string> args = {"--coordinator", "etcd://" + endpoint()};
+  if (secured()) {
+    args.insert(args.end(), {"--etcd-ca", ca_file(), "--etcd-user", user(),
+                             "--etcd-password-file", password_file()});
+  }
+  return args;
+}
+
+bool LocalEtcd::MakeCredentials() {
+  if (FileExists(password_file())) return true;
+  const std::string pki = dir_ + "/pki";
+  const std::string cmd = secured_.certs_tool + " ca " + pki + " >>" +
+                          log_path() + " 2>&1 && " + secured_.certs_tool +
+                          " node " + pki + " etcd 127.0.0.1 >>" + log_path() +
+                          " 2>&1";
+  if (std::system(cmd.c_str()) != 0) return false;
+  for (const std::string& file :
+       {pki + "/root-password", password_file() + ".tmp"}) {
+    std::ofstream out(file, std::ios::trunc);
+    out << RandomSecret() << "\n";
+    if (!out.good()) return false;
+    ::chmod(file.c_str(), 0600);
+  }
+  // Last: its presence says the credentials are whole.
+  std::error_code ec;
+  std::filesystem::rename(password_file() + ".tmp", password_file(), ec);
+  return !ec;
+}
+
+bool LocalEtcd::Etcdctl(const std::string& command) const {
+  const std::string cmd =
+      "ETCDCTL_API=3 timeout 20 /usr/bin/etcdctl "
+      "--endpoints https://" +
+      endpoint() + " --cacert " + ca_file() + " " + command + " >>" +
+      log_path() + " 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+bool LocalEtcd::EnableAuth() {
+  const std::string done = dir_ + "/pki/auth-enabled";
+  if (FileExists(done)) return true;
+  auto first_line = [](const std::string& file) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  const std::string root = first_line(dir_ + "/pki/root-password");
+  const std::string password = first_line(password_file());
+  if (root.empty() || password.empty()) return false;
+  for (const std::string& step :
+       {"user add root:" + root, std::string("user grant-role root root"),
+        "user add " + user() + ":" + password, std::string("role add ckptd"),
+        std::string("role grant-permission ckptd --prefix=true readwrite "
+                    "/ckpt/"),
+        "user grant-role " + user() + " ckptd", std::string("auth enable")}) {
+    if (!Etcdctl(step)) return false;
+  }
+  std::ofstream(done) << "yes\n";
+  return true;
+}
 
 LocalEtcd::~LocalEtcd() { Kill(); }
 
@@ -93,6 +195,7 @@ bool LocalEtcd::Start() {
   if (::access(kBinary, X_OK) != 0) return false;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
+  if (secured() && !MakeCredentials()) return false;
   const bool tls = !tls_.cert_file.empty();
   const std::string client = (tls ? "https://" : "http://") + endpoint();
   const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
@@ -122,7 +225,10 @@ bool LocalEtcd::Start() {
       pid_ = -1;
       return false;
     }
-    if (ListeningOnLoopback(client_port_)) return true;
+    if (ListeningOnLoopback(client_port_)) {
+      if (!secured() || EnableAuth()) return true;
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   Kill();

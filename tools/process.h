@@ -44,7 +44,17 @@ class LocalEtcd {
   struct Tls {
     std::string cert_file, key_file, client_ca_file;
   };
+  // As a deployment runs it: https with a certificate that `certs_tool`
+  // (tools/ckpt-certs) makes, and etcd's auth on, with a user `user` allowed
+  // to read and write /ckpt/ only, its password in a file only this uid may
+  // read. Made at the first Start (etcdctl enables the auth); a restart on
+  // the same data keeps them.
+  struct Secured {
+    std::string certs_tool;
+    std::string user = "ckptd";
+  };
   explicit LocalEtcd(std::string dir, Tls tls = {});
+  LocalEtcd(std::string dir, Secured secured);
   ~LocalEtcd();  // kills it
   LocalEtcd(const LocalEtcd&) = delete;
   LocalEtcd& operator=(const LocalEtcd&) = delete;
@@ -59,9 +69,25 @@ class LocalEtcd {
   // host:port of its client URL.
   std::string endpoint() const;
   std::string log_path() const { return dir_ + "/etcd.log"; }
+  // The ckptd flags that reach it: --coordinator, and when it is secured,
+  // --etcd-ca, --etcd-user and --etcd-password-file.
+  std::vector<std::string> DaemonArgs() const;
+  // A secured etcd's CA, user and password file (empty strings otherwise).
+  std::string ca_file() const;
+  const std::string& user() const { return secured_.user; }
+  std::string password_file() const;
 
  private:
+  bool secured() const { return !secured_.certs_tool.empty(); }
+  // The CA, etcd's certificate and the password, made once.
+  bool MakeCredentials();
+  // Runs etcdctl against this etcd (output to the log); false if it failed.
+  bool Etcdctl(const std::string& command) const;
+  // Adds the root and ckptd users and turns auth on, once.
+  bool EnableAuth();
+
   const std::string dir_;
+  const Secured secured_;
   const Tls tls_;
   const int client_port_, peer_port_;
   pid_t pid_ = -1;

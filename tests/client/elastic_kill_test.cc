@@ -57,11 +57,11 @@ class Cluster {
   }
 
   testing::DaemonProcess* AddNode(const std::string& id) {
-    auto node =
-        std::make_unique<testing::DaemonProcess>(std::vector<std::string>{
-            "--coordinator", "etcd://" + etcd_.endpoint(), "--lease-ttl", "2",
-            "--node-id", id, "--peer-address", "127.0.0.1:0", "--peer-replicas",
-            "1"});
+    std::vector<std::string> args = etcd_.DaemonArgs();
+    args.insert(args.end(),
+                {"--lease-ttl", "2", "--node-id", id, "--peer-address",
+                 "127.0.0.1:0", "--peer-replicas", "1"});
+    auto node = std::make_unique<testing::DaemonProcess>(args);
     EXPECT_TRUE(node->Start()) << node->log();
     nodes_[id] = std::move(node);
     return nodes_[id].get();

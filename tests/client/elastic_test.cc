@@ -120,9 +120,13 @@ TEST(ElasticTest, EveryMemberResumesFromTheStepCommittedWhenTheEpochClosed) {
 TEST(ElasticTest, RanksOnTwoNodesRendezvousThroughEtcd) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  const std::string url = "etcd://" + etcd.endpoint();
-  testing::DaemonProcess a({"--coordinator", url, "--node-id", "node-a"});
-  testing::DaemonProcess b({"--coordinator", url, "--node-id", "node-b"});
+  auto node = [&](const std::string& id) {
+    std::vector<std::string> args = etcd.DaemonArgs();
+    args.insert(args.end(), {"--node-id", id});
+    return args;
+  };
+  testing::DaemonProcess a(node("node-a"));
+  testing::DaemonProcess b(node("node-b"));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   const std::vector<std::string> ranks = {"a-0", "b-0", "a-1", "b-1"};

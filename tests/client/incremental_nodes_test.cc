@@ -42,10 +42,8 @@ TEST(IncrementalNodesTest, AShardBuiltOnAStepSavedAgainIsMadeSelfContained) {
   // its step 1.
   // No peer tier: what node b keeps is its memory and disk tiers' choice.
   auto node = [&](const std::string& id, std::vector<std::string> more) {
-    std::vector<std::string> args = {
-        "--coordinator", "etcd://" + etcd.endpoint(),
-        "--lease-ttl",   "2",
-        "--node-id",     id};
+    std::vector<std::string> args = etcd.DaemonArgs();
+    args.insert(args.end(), {"--lease-ttl", "2", "--node-id", id});
     args.insert(args.end(), more.begin(), more.end());
     return args;
   };

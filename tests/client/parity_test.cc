@@ -16,8 +16,10 @@
 #include "client/daemon_admin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/peer.grpc.pb.h"
 #include "tests/client/daemon_process.h"
 #include "tests/client/peer_ranks.h"
+#include "tests/client/peer_tls.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
 #include "tests/tools/run_cli.h"
@@ -57,8 +59,7 @@ struct FiveNodes {
     args.insert(args.end(), more.begin(), more.end());
     char id = 'a';
     for (testing::DaemonProcess* p : all()) {
-      p->set_extra_args(
-          NodeArgs(etcd.endpoint(), std::string("node-") + id++, args));
+      p->set_extra_args(NodeArgs(etcd, std::string("node-") + id++, args));
       const bool armed = p == &c && !kill_point_c.empty();
       if (armed) ::setenv("CKPT_KILL_POINT", kill_point_c.c_str(), 1);
       const bool started = p->Start();
@@ -183,7 +184,7 @@ TEST(ParityTest, ADataNodeKilledMidEncodeLeavesTheStepShortOfTierPeer) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
   auto node = [&](const std::string& id) {
-    return NodeArgs(etcd.endpoint(), id, {"--peer-redundancy", "rs:2+1"});
+    return NodeArgs(etcd, id, {"--peer-redundancy", "rs:2+1"});
   };
   // Ranks 0 and 1 on a and b form the one group; its parity goes to c.
   testing::DaemonProcess a(node("node-a")), b(node("node-b")),
@@ -459,6 +460,98 @@ TEST(ParityTest, ALostNodesVotesForNewerStepsAreWithdrawnWhenTheJobResumes) {
   EXPECT_THAT(c.log(), HasSubstr("job stale step 2 rank 2: protected by"));
   c.Lose();
   RestoreOn(d, "stale", {2}, 2, e.log());
+}
+
+// A parity contribution's first piece, sent as node `from`.
+grpc::Status Contribute(proto::CkptPeer::Stub* stub,
+                        const proto::ParityBlockKey& key,
+                        const proto::ParityGroup& group, uint32_t position,
+                        const std::string& from) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  proto::PushParityResponse resp;
+  auto writer = stub->PushParity(&ctx, &resp);
+  proto::ParityPiece piece;
+  *piece.mutable_block() = key;
+  *piece.mutable_group() = group;
+  piece.set_position(position);
+  piece.set_from_node(from);
+  piece.set_data("forged");
+  writer->Write(piece);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+// With mutual TLS, a parity block takes only what the step's plan (the
+// coordinator's) assigns: a node contributing a data block another node
+// holds, a group the plan does not have, a step without a plan are refused by
+// name, and the block stays whole.
+TEST(ParityTest, AContributionThePlanDoesNotAssignIsRefused) {
+  Pki pki;
+  ASSERT_TRUE(pki.Make("ca", {"node-a", "node-b", "node-c"}));
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  auto node = [&](const std::string& id) {
+    std::vector<std::string> more = pki.Args("ca", id);
+    more.insert(more.end(), {"--peer-redundancy", "rs:2+1"});
+    return NodeArgs(etcd, id, more);
+  };
+  // Ranks 0 and 1 on a and b form the one group; its parity goes to c.
+  testing::DaemonProcess a(node("node-a")), b(node("node-b")),
+      c(node("node-c"));
+  for (testing::DaemonProcess* p : {&a, &b, &c}) {
+    ASSERT_TRUE(p->Start()) << p->log();
+  }
+  constexpr int64_t kGlobal = 1 << 18;
+  Rank r0(a.socket(), "plan", 0, 2, kGlobal),
+      r1(b.socket(), "plan", 1, 2, kGlobal);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt);
+  absl::Status saved = SaveAll({&r0, &r1}, 1, kPeer);
+  ASSERT_TRUE(saved.ok()) << saved << a.log() << b.log() << c.log();
+  auto stub = proto::CkptPeer::NewStub(
+      TlsChannel(PeerAddress(c.log()), pki.Client("ca", "node-b"), "node-c"));
+  proto::ParityBlockRequest req;
+  req.mutable_block()->set_job("plan");
+  req.mutable_block()->set_step(1);
+  auto block_state = [&]() {
+    grpc::ClientContext ctx;
+    proto::ParityBlockState state;
+    EXPECT_TRUE(stub->GetParityBlock(&ctx, req, &state).ok());
+    return state;
+  };
+  const proto::ParityBlockState before = block_state();
+  ASSERT_TRUE(before.held() && before.record().complete());
+  const proto::ParityGroup& group = before.record().group();
+  uint32_t of_a = 0;
+  while (group.data(of_a).node() != "node-a") ++of_a;
+  // Node b, as itself, contributing node a's block.
+  grpc::Status not_its =
+      Contribute(stub.get(), req.block(), group, of_a, "node-b");
+  EXPECT_EQ(not_its.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(not_its.error_message(), HasSubstr("comes from node-b"));
+  EXPECT_THAT(not_its.error_message(),
+              HasSubstr("the parity plan has that block on node node-a"));
+  // A group of its own making.
+  proto::ParityGroup forged = group;
+  forged.set_stripe_bytes(group.stripe_bytes() + 4096);
+  grpc::Status made_up =
+      Contribute(stub.get(), req.block(), forged, 1 - of_a, "node-b");
+  EXPECT_EQ(made_up.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(made_up.error_message(),
+              HasSubstr("names a group the step's parity plan does not have"));
+  // A step nobody saved.
+  proto::ParityBlockKey unplanned = req.block();
+  unplanned.set_step(9);
+  grpc::Status early =
+      Contribute(stub.get(), unplanned, group, 1 - of_a, "node-b");
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(early.error_message(), HasSubstr("has no parity plan"));
+  // Nothing of it reached the block.
+  const proto::ParityBlockState after = block_state();
+  EXPECT_TRUE(after.held() && after.record().complete());
+  EXPECT_EQ(after.record().SerializeAsString(),
+            before.record().SerializeAsString());
+  EXPECT_THAT(c.log(), HasSubstr("peer service: refused a call from"));
 }
 
 }  // namespace

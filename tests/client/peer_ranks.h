@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "gtest/gtest.h"
+#include "tests/daemon/etcd_process.h"
 
 namespace ckpt::client {
 
@@ -65,14 +66,13 @@ struct Rank {
   }
 };
 
-inline std::vector<std::string> NodeArgs(const std::string& etcd,
+inline std::vector<std::string> NodeArgs(const testing::EtcdProcess& etcd,
                                          const std::string& node,
                                          std::vector<std::string> more = {}) {
-  std::vector<std::string> args = {"--coordinator",   "etcd://" + etcd,
-                                   "--lease-ttl",     "2",
-                                   "--node-id",       node,
-                                   "--peer-address",  "127.0.0.1:0",
-                                   "--peer-replicas", "1"};
+  std::vector<std::string> args = etcd.DaemonArgs();
+  args.insert(args.end(),
+              {"--lease-ttl", "2", "--node-id", node, "--peer-address",
+               "127.0.0.1:0", "--peer-replicas", "1"});
   // What a lost node held is made again at once, as these tests expect,
   // unless the test says otherwise.
   if (std::find(more.begin(), more.end(), "--reprotect-delay") == more.end()) {

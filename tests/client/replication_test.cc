@@ -30,6 +30,7 @@
 #include "snapshot/shard_writer.h"
 #include "tests/client/daemon_process.h"
 #include "tests/client/peer_ranks.h"
+#include "tests/client/peer_tls.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
 #include "tests/tools/run_cli.h"
@@ -54,9 +55,8 @@ size_t FilesUnder(const std::string& dir) {
 TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
-      b(NodeArgs(etcd.endpoint(), "node-b")),
-      c(NodeArgs(etcd.endpoint(), "node-c"));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a")),
+      b(NodeArgs(etcd, "node-b")), c(NodeArgs(etcd, "node-c"));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   ASSERT_TRUE(c.Start()) << c.log();
@@ -150,8 +150,8 @@ TEST(ReplicationTest, ALostNodesShardsRestoreFromReplicasOnAnotherNode) {
 TEST(ReplicationTest, APeerKilledMidTransferHoldsNothingAndKIsReachedLater) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
-      b(NodeArgs(etcd.endpoint(), "node-b"));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a")),
+      b(NodeArgs(etcd, "node-b"));
   ASSERT_TRUE(a.Start()) << a.log();
   // Node b dies when the second piece of the first replica arrives.
   ::setenv("CKPT_KILL_POINT", "peer.piece_received:2", 1);
@@ -191,9 +191,8 @@ TEST(ReplicationTest, APeerKilledMidTransferHoldsNothingAndKIsReachedLater) {
 TEST(ReplicationTest, AReplicaLostWithItsNodeIsMadeAgainElsewhere) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
-      b(NodeArgs(etcd.endpoint(), "node-b")),
-      c(NodeArgs(etcd.endpoint(), "node-c"));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a")),
+      b(NodeArgs(etcd, "node-b")), c(NodeArgs(etcd, "node-c"));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   ASSERT_TRUE(c.Start()) << c.log();
@@ -222,8 +221,8 @@ TEST(ReplicationTest, AReplicaLostWithItsNodeIsMadeAgainElsewhere) {
 TEST(ReplicationTest, ANodeBackUnderItsIdIsCheckedForItsReplicas) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a")),
-      b(NodeArgs(etcd.endpoint(), "node-b"));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a")),
+      b(NodeArgs(etcd, "node-b"));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   Rank r(a.socket(), "back", 0, 1, 1 << 16);
@@ -283,8 +282,8 @@ TEST(ReplicationTest, CkptVerifyChecksHeldReplicasAndTheSharedTier) {
   ASSERT_TRUE(etcd.Start()) << etcd.log();
   const std::vector<std::string> more = {"--shared-dir", shared.File("t3"),
                                          "--shared-every", "1"};
-  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a", more)),
-      b(NodeArgs(etcd.endpoint(), "node-b", more));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a", more)),
+      b(NodeArgs(etcd, "node-b", more));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   {
@@ -336,9 +335,8 @@ TEST(ReplicationTest, ARankMovedToANodeWithoutACopyStreamsItFromThePeer) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
   const std::vector<std::string> keep = {"--keep-memory", "2"};
-  testing::DaemonProcess a(NodeArgs(etcd.endpoint(), "node-a", keep)),
-      b(NodeArgs(etcd.endpoint(), "node-b", keep)),
-      c(NodeArgs(etcd.endpoint(), "node-c", keep));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a", keep)),
+      b(NodeArgs(etcd, "node-b", keep)), c(NodeArgs(etcd, "node-c", keep));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   constexpr int64_t kGlobal = 1 << 21;
@@ -384,12 +382,10 @@ TEST(ReplicationTest, TheSharedTierServesTheStepsOfALostNode) {
   testing::TempDir shared;
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  const std::vector<std::string> args = {
-      "--coordinator",  "etcd://" + etcd.endpoint(),
-      "--lease-ttl",    "2",
-      "--shared-dir",   shared.File("t3"),
-      "--shared-every", "2",
-      "--keep-shared",  "2"};
+  std::vector<std::string> args = etcd.DaemonArgs();
+  args.insert(args.end(),
+              {"--lease-ttl", "2", "--shared-dir", shared.File("t3"),
+               "--shared-every", "2", "--keep-shared", "2"});
   auto with_id = [&](const std::string& id) {
     std::vector<std::string> a = args;
     a.insert(a.end(), {"--node-id", id});
@@ -439,48 +435,6 @@ TEST(ReplicationTest, TheSharedTierServesTheStepsOfALostNode) {
   EXPECT_THAT(missing.message(), HasSubstr("shared tier"));
 }
 
-// A CA and its nodes' certificates, made by the shipped tools/ckpt-certs:
-// each names its node id (and 127.0.0.1).
-struct Pki {
-  testing::TempDir dir;
-  // Makes CA `ca` (a directory of its own) and certificates for `nodes`.
-  bool Make(const std::string& ca, const std::vector<std::string>& nodes) {
-    std::string cmd =
-        absl::StrCat(CKPT_CERTS_TOOL, " ca ", dir.File(ca), " >/dev/null");
-    for (const std::string& node : nodes) {
-      absl::StrAppend(&cmd, " && ", CKPT_CERTS_TOOL, " node ", dir.File(ca),
-                      " ", node, " 127.0.0.1 >/dev/null");
-    }
-    return std::system(cmd.c_str()) == 0;
-  }
-  std::string File(const std::string& ca, const std::string& f) const {
-    return dir.File(ca + "/" + f);
-  }
-  std::vector<std::string> Args(const std::string& ca,
-                                const std::string& node) const {
-    return {"--peer-tls-ca",   File(ca, "ca.pem"),
-            "--peer-tls-cert", File(ca, node + ".pem"),
-            "--peer-tls-key",  File(ca, node + ".key")};
-  }
-  grpc::SslCredentialsOptions Client(const std::string& ca,
-                                     const std::string& node) const {
-    grpc::SslCredentialsOptions o;
-    o.pem_root_certs = testing::ReadAll(File(ca, "ca.pem"));
-    o.pem_cert_chain = testing::ReadAll(File(ca, node + ".pem"));
-    o.pem_private_key = testing::ReadAll(File(ca, node + ".key"));
-    return o;
-  }
-};
-
-// The port node `log` said its peer service listens on.
-std::string PeerAddress(const std::string& log) {
-  const std::string mark = "peer service on ";
-  const size_t at = log.find(mark);
-  if (at == std::string::npos) return "";
-  const size_t end = log.find_first_of(" \n", at + mark.size());
-  return log.substr(at + mark.size(), end - at - mark.size());
-}
-
 grpc::Status Locate(const std::string& address,
                     std::shared_ptr<grpc::ChannelCredentials> creds) {
   auto stub =
@@ -491,15 +445,6 @@ grpc::Status Locate(const std::string& address,
   req.mutable_shard()->set_job("tls");
   proto::LocateShardResponse resp;
   return stub->LocateShard(&ctx, req, &resp);
-}
-
-// A channel to a node's peer service whose certificate must name `node`.
-std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address,
-                                          const grpc::SslCredentialsOptions& o,
-                                          const std::string& node) {
-  grpc::ChannelArguments args;
-  args.SetSslTargetNameOverride(node);
-  return grpc::CreateCustomChannel(address, grpc::SslCredentials(o), args);
 }
 
 grpc::Status LocateVia(std::shared_ptr<grpc::Channel> channel) {
@@ -539,8 +484,8 @@ TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
   testing::DaemonProcess a(
-      NodeArgs(etcd.endpoint(), "node-a", pki.Args("good", "node-a"))),
-      b(NodeArgs(etcd.endpoint(), "node-b", pki.Args("good", "node-b")));
+      NodeArgs(etcd, "node-a", pki.Args("good", "node-a"))),
+      b(NodeArgs(etcd, "node-b", pki.Args("good", "node-b")));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   Rank r(a.socket(), "tls", 0, 1, 1 << 16);
@@ -582,8 +527,23 @@ TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   // A restore on a third node fetches the lost node's shard from b inside
   // TLS: bulk transfers (plain TCP) are off, the bytes stream over gRPC.
   testing::DaemonProcess c(
-      NodeArgs(etcd.endpoint(), "node-c", pki.Args("good", "node-c")));
+      NodeArgs(etcd, "node-c", pki.Args("good", "node-c")));
   ASSERT_TRUE(c.Start()) << c.log();
+  // A node of the cluster, as itself, may still push only what it is given
+  // to: not a replica of a shard the receiver saved itself, nor one of a
+  // replica the receiver holds for another node.
+  const std::string address_a = PeerAddress(a.log());
+  grpc::Status own = PushClaiming(
+      TlsChannel(address_a, pki.Client("good", "node-b"), "node-a"), "node-b");
+  EXPECT_EQ(own.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(own.error_message(),
+              HasSubstr("node node-b sent a replica of job tls step 1 rank 0, "
+                        "which this node saved itself"));
+  grpc::Status taken = PushClaiming(
+      TlsChannel(address, pki.Client("good", "node-c"), "node-b"), "node-c");
+  EXPECT_EQ(taken.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(taken.error_message(),
+              HasSubstr("which this node holds for node node-a"));
   a.Lose();
   Rank moved(c.socket(), "tls", 0, 1, 1 << 16);
   ASSERT_TRUE(moved.ckpt);
@@ -593,8 +553,7 @@ TEST(ReplicationTest, MutualTlsReplicatesAndRefusesClientsWithoutAGoodCert) {
   EXPECT_THAT(c.log(), HasSubstr("over gRPC"));
   // Half a TLS configuration is refused with a clear error.
   testing::DaemonProcess half(
-      NodeArgs(etcd.endpoint(), "node-h",
-               {"--peer-tls-ca", pki.File("good", "ca.pem")}));
+      NodeArgs(etcd, "node-h", {"--peer-tls-ca", pki.File("good", "ca.pem")}));
   EXPECT_FALSE(half.Start());
   EXPECT_THAT(half.log(), HasSubstr("--peer-tls-ca, --peer-tls-cert"));
 }
@@ -728,9 +687,8 @@ TEST(ReplicationTest, ShardsWithoutTheClusterKeysSealAreRefusedAtEveryTier) {
   ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  testing::DaemonProcess a(
-      NodeArgs(etcd.endpoint(), "node-a", {"--cluster-key", key})),
-      b(NodeArgs(etcd.endpoint(), "node-b", {"--cluster-key", key}));
+  testing::DaemonProcess a(NodeArgs(etcd, "node-a", {"--cluster-key", key})),
+      b(NodeArgs(etcd, "node-b", {"--cluster-key", key}));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   EXPECT_THAT(a.log(), HasSubstr("manifests sealed with cluster key"));

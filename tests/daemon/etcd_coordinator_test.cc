@@ -34,8 +34,12 @@ class EtcdCoordinatorTest : public ::testing::Test {
   }
   std::unique_ptr<EtcdCoordinator> Node(const std::string& id,
                                         absl::Duration ttl = absl::Seconds(5)) {
-    auto c = EtcdCoordinator::Connect(
-        {.endpoints = {etcd_.endpoint()}, .node_id = id, .lease_ttl = ttl});
+    auto c = EtcdCoordinator::Connect({.endpoints = {etcd_.endpoint()},
+                                       .node_id = id,
+                                       .lease_ttl = ttl,
+                                       .ca_file = etcd_.ca_file(),
+                                       .user = etcd_.user(),
+                                       .password_file = etcd_.password_file()});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }

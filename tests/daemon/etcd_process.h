@@ -1,5 +1,8 @@
 // A real etcd (Debian's etcd-server) for the tests: its own data directory and
-// loopback ports; SIGKILL and restart on the same data, SIGSTOP/SIGCONT.
+// loopback ports; SIGKILL and restart on the same data, SIGSTOP/SIGCONT. As a
+// deployment runs it unless a test asks otherwise: TLS (a CA and certificate
+// from tools/ckpt-certs) and etcd's auth on; a ckptd reaches it with
+// DaemonArgs().
 #ifndef CKPT_TESTS_DAEMON_ETCD_PROCESS_H_
 #define CKPT_TESTS_DAEMON_ETCD_PROCESS_H_
 
@@ -19,7 +22,13 @@ class EtcdProcess {
  public:
   static constexpr const char* kBinary = tools::LocalEtcd::kBinary;
 
-  EtcdProcess() : etcd_(dir_.path()) {}
+  EtcdProcess()
+      : tls_(true),
+        etcd_(dir_.path(), tools::LocalEtcd::Secured{CKPT_CERTS_TOOL}) {}
+  // Plaintext and no auth: for what only such an etcd shows.
+  struct Plain {};
+  explicit EtcdProcess(Plain) : etcd_(dir_.path()) {}
+  // TLS as given, auth off until EnableAuth.
   explicit EtcdProcess(tools::LocalEtcd::Tls tls)
       : tls_(!tls.cert_file.empty()), etcd_(dir_.path(), std::move(tls)) {}
 
@@ -48,6 +57,12 @@ class EtcdProcess {
   }
 
   std::string endpoint() const { return etcd_.endpoint(); }
+  // ckptd's flags to reach it (--coordinator etcd://..., and the CA, user
+  // and password file of a secured one).
+  std::vector<std::string> DaemonArgs() const { return etcd_.DaemonArgs(); }
+  std::string ca_file() const { return etcd_.ca_file(); }
+  std::string user() const { return etcd_.user(); }
+  std::string password_file() const { return etcd_.password_file(); }
   std::string log() const { return ReadAll(etcd_.log_path()); }
 
   // Starts etcd and waits until it accepts TCP connections; false if it

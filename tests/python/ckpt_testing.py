@@ -106,30 +106,72 @@ def free_port():
         return s.getsockname()[1]
 
 
+CERTS_TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                          "ckpt-certs")
+
+
 class Etcd:
     """A real etcd (Debian's etcd-server) on loopback ports, in a temporary
-    data directory."""
+    data directory, run as a deployment runs it: https with a certificate from
+    tools/ckpt-certs, and etcd's auth on with a user `ckptd` whose password is
+    in a 0600 file. A ckptd reaches it with `daemon_args`."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="ckpt-pytest-etcd-")
         self.port, peer = free_port(), free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
-        client_url, peer_url = f"http://{self.endpoint}", f"http://127.0.0.1:{peer}"
+        self.pki = os.path.join(self.dir, "pki")
+        client_url, peer_url = f"https://{self.endpoint}", f"http://127.0.0.1:{peer}"
         self.args = [
             "/usr/bin/etcd", "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"t={peer_url}"
+            "--initial-cluster", f"t={peer_url}",
+            "--cert-file", os.path.join(self.pki, "etcd.pem"),
+            "--key-file", os.path.join(self.pki, "etcd.key")
+        ]
+        self.password_file = os.path.join(self.pki, "password")
+        self.daemon_args = [
+            "--coordinator", f"etcd://{self.endpoint}", "--etcd-ca",
+            os.path.join(self.pki, "ca.pem"), "--etcd-user", "ckptd", "--etcd-password-file",
+            self.password_file
         ]
         self.proc = None
 
+    def _make_credentials(self):
+        with open(os.path.join(self.dir, "etcd.log"), "ab") as log:
+            for cmd in (["ca", self.pki], ["node", self.pki, "etcd", "127.0.0.1"]):
+                subprocess.run([CERTS_TOOL] + cmd, stdout=log, stderr=log, check=True)
+        self.password = os.urandom(16).hex()
+        fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.password + "\n")
+
+    def _enable_auth(self):
+        etcdctl = [
+            "/usr/bin/etcdctl", "--endpoints", f"https://{self.endpoint}", "--cacert",
+            os.path.join(self.pki, "ca.pem")
+        ]
+        root = os.urandom(16).hex()
+        steps = [["user", "add", f"root:{root}"], ["user", "grant-role", "root", "root"],
+                 ["user", "add", f"ckptd:{self.password}"], ["role", "add", "ckptd"],
+                 ["role", "grant-permission", "ckptd", "--prefix=true", "readwrite", "/ckpt/"],
+                 ["user", "grant-role", "ckptd", "ckptd"], ["auth", "enable"]]
+        env = dict(os.environ, ETCDCTL_API="3")
+        with open(os.path.join(self.dir, "etcd.log"), "ab") as log:
+            for step in steps:
+                subprocess.run(etcdctl + step, stdout=log, stderr=log, env=env, check=True,
+                               timeout=20)
+
     def __enter__(self):
+        self._make_credentials()
         with open(os.path.join(self.dir, "etcd.log"), "ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    self._enable_auth()
                     return self
             time.sleep(0.025)
         raise RuntimeError("etcd did not start")

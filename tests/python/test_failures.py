@@ -15,9 +15,8 @@ class FailureCallbackTest(unittest.TestCase):
 
     def test_a_killed_node_is_reported_to_the_callback(self):
         with Etcd() as etcd:
-            url = f"etcd://{etcd.endpoint}"
-            with Daemon("--coordinator", url, "--lease-ttl", "2", "--node-id", "node-a") as a, \
-                 Daemon("--coordinator", url, "--lease-ttl", "2", "--node-id", "node-b") as b:
+            node = lambda id: etcd.daemon_args + ["--lease-ttl", "2", "--node-id", id]
+            with Daemon(*node("node-a")) as a, Daemon(*node("node-b")) as b:
                 c = ckpt.torch.Checkpointer({"w": torch.ones(4)}, job="fail", socket=a.socket,
                                             rank=0, world_size=2)
                 told, event = [], threading.Event()

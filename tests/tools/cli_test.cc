@@ -1,6 +1,7 @@
 // The `ckpt` command as operators run it: a real process, its exit code and its
 // output.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
+#include "snapshot/manifest_seal.h"
 #include "tests/snapshot/sample_shard.h"
 #include "tests/test_util.h"
 #include "tests/tools/run_cli.h"
@@ -55,6 +57,44 @@ TEST_F(CliTest, VerifyPassesAnIntactShard) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("OK"));
   EXPECT_THAT(r.out, HasSubstr("10 chunks verified"));
+}
+
+// --cluster-key: a shard sealed with the key passes, one sealed with another
+// key or not at all is named BAD; without the key only checksums are checked.
+TEST_F(CliTest, VerifyChecksSealsWithTheClusterKey) {
+  auto key_file = [&](const std::string& name, char fill) {
+    const std::string path = dir_.File(name);
+    testing::WriteAll(path, std::string(32, fill));
+    ::chmod(path.c_str(), 0600);
+    return path;
+  };
+  const std::string ours = key_file("ours.key", 'o');
+  const std::string theirs = key_file("theirs.key", 't');
+  const std::string sealed = dir_.File("sealed.shard");
+  snapshot::InstallSealKeys(*snapshot::SealKeys::Load(ours));
+  ASSERT_TRUE(sample_->Write(io::DefaultFileSystem(), sealed, 5).ok());
+  snapshot::InstallSealKeys(nullptr);
+
+  Result ok = RunCli("verify --cluster-key " + ours + " " + sealed);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_THAT(ok.out, HasSubstr("10 chunks verified and its seal"));
+  Result other = RunCli("verify --cluster-key " + theirs + " " + sealed);
+  EXPECT_EQ(other.exit_code, 1) << other.out;
+  EXPECT_THAT(other.out, HasSubstr("BAD"));
+  EXPECT_THAT(other.out, HasSubstr("seal"));
+  // During a rotation the old key still checks.
+  Result rotating = RunCli("verify --cluster-key " + theirs +
+                           " --cluster-key-old " + ours + " " + sealed);
+  EXPECT_EQ(rotating.exit_code, 0) << rotating.out;
+  // The unsealed sample is refused under a key, passes without one.
+  Result unsealed = RunCli("verify --cluster-key " + ours + " " + path_);
+  EXPECT_EQ(unsealed.exit_code, 1) << unsealed.out;
+  EXPECT_EQ(RunCli("verify " + path_).exit_code, 0);
+  // A key file others may read is refused before anything is checked.
+  ::chmod(ours.c_str(), 0644);
+  Result loose = RunCli("verify --cluster-key " + ours + " " + sealed);
+  EXPECT_NE(loose.exit_code, 0);
+  EXPECT_THAT(loose.out, HasSubstr("ours.key"));
 }
 
 TEST_F(CliTest, VerifyExitsOneWithALinePerBadChunk) {
