@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/checkpointer_internal.h"
 #include "io/errno_status.h"
+#include "io/host.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
@@ -118,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
                               options.gather_buffer_bytes});
   }
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(absl::StrCat("unix://", options.socket_path),
+      grpc::CreateCustomChannel(io::UnixSocketTarget(options.socket_path),
                                 grpc::InsecureChannelCredentials(), args);
   ckpt->rpc_ =
       std::make_shared<Rpc>(channel, options.rpc_timeout, options.socket_path);

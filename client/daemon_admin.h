@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "io/host.h"
 #include "proto/daemon.grpc.pb.h"
 
 namespace ckpt::client {
@@ -30,7 +31,7 @@ absl::StatusOr<Response> CallDaemon(const std::string& socket_path,
                                     absl::string_view what,
                                     std::chrono::milliseconds timeout) {
   auto stub = proto::CkptDaemon::NewStub(grpc::CreateChannel(
-      "unix://" + socket_path, grpc::InsecureChannelCredentials()));
+      io::UnixSocketTarget(socket_path), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   Response resp;

@@ -109,4 +109,8 @@ std::string IpOfGrpcPeer(absl::string_view peer) {
   return ip;
 }
 
+std::string UnixSocketTarget(absl::string_view path) {
+  return absl::StrCat("unix:", path);
+}
+
 }  // namespace ckpt::io

@@ -36,6 +36,11 @@ absl::StatusOr<std::vector<std::string>> ResolveHost(absl::string_view host);
 // for a peer that is not a TCP address (a unix socket).
 std::string IpOfGrpcPeer(absl::string_view peer);
 
+// gRPC's target for the unix socket at `path`, relative (to the working
+// directory) or absolute: "unix:PATH". ("unix://" + a relative path would
+// make its first component an authority.)
+std::string UnixSocketTarget(absl::string_view path);
+
 }  // namespace ckpt::io
 
 #endif  // CKPT_IO_HOST_H_

@@ -6,5 +6,6 @@
 # uninterrupted run. Extra arguments go to ckpt-demo (e.g. --steps 200 --ranks 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh build
+# Only what the demo runs: the tests, fuzzers and the PyPI PyTorch venv are the test command's.
+CKPT_BUILD_TARGETS="ckpt-demo ckptd ckpt-demo-trainer ckpt" CKPT_TORCH_VENV=0 tools/setup.sh build
 exec build/tools/ckpt-demo "$@"

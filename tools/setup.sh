@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ckpt needs (idempotent, non-interactive), then configures and
 # builds with ccache. Usage: tools/setup.sh [build-dir]   (default: build)
+# CKPT_BUILD_TARGETS="a b" builds only those targets (default: all); CKPT_TORCH_VENV=0 skips the
+# PyPI PyTorch venv that only tests and benchmarks use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
@@ -41,7 +43,9 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
     -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
-cmake --build "$BUILD_DIR" -j "$JOBS"
+TARGETS=()
+for t in ${CKPT_BUILD_TARGETS:-}; do TARGETS+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$JOBS" "${TARGETS[@]}"
 
 # PyTorch from PyPI in a virtual environment, for the Python tests and benchmarks (besides Debian's
 # python3-torch). CKPT_TORCH_VENV=0 skips it; those tests then fail, naming the missing interpreter.

@@ -26,6 +26,7 @@
 #include "tests/client/daemon_process.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
+#include "tests/tools/run_cli.h"
 
 namespace ckpt::client {
 namespace {
@@ -125,8 +126,9 @@ TEST(CheckpointerTest, DiskFaultsSwitchedOnAndOffAtRunTime) {
 TEST(CheckpointerTest, EtcdBackedDaemonCommitsAndRejoinsAfterAPause) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  testing::DaemonProcess daemon({"--coordinator", "etcd://" + etcd.endpoint(),
-                                 "--lease-ttl", "2", "--node-id", "node-1"});
+  std::vector<std::string> args = etcd.DaemonArgs();
+  args.insert(args.end(), {"--lease-ttl", "2", "--node-id", "node-1"});
+  testing::DaemonProcess daemon(args);
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   Trainer t(daemon.socket(), 0, 1);
   ASSERT_TRUE(t.ckpt);
@@ -160,11 +162,13 @@ TEST(CheckpointerTest, EtcdBackedDaemonCommitsAndRejoinsAfterAPause) {
 TEST(CheckpointerTest, ANodeKilledIsReportedToTheSurvivors) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
-  const std::string url = "etcd://" + etcd.endpoint();
-  testing::DaemonProcess a(
-      {"--coordinator", url, "--lease-ttl", "2", "--node-id", "node-a"});
-  testing::DaemonProcess b(
-      {"--coordinator", url, "--lease-ttl", "2", "--node-id", "node-b"});
+  auto node = [&](const std::string& id) {
+    std::vector<std::string> args = etcd.DaemonArgs();
+    args.insert(args.end(), {"--lease-ttl", "2", "--node-id", id});
+    return args;
+  };
+  testing::DaemonProcess a(node("node-a"));
+  testing::DaemonProcess b(node("node-b"));
   ASSERT_TRUE(a.Start()) << a.log();
   ASSERT_TRUE(b.Start()) << b.log();
   Trainer t(a.socket(), 0, 2);
@@ -195,6 +199,32 @@ TEST(CheckpointerTest, ANodeKilledIsReportedToTheSurvivors) {
                    .count()
             << " s (lease TTL 2 s)\n";
   EXPECT_THAT(t.ckpt->LostNodes(), ::testing::ElementsAre("node-b"));
+}
+
+// A socket path relative to the working directory reaches the daemon from
+// libckpt and from `ckpt`, as an absolute one does.
+TEST(CheckpointerTest, ARelativeSocketPathReachesTheDaemon) {
+  testing::TempDir dir;
+  testing::DaemonProcess daemon;
+  daemon.UseSocket(dir.File("run/c.sock"));
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir(dir.path().c_str()), 0);
+  Trainer t("run/c.sock", 0, 1, 1000);
+  const bool connected = t.ckpt != nullptr;
+  absl::Status saved = absl::UnknownError("not connected");
+  if (connected) {
+    auto save = t.ckpt->SaveAsync(1);
+    saved = save.ok() ? (*save)->WaitCommitted(kDisk) : save.status();
+  }
+  Result ls = RunCli("--socket run/c.sock ls");
+  ASSERT_EQ(::chdir(cwd), 0);
+  ASSERT_TRUE(connected);
+  EXPECT_TRUE(saved.ok()) << saved;
+  EXPECT_EQ(ls.exit_code, 0) << ls.out;
+  EXPECT_THAT(ls.out, HasSubstr("job"));
+  EXPECT_THAT(ls.out, Not(HasSubstr("secure client channel")));
 }
 
 TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
