@@ -1,7 +1,9 @@
 # The layers run one way: tools -> python -> client -> (snapshot, kernels) ->
 # io, and daemon -> (snapshot, kernels) -> io, with proto below client and
 # daemon. Nothing under client/ (libckpt, linked into trainers) includes
-# daemon code. Run as a test:
+# daemon code. Inside daemon/, the subsystems run one way too: server ->
+# service -> peer -> (persist, memory, coord) -> catalog -> common. Run as a
+# test:
 #   cmake -DSOURCE_DIR=<repo> -P cmake/check_layers.cmake
 # It fails naming every file and line whose include crosses a layer upward.
 cmake_minimum_required(VERSION 3.20)
@@ -17,6 +19,17 @@ set(allowed_daemon   daemon kernels snapshot io proto)
 set(allowed_client   client kernels snapshot io proto)
 set(allowed_python   python client kernels snapshot io proto)
 set(project_dirs io snapshot kernels proto daemon client python tools tests)
+
+# What each daemon subsystem may include of daemon/ (ARCHITECTURE.md).
+set(daemon_common  common)
+set(daemon_catalog catalog common)
+set(daemon_coord   coord catalog common)
+set(daemon_memory  memory common)
+set(daemon_persist persist common)
+set(daemon_peer    peer persist coord catalog common)
+set(daemon_service service peer persist memory coord catalog common)
+set(daemon_server  server service peer persist memory coord catalog common)
+set(daemon_parts common catalog coord memory persist peer service server)
 
 set(violations "")
 foreach(layer io snapshot kernels daemon client python)
@@ -35,6 +48,21 @@ foreach(layer io snapshot kernels daemon client python)
         string(STRIP "${line}" line)
         string(APPEND violations
                "\n  ${f}: ${line} (${layer}/ may include only: ${allowed_${layer}})")
+      elseif(layer STREQUAL "daemon" AND dir STREQUAL "daemon")
+        # A daemon file lies in a subsystem's folder and includes only the
+        # subsystems below its own.
+        string(REGEX MATCH "^daemon/([a-z_]+)/" _ "${f}")
+        set(part "${CMAKE_MATCH_1}")
+        string(REGEX MATCH "\"daemon/([a-z_]+)/" _ "${line}")
+        set(target "${CMAKE_MATCH_1}")
+        string(STRIP "${line}" line)
+        if(NOT part IN_LIST daemon_parts)
+          string(APPEND violations
+                 "\n  ${f}: not in a subsystem's folder (daemon/: ${daemon_parts})")
+        elseif(NOT target IN_LIST daemon_${part})
+          string(APPEND violations
+                 "\n  ${f}: ${line} (daemon/${part}/ may include only: ${daemon_${part}})")
+        endif()
       endif()
     endforeach()
   endforeach()

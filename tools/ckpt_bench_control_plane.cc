@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/etcd_coordinator.h"
+#include "daemon/coord/etcd_coordinator.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench_stats.h"
 #include "tools/ckpt_bench.h"

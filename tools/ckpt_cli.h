@@ -138,8 +138,8 @@ int GcMemory(const std::string& socket_path, const std::string& job,
              bool dry_run, bool json);
 
 // `ckpt gc JOB --keep N`: retention through the daemon that owns the catalog,
-// with its rules (daemon/retention.h). --dry-run works without a daemon: the
-// same planner over the catalog read-only.
+// with its rules (daemon/persist/retention.h). --dry-run works without a
+// daemon: the same planner over the catalog read-only.
 int Gc(const std::string& data_dir, const std::string& socket_path,
        const std::string& job, int keep, int keep_memory, bool dry_run,
        bool json);

@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/daemon_admin.h"
-#include "daemon/coordinator.h"
+#include "daemon/coord/coordinator.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "client/daemon_admin.h"
-#include "daemon/retention.h"
+#include "daemon/persist/retention.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"

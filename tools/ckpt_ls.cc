@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/coordinator.h"
+#include "daemon/coord/coordinator.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"

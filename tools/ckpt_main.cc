@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/daemon_admin.h"
-#include "daemon/instance_dirs.h"
+#include "daemon/server/instance_dirs.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "snapshot/manifest_seal.h"

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/daemon_admin.h"
-#include "daemon/coordinator.h"
+#include "daemon/coord/coordinator.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt_cli.h"

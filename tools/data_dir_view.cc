@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/parity_store.h"
+#include "daemon/peer/parity_store.h"
 #include "io/file_system.h"
 #include "io/status_macros.h"
 #include "nlohmann/json.hpp"

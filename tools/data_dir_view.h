@@ -16,9 +16,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/optional.h"
-#include "daemon/catalog.h"
-#include "daemon/embedded_coordinator.h"
-#include "daemon/kv_store.h"
+#include "daemon/catalog/catalog.h"
+#include "daemon/catalog/kv_store.h"
+#include "daemon/coord/embedded_coordinator.h"
 #include "proto/catalog.pb.h"
 
 namespace ckpt::tools {

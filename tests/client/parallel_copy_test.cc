@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace ckpt::client {
 namespace {
@@ -16,8 +17,7 @@ namespace {
 // empty one, copied with 1 to 5 threads, land byte-exact where they belong and
 // nothing around them is touched.
 TEST(ParallelHostCopyTest, EveryRegionLandsExactlyWithAnyThreadCount) {
-  const uint32_t seed = std::random_device{}();
-  std::printf("seed %u\n", seed);
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   const std::vector<size_t> sizes = {
       0, 1, 4095, (size_t{32} << 20) + 3, (size_t{64} << 20) - 1, 12345};

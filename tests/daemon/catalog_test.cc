@@ -1,4 +1,4 @@
-#include "daemon/catalog.h"
+#include "daemon/catalog/catalog.h"
 
 #include "gtest/gtest.h"
 #include "tests/test_util.h"

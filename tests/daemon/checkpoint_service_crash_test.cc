@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "absl/strings/match.h"
-#include "daemon/checkpoint_service.h"
+#include "daemon/service/checkpoint_service.h"
 #include "gtest/gtest.h"
 #include "io/kill_point.h"
 #include "tests/daemon/service_util.h"

@@ -1,4 +1,4 @@
-#include "daemon/checkpoint_service.h"
+#include "daemon/service/checkpoint_service.h"
 
 #include <cerrno>
 #include <filesystem>

@@ -7,8 +7,8 @@
 #include <iostream>
 #include <random>
 
-#include "daemon/embedded_coordinator.h"
-#include "daemon/kv_store.h"
+#include "daemon/catalog/kv_store.h"
+#include "daemon/coord/embedded_coordinator.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 

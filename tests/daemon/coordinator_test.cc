@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/embedded_coordinator.h"
-#include "daemon/kv_store.h"
+#include "daemon/catalog/kv_store.h"
+#include "daemon/coord/embedded_coordinator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"

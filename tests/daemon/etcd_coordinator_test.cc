@@ -2,13 +2,13 @@
 // every rank's vote and happen once however nodes race, the latest step never
 // goes backward, a node without its lease is fenced and rejoins, and a commit
 // survives etcd being killed and restarted.
-#include "daemon/etcd_coordinator.h"
+#include "daemon/coord/etcd_coordinator.h"
 
 #include <algorithm>
 #include <set>
 #include <thread>
 
-#include "daemon/checkpoint_service.h"
+#include "daemon/service/checkpoint_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon/etcd_process.h"

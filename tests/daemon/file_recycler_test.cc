@@ -1,4 +1,4 @@
-#include "daemon/file_recycler.h"
+#include "daemon/persist/file_recycler.h"
 
 #include <atomic>
 #include <filesystem>

@@ -5,7 +5,7 @@
 #include <random>
 #include <set>
 
-#include "daemon/checkpoint_service.h"
+#include "daemon/service/checkpoint_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"

@@ -1,7 +1,7 @@
-// The memory tier's eviction rules (daemon/memory_pressure.h) as pure
+// The memory tier's eviction rules (daemon/memory/memory_pressure.h) as pure
 // functions: what is safe to drop, in which order, and that nothing goes in
 // vain.
-#include "daemon/memory_pressure.h"
+#include "daemon/memory/memory_pressure.h"
 
 #include <set>
 

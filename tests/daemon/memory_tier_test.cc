@@ -5,7 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "daemon/checkpoint_service.h"
+#include "daemon/service/checkpoint_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/fault_injection_fs.h"

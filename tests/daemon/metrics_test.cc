@@ -1,4 +1,4 @@
-#include "daemon/metrics.h"
+#include "daemon/common/metrics.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

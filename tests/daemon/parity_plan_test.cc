@@ -1,7 +1,7 @@
 // Parity plans: every rank in exactly one group, a group's blocks on distinct
 // nodes (so m lost nodes lose at most m blocks of it), failure domains and
 // parity memory spread, the same plan from any node, and clear refusals.
-#include "daemon/parity_plan.h"
+#include "daemon/peer/parity_plan.h"
 
 #include <algorithm>
 #include <map>
@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -98,7 +99,7 @@ TEST(ParityPlanTest, ManyRanksPerNodeSpreadOverDomainsAndParityEvenly) {
                                                         {6, 3, 2, 4, 2},
                                                         {12, 12, 1, 6, 2},
                                                         {16, 2, 8, 8, 3}}) {
-    SCOPED_TRACE(testing::Message()
+    SCOPED_TRACE(::testing::Message()
                  << nodes << " nodes in " << domains << " domains, " << per_node
                  << " ranks each, rs:" << k << "+" << m);
     Cluster c = MakeCluster(nodes, domains, per_node);
@@ -127,8 +128,7 @@ TEST(ParityPlanTest, ManyRanksPerNodeSpreadOverDomainsAndParityEvenly) {
 }
 
 TEST(ParityPlanTest, AnyNodeMakesTheSamePlan) {
-  const uint64_t seed = std::random_device()();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   Cluster c = MakeCluster(9, 3, 4);
   absl::StatusOr<proto::ParityPlan> first =

@@ -2,7 +2,7 @@
 // make the erasure code's parity; one cut short or damaged empties the block
 // and fails those under way; a reopen keeps complete blocks and drops one a
 // crash cut into; refusals name what is wrong.
-#include "daemon/parity_store.h"
+#include "daemon/peer/parity_store.h"
 
 #include <random>
 #include <thread>
@@ -23,8 +23,7 @@ using Bytes = std::vector<uint8_t>;
 class ParityStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    seed_ = std::random_device()();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+    seed_ = testing::TestSeed();
     std::mt19937_64 rng(seed_);
     for (size_t len : {300000, 123457, 4096}) {
       Bytes b(len);

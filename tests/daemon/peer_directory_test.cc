@@ -1,10 +1,10 @@
 // Who is in the cluster, against a real (embedded) coordinator: a node that
 // published itself since the last listing is found by asking again; a name
 // no node published is not a member; an older listing never replaces a newer.
-#include "daemon/peer_directory.h"
+#include "daemon/peer/peer_directory.h"
 
-#include "daemon/embedded_coordinator.h"
-#include "daemon/kv_store.h"
+#include "daemon/catalog/kv_store.h"
+#include "daemon/coord/embedded_coordinator.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 

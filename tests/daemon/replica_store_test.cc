@@ -1,7 +1,7 @@
 // ReplicaStore: a replica counts only when complete and verified, a transfer
 // cut short leaves nothing, the budget holds, and a restart keeps the complete
 // files and drops the partial ones.
-#include "daemon/replica_store.h"
+#include "daemon/peer/replica_store.h"
 
 #include <string>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "daemon/replication_backlog.h"
+#include "daemon/peer/replication_backlog.h"
 
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "daemon/retention.h"
+#include "daemon/persist/retention.h"
 
 #include <string>
 #include <vector>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/checkpoint_service.h"
+#include "daemon/service/checkpoint_service.h"
 #include "io/file_system.h"
 #include "snapshot/shard_reader.h"
 

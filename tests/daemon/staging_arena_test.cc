@@ -1,4 +1,4 @@
-#include "daemon/staging_arena.h"
+#include "daemon/memory/staging_arena.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

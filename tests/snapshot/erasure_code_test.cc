@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace ckpt::snapshot {
 namespace {
@@ -50,7 +51,7 @@ std::vector<uint32_t> LossPatterns(int n, int max) {
 // Encodes, drops every pattern of up to m blocks, rebuilds them and compares.
 void RoundTripEveryLoss(int k, int m, const std::vector<size_t>& lengths,
                         uint64_t seed) {
-  SCOPED_TRACE(testing::Message()
+  SCOPED_TRACE(::testing::Message()
                << "rs:" << k << "+" << m << " seed " << seed);
   std::mt19937_64 rng(seed);
   absl::StatusOr<ErasureCode> code = ErasureCode::Create(k, m);
@@ -85,8 +86,7 @@ void RoundTripEveryLoss(int k, int m, const std::vector<size_t>& lengths,
 }
 
 TEST(ErasureCodeTest, EveryLossOfUpToMBlocksIsRebuilt) {
-  const uint64_t seed = std::random_device()();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   const std::pair<int, int> shapes[] = {{1, 1}, {2, 1}, {3, 2}, {4, 2},
                                         {6, 2}, {3, 3}, {8, 3}, {10, 4}};
   for (auto [k, m] : shapes) {
@@ -95,8 +95,7 @@ TEST(ErasureCodeTest, EveryLossOfUpToMBlocksIsRebuilt) {
 }
 
 TEST(ErasureCodeTest, OddAndUnequalBlockLengthsRoundTrip) {
-  const uint64_t seed = std::random_device()();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   // Lengths below and around the vector widths ISA-L works in, and one
   // longer than Rebuild's segment.
   for (size_t len : {1, 15, 16, 17, 31, 33, 63, 65, 100, 4097}) {
@@ -113,8 +112,7 @@ TEST(ErasureCodeTest, OddAndUnequalBlockLengthsRoundTrip) {
 }
 
 TEST(ErasureCodeTest, ContributionsAddUpToTheParityInAnyOrder) {
-  const uint64_t seed = std::random_device()();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   absl::StatusOr<ErasureCode> code = ErasureCode::Create(6, 2);
   ASSERT_TRUE(code.ok());
@@ -179,8 +177,7 @@ TEST(ErasureCodeTest, MoreLossesThanParityNameWhatIsMissing) {
 }
 
 TEST(ErasureCodeTest, RebuildIntoBuffersWithSeveralThreadsMatchesRebuild) {
-  const uint64_t seed = std::random_device()();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   absl::StatusOr<ErasureCode> code = ErasureCode::Create(4, 2);
   ASSERT_TRUE(code.ok());
@@ -198,7 +195,7 @@ TEST(ErasureCodeTest, RebuildIntoBuffersWithSeveralThreadsMatchesRebuild) {
   std::vector<absl::Span<const uint8_t>> spans = Spans(blocks);
   spans[1] = spans[2] = {};
   for (int threads : {1, 2, 3, 8}) {
-    SCOPED_TRACE(testing::Message() << threads << " threads");
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
     std::vector<Bytes> out = {Bytes(lens[2], 0xEE), Bytes(lens[1], 0xEE)};
     ASSERT_TRUE(
         code->RebuildInto(spans, present, lens, {2, 1},
@@ -220,8 +217,7 @@ TEST(ErasureCodeTest, RebuildIntoBuffersWithSeveralThreadsMatchesRebuild) {
 // once decoded, hands each wanted segment over once, and stops at the first
 // error of its feed or its sink.
 TEST(ErasureCodeTest, AStreamedRebuildFreesEverySegmentAndStopsAtAnError) {
-  const uint64_t seed = std::random_device()();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   absl::StatusOr<ErasureCode> code = ErasureCode::Create(3, 2);
   ASSERT_TRUE(code.ok());
@@ -266,7 +262,7 @@ TEST(ErasureCodeTest, AStreamedRebuildFreesEverySegmentAndStopsAtAnError) {
     }
   };
   for (int threads : {1, 2, 4}) {
-    SCOPED_TRACE(testing::Message() << threads << " threads");
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
     Feed feed;
     feed.blocks = &blocks;
     Sink sink;

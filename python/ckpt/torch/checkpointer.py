@@ -29,7 +29,7 @@ class Checkpointer:
     thread copies them; wait_staged waits for it), or "fork" (a forked child
     writes them from a copy-on-write view; wait_staged waits only for the
     fork, and the trainer's first writes to its pages after it fault: see
-    the README). CKPT_HOST_SNAPSHOT overrides it. trusted_globals,
+    docs/trainers.md). CKPT_HOST_SNAPSHOT overrides it. trusted_globals,
     unsafe_pickle: restores unpickle the saved values through an allow-list
     (containers, scalars, tensors, numpy arrays: see ckpt.torch._unpickle)
     and refuse any other class a pickle names, as torch.load(weights_only=

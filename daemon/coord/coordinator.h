@@ -1,0 +1,184 @@
+// Coordinator decides when a step is committed: a step of a job is committed at
+// a tier when every rank of its world has voted that its shard reached that
+// tier. A commit record is durable before Vote() returns and never reverts, and
+// the latest committed step of a tier never goes backward. Key layout
+// (DESIGN.md §5), shared by every backend:
+//   /ckpt/<job>/steps/<step:020>/votes/<rank:010>    VoteRecord
+//   /ckpt/<job>/steps/<step:020>/commit/<tier>       CommitRecord
+//   /ckpt/<job>/latest/<tier>                        the latest committed step
+// Backends: EmbeddedCoordinator (one node, in ckptd's RocksDB) and
+// EtcdCoordinator (many nodes; leases and fencing).
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef CKPT_DAEMON_COORD_COORDINATOR_H_
+#define CKPT_DAEMON_COORD_COORDINATOR_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
+#include "proto/catalog.pb.h"
+#include "proto/peer.pb.h"
+
+namespace ckpt::daemon {
+
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+
+  // Records that `rank`'s shard of `step` reached `tiers` (added to what it
+  // voted before). Returns the tiers at which the step is committed after this
+  // vote.
+  virtual absl::StatusOr<std::vector<proto::Tier>> Vote(
+      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+      const std::vector<proto::Tier>& tiers) = 0;
+  virtual absl::StatusOr<absl::optional<proto::CommitRecord>> GetCommit(
+      const std::string& job, uint64_t step, proto::Tier tier) = 0;
+  virtual absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
+      const std::string& job, proto::Tier tier) = 0;
+  // Every commit record of the job, by step then tier.
+  virtual absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
+      const std::string& job) = 0;
+  // The steps newer than `after` that some rank voted reached `tier` (a
+  // replicator that fell behind follows the steps the others replicated).
+  virtual absl::StatusOr<std::set<uint64_t>> StepsVotedAt(
+      const std::string& job, proto::Tier tier, uint64_t after) = 0;
+  // Takes back `rank`'s vote for a step that is not committed at any tier (its
+  // shard is being replaced by a new save of the same step). Refused with
+  // AlreadyExists once the step is committed anywhere: a commit never reverts.
+  // The rank's holder record (HolderKey) goes with the vote.
+  virtual absl::Status WithdrawVote(const std::string& job, uint64_t step,
+                                    uint32_t rank) = 0;
+  // The steps newer than `after` that `rank` has a vote for, whichever node
+  // cast it (a rank resuming from `after` withdraws them all, also those of
+  // a node that lost its catalog since: DESIGN.md §5).
+  absl::StatusOr<std::set<uint64_t>> StepsVotedBy(const std::string& job,
+                                                  uint32_t rank,
+                                                  uint64_t after);
+  // Drops the votes and commit records of a step (garbage collection). Refused
+  // for a step that is the latest committed one at any tier.
+  virtual absl::Status ForgetStep(const std::string& job, uint64_t step) = 0;
+  // An operator's rollback, atomically: drops the votes and commit records of
+  // every step newer than `step`, points each tier's latest step back to the
+  // newest step <= `step` committed there, and stores `record` under
+  // /ckpt/<job>/rollbacks/. The only way the latest step goes backward.
+  virtual absl::Status RollBack(const std::string& job, uint64_t step,
+                                const proto::RollbackRecord& record) = 0;
+
+  // The nodes alive now (holding a lease), and the revision that state is
+  // at. With `after_revision` > 0, first waits (up to `timeout`) until the
+  // membership changed after it; on timeout returns the unchanged state.
+  struct Membership {
+    std::vector<std::string> nodes;  // sorted
+    int64_t revision = 0;
+  };
+  virtual absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
+                                                  absl::Duration timeout) = 0;
+
+  // Elastic restart: `participant` joins the job's next epoch. The epoch
+  // closes once `max_members` joined, or once at least `min_members` joined
+  // and nobody else did for `settle`; the closer writes the members (sorted:
+  // the rank order), a fresh 128-byte NCCL unique id and the step the epoch
+  // resumes from (the newest committed at `resume_tier` then), created only if
+  // absent. A participant that arrives after an epoch closed without it joins
+  // the one after. DeadlineExceeded after `timeout`.
+  absl::StatusOr<proto::EpochRecord> Rendezvous(
+      const std::string& job, const std::string& participant,
+      uint32_t min_members, uint32_t max_members, absl::Duration settle,
+      absl::Duration timeout, proto::Tier resume_tier = proto::TIER_PEER);
+
+  // The step the job's current epoch resumes from (its closed record's
+  // resume_step; nullopt: no epoch, or none to resume from). Retention keeps
+  // it on every tier while the epoch lasts: its members may still be
+  // restoring it while the old epoch's last steps commit.
+  absl::StatusOr<absl::optional<uint64_t>> ResumeStep(const std::string& job);
+
+  // How many times this node took a new lease after losing one (etcd; 0 for
+  // the embedded backend). Votes made while it had none failed: the service
+  // makes them again when this number changes.
+  virtual int Rejoins() const { return 0; }
+
+  // Peer replication (tier T1): publishes where this node's peer service
+  // listens, under /ckpt/peers/<node> (with etcd, for as long as its lease
+  // lives), and lists the nodes that published one (with etcd: the live ones).
+  absl::Status PublishPeer(const proto::PeerInfo& info);
+  absl::StatusOr<std::vector<proto::PeerInfo>> ListPeers();
+
+  // Erasure-coded peer tier (rs:K+M): where each rank's persisted shard of
+  // a step lies, put by its node under
+  // /ckpt/<job>/steps/<step>/parity/holders/<rank> (a re-save overwrites it),
+  // and the step's parity plan (parity_plan.h). All go with the step.
+  absl::Status PublishShardHolder(const std::string& job, uint64_t step,
+                                  const proto::ShardHolder& holder);
+  absl::StatusOr<std::vector<proto::ShardHolder>> ListShardHolders(
+      const std::string& job, uint64_t step);
+  // Keeps `plan` unless its step has a plan already; returns the step's plan
+  // (the one kept first), so every node and every retry agree.
+  absl::StatusOr<proto::ParityPlan> SettleParityPlan(
+      const proto::ParityPlan& plan);
+  absl::StatusOr<absl::optional<proto::ParityPlan>> GetParityPlan(
+      const std::string& job, uint64_t step);
+  // Every step's plan, of every job (one scan; after a loss, to find the
+  // groups that lost data).
+  absl::StatusOr<std::vector<proto::ParityPlan>> ListParityPlans();
+
+ protected:
+  // The few store operations the rendezvous needs, in each backend's store.
+  virtual absl::StatusOr<absl::optional<std::string>> StoreGet(
+      const std::string& key) = 0;
+  // The keys under `prefix` (without it) and their values, in key order.
+  virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+  StoreScan(const std::string& prefix) = 0;
+  // The keys alone.
+  absl::StatusOr<std::vector<std::string>> StoreKeys(const std::string& prefix);
+  // `ephemeral`: the key goes when this node's lease does (etcd).
+  virtual absl::Status StorePut(const std::string& key,
+                                const std::string& value, bool ephemeral) = 0;
+  // Creates `key` unless it exists (and, for etcd, only while this node holds
+  // its lease); true if it was created.
+  virtual absl::StatusOr<bool> StoreCreate(const std::string& key,
+                                           const std::string& value) = 0;
+};
+
+// Key helpers shared by the backends.
+std::string StepPrefix(const std::string& job, uint64_t step);
+std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank);
+// Where `rank`'s shard of the step lies (the erasure-coded peer tier):
+// withdrawing the rank's vote takes it back too.
+std::string HolderKey(const std::string& job, uint64_t step, uint32_t rank);
+std::string CommitKey(const std::string& job, uint64_t step, proto::Tier tier);
+std::string LatestKey(const std::string& job, proto::Tier tier);
+std::string RollbackKey(const std::string& job, int64_t unix_micros);
+// "/ckpt/<job>/steps/"
+std::string StepsPrefix(const std::string& job);
+// The step of a key under StepsPrefix; false if it is none.
+bool StepOfKey(absl::string_view key, uint64_t* step);
+// Every tier, fastest first.
+inline constexpr proto::Tier kAllTiers[] = {
+    proto::TIER_MEMORY, proto::TIER_PEER, proto::TIER_LOCAL_DISK,
+    proto::TIER_SHARED};
+
+// Shared by the backends' Vote: the arguments are valid (job id, rank inside
+// the world, known tiers).
+absl::Status ValidateVote(const std::string& job, uint64_t step, uint32_t rank,
+                          uint32_t world_size,
+                          const std::vector<proto::Tier>& tiers);
+// How many of `votes` include `tier`.
+size_t VotesReaching(const std::vector<proto::VoteRecord>& votes,
+                     proto::Tier tier);
+// The record of a commit happening now.
+proto::CommitRecord NewCommitRecord(const std::string& job, uint64_t step,
+                                    proto::Tier tier, uint32_t world_size);
+
+// "memory", "peer", "local_disk", "shared".
+std::string TierName(proto::Tier tier);
+absl::StatusOr<proto::Tier> ParseTier(absl::string_view name);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_COORD_COORDINATOR_H_

@@ -1,0 +1,153 @@
+// EtcdCoordinator: the many-node coordination backend, on etcd v3 over gRPC
+// (the key layout of coordinator.h). Each ckptd holds a lease, kept alive by a
+// background stream, and a membership key /ckpt/nodes/<node> attached to it.
+// Votes, commit records, latest-step updates and garbage collection are
+// transactions that also compare the membership key's lease with this node's:
+// a daemon paused past its lease (SIGSTOP, a long GC pause) finds its key gone
+// and can neither vote, commit nor forget anything (it is fenced) until the
+// keep-alive loop has taken a new lease and registered again. A commit record
+// is created only if absent and a latest pointer only moves forward, in the
+// same transaction, so a commit never reverts or duplicates and the latest
+// committed step never goes backward, whichever nodes race.
+//
+// Thread-safety: thread-safe.
+#ifndef CKPT_DAEMON_COORD_ETCD_COORDINATOR_H_
+#define CKPT_DAEMON_COORD_ETCD_COORDINATOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/coord/coordinator.h"
+#include "proto/etcd.grpc.pb.h"
+
+namespace ckpt::daemon {
+
+struct EtcdOptions {
+  // host:port of etcd's client URLs (one or more members of one cluster).
+  std::vector<std::string> endpoints;
+  std::string node_id;
+  absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // TLS to etcd, as etcd's own clients take it: the CA that signed etcd's
+  // server certificate (empty: plaintext) and, for etcd's
+  // --client-cert-auth, this node's certificate and key (with auth on, etcd
+  // takes the certificate's common name as the user).
+  std::string ca_file, cert_file, key_file;
+  // etcd's auth by user and password, the password read from
+  // `password_file` (its first line): every call carries a token from
+  // Authenticate, renewed every `token_refresh`.
+  std::string user, password_file;
+  absl::Duration token_refresh = absl::Seconds(60);
+};
+
+// Parses "etcd://host:port[,host:port...]" into endpoints.
+absl::StatusOr<std::vector<std::string>> ParseEtcdUrl(absl::string_view url);
+
+class EtcdCoordinator final : public Coordinator {
+ public:
+  // Connects, takes a lease and registers this node.
+  static absl::StatusOr<std::unique_ptr<EtcdCoordinator>> Connect(
+      const EtcdOptions& options);
+  // Stops the keep-alives and revokes the lease (peers see the node leave).
+  ~EtcdCoordinator() override;
+
+  absl::StatusOr<std::vector<proto::Tier>> Vote(
+      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+      const std::vector<proto::Tier>& tiers) override;
+  absl::StatusOr<absl::optional<proto::CommitRecord>> GetCommit(
+      const std::string& job, uint64_t step, proto::Tier tier) override;
+  absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
+      const std::string& job, proto::Tier tier) override;
+  absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
+      const std::string& job) override;
+  absl::StatusOr<std::set<uint64_t>> StepsVotedAt(const std::string& job,
+                                                  proto::Tier tier,
+                                                  uint64_t after) override;
+  absl::Status WithdrawVote(const std::string& job, uint64_t step,
+                            uint32_t rank) override;
+  absl::Status ForgetStep(const std::string& job, uint64_t step) override;
+  absl::Status RollBack(const std::string& job, uint64_t step,
+                        const proto::RollbackRecord& record) override;
+  // Watches /ckpt/nodes/: a node that stops renewing its lease leaves when
+  // etcd expires it (within the TTL), and a joining node appears.
+  absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
+                                          absl::Duration timeout) override;
+
+ protected:
+  absl::StatusOr<absl::optional<std::string>> StoreGet(
+      const std::string& key) override;
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> StoreScan(
+      const std::string& prefix) override;
+  absl::Status StorePut(const std::string& key, const std::string& value,
+                        bool ephemeral) override;
+  absl::StatusOr<bool> StoreCreate(const std::string& key,
+                                   const std::string& value) override;
+
+ public:
+  // The nodes holding a lease now (their membership keys), sorted.
+  absl::StatusOr<std::vector<std::string>> LiveNodes();
+
+  // The lease this node holds now (0 while it has none).
+  int64_t lease_id() const;
+  // Times this node took a lease after losing one (fenced, then rejoined).
+  int rejoins() const { return rejoins_.load(); }
+  int Rejoins() const override { return rejoins_.load(); }
+  std::string MemberKey() const;
+  // Tests: stop (and resume) renewing the lease, as a paused process would.
+  void PauseKeepAliveForTesting(bool paused);
+
+ private:
+  explicit EtcdCoordinator(const EtcdOptions& options);
+  // Takes a fresh lease and puts the membership key on it.
+  absl::Status Register();
+  void KeepAliveLoop();
+  // Takes a token for options_.user (no-op without a user).
+  absl::Status Authenticate();
+  // Renews the token once it is older than options_.token_refresh.
+  void RefreshToken();
+  // Adds the auth token (if any) to a call's metadata.
+  void Authorize(grpc::ClientContext* context) const;
+  // Authorize, and the deadline of options_.rpc_timeout.
+  grpc::ClientContext* Prepare(grpc::ClientContext* context) const;
+  // The comparison that fences a node without its lease.
+  etcdserverpb::Compare HoldsLease(int64_t lease) const;
+  // Explains a transaction that failed its comparisons: fenced, or `other`.
+  absl::Status FencedOr(int64_t lease, absl::Status other);
+  absl::StatusOr<etcdserverpb::RangeResponse> Range(const std::string& key,
+                                                    bool prefix);
+  absl::StatusOr<etcdserverpb::TxnResponse> Txn(
+      const etcdserverpb::TxnRequest& request, const std::string& what);
+
+  const EtcdOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_stub_;
+  std::unique_ptr<etcdserverpb::Watch::Stub> watch_stub_;
+  std::unique_ptr<etcdserverpb::Auth::Stub> auth_stub_;
+  mutable absl::Mutex mu_;
+  std::string token_ ABSL_GUARDED_BY(mu_);
+  absl::Time token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  // The votes this node wrote: key -> (record, revision written at).
+  std::map<std::string, std::pair<std::string, int64_t>> my_votes_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<int> rejoins_{0};
+  std::thread keep_alive_;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_COORD_ETCD_COORDINATOR_H_

@@ -1,0 +1,279 @@
+// ckptd: the per-node checkpoint daemon.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "daemon/coord/etcd_coordinator.h"
+#include "daemon/server/ckptd_flags.h"
+#include "daemon/server/instance_dirs.h"
+#include "daemon/server/local_api.h"
+#include "daemon/server/metrics_server.h"
+#include "daemon/server/peer_service.h"
+#include "daemon/server/supervisor_notify.h"
+#include "daemon/service/checkpoint_service.h"
+#include "io/logging.h"
+#include "nlohmann/json.hpp"
+#include "snapshot/manifest_seal.h"
+
+namespace {
+
+void Notify(const ckpt::daemon::SupervisorNotify& notify,
+            absl::string_view state) {
+  absl::Status s = notify.Send(state);
+  if (!s.ok()) CKPT_LOG_WARN("ckptd: {}", s.ToString());
+}
+
+// Pings the supervisor's watchdog twice per interval while the service is
+// live. Once something has been stuck for half the interval it stops, so the
+// supervisor kills and restarts the wedged daemon (which then adopts its
+// staged shards).
+void Watchdog(const ckpt::daemon::SupervisorNotify& notify,
+              const ckpt::daemon::CheckpointService& service,
+              absl::Notification& stop) {
+  const absl::Duration interval = *notify.watchdog();
+  bool pinging = true;
+  do {
+    absl::Status live = service.Liveness(interval / 2);
+    if (live.ok()) {
+      if (!pinging) CKPT_LOG_INFO("ckptd: live again; watchdog pings resume");
+      pinging = true;
+      Notify(notify, "WATCHDOG=1");
+    } else if (pinging) {
+      CKPT_LOG_ERROR(
+          "ckptd: watchdog pings stop, so the supervisor restarts "
+          "ckptd: {}",
+          live.ToString());
+      pinging = false;
+    }
+  } while (!stop.WaitForNotificationWithTimeout(interval / 4));
+}
+
+// Lets a stop take `timeout`, then makes the persists still in flight stop at
+// their next chunk; exits the process if even that hangs (a write stuck in
+// the kernel).
+void StopDeadline(absl::Duration timeout, std::atomic<bool>& cancel,
+                  absl::Notification& stopped) {
+  if (stopped.WaitForNotificationWithTimeout(timeout)) return;
+  CKPT_LOG_WARN(
+      "ckptd: persists still in flight after --stop-timeout {}: stopping "
+      "them; their shards stay staged for the next start",
+      absl::FormatDuration(timeout));
+  cancel.store(true);
+  if (stopped.WaitForNotificationWithTimeout(absl::Seconds(30))) return;
+  CKPT_LOG_ERROR(
+      "ckptd: still stopping 30 s later (a write hangs in the "
+      "kernel?): exiting now");
+  std::_Exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A crash leaves its signal and stack on stderr (the daemon's log under a
+  // supervisor or ckpt-chaos), not a silent exit.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+  // A peer that hangs up mid-write is an error on that write, not the end of
+  // the daemon.
+  ::signal(SIGPIPE, SIG_IGN);
+  ckpt::daemon::CkptdFlags f;
+  if (std::optional<int> exit_code =
+          ckpt::daemon::ParseCkptdFlags(argc, argv, f))
+    return *exit_code;
+  absl::StatusOr<ckpt::daemon::ServiceOptions> made =
+      ckpt::daemon::ServiceOptionsFrom(f);
+  if (!made.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n",
+                 std::string(made.status().message()).c_str());
+    return 2;
+  }
+  ckpt::daemon::ServiceOptions options = *std::move(made);
+  // Everything ckptd creates is its uid's alone: files 0600, directories
+  // 0700 (trainers run as the same uid; see docs/security.md).
+  ::umask(077);
+  // Before anything is read or removed there: a second daemon on the same
+  // directories or socket stops here, and the first's slots stay.
+  auto claimed =
+      ckpt::daemon::ClaimInstanceDirs({.data_dir = f.data_dir,
+                                       .staging_dir = f.staging_dir,
+                                       .socket_path = f.socket_path,
+                                       .replica_dir = options.replication.dir});
+  if (!claimed.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n",
+                 std::string(claimed.status().message()).c_str());
+    return 1;
+  }
+  // Set when a stop runs out of time: the persists in flight then stop at
+  // their next chunk.
+  std::atomic<bool> cancel_persists{false};
+  options.writer.cancel = &cancel_persists;
+
+  // Termination signals are taken synchronously below, after every thread has
+  // them blocked.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (!f.cluster_key.empty()) {
+    auto keys =
+        ckpt::snapshot::SealKeys::Load(f.cluster_key, f.cluster_key_old);
+    if (!keys.ok()) {
+      std::fprintf(stderr, "ckptd: --cluster-key: %s\n",
+                   std::string(keys.status().message()).c_str());
+      return 2;
+    }
+    CKPT_LOG_INFO("ckptd: manifests sealed with cluster key {}{}",
+                  (*keys)->current_id(),
+                  f.cluster_key_old.empty()
+                      ? ""
+                      : absl::StrCat(" (", f.cluster_key_old.size(),
+                                     " old keys accepted for reads)"));
+    ckpt::snapshot::InstallSealKeys(*std::move(keys));
+  } else if (!f.cluster_key_old.empty()) {
+    std::fprintf(stderr, "ckptd: --cluster-key-old needs --cluster-key\n");
+    return 2;
+  }
+  if (f.coordinator != "embedded") {
+    auto etcd_options = ckpt::daemon::EtcdOptionsFrom(f);
+    if (!etcd_options.ok()) {
+      std::fprintf(stderr, "ckptd: --coordinator: %s\n",
+                   std::string(etcd_options.status().message()).c_str());
+      return 2;
+    }
+    auto etcd = ckpt::daemon::EtcdCoordinator::Connect(*etcd_options);
+    if (!etcd.ok()) {
+      std::fprintf(stderr, "ckptd: %s\n",
+                   std::string(etcd.status().message()).c_str());
+      return 1;
+    }
+    options.coordinator = *std::move(etcd);
+  }
+  std::unique_ptr<ckpt::io::FaultInjectionFs> faults;
+  ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
+  if (f.fault_injection) {
+    faults = std::make_unique<ckpt::io::FaultInjectionFs>(fs);
+    faults->ModelDurabilityByJournal();
+    fs = faults.get();
+    CKPT_LOG_WARN("ckptd: fault injection is on (--fault-injection)");
+  }
+  auto service = ckpt::daemon::CheckpointService::Start(fs, options);
+  if (!service.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n",
+                 std::string(service.status().message()).c_str());
+    return 1;
+  }
+  std::unique_ptr<ckpt::daemon::MetricsServer> metrics;
+  if (!f.metrics_address.empty()) {
+    auto started = ckpt::daemon::MetricsServer::Start(
+        (*service)->metrics(), f.metrics_address, f.metrics_allow_remote);
+    if (!started.ok()) {
+      std::fprintf(stderr, "ckptd: %s\n",
+                   std::string(started.status().message()).c_str());
+      return 1;
+    }
+    metrics = *std::move(started);
+    CKPT_LOG_INFO("ckptd: metrics on http://{}:{}/metrics", metrics->host(),
+                  metrics->port());
+  }
+  std::unique_ptr<ckpt::daemon::PeerServer> peers;
+  if ((*service)->replicator() != nullptr) {
+    ckpt::daemon::ParityStore* parity = (*service)->parity() != nullptr
+                                            ? (*service)->parity()->store()
+                                            : nullptr;
+    auto started = ckpt::daemon::PeerServer::Start(
+        service->get(), (*service)->replicator(), parity,
+        {.address = f.peer_address,
+         .tls_ca_file = f.tls_ca,
+         .tls_cert_file = f.tls_cert,
+         .tls_key_file = f.tls_key,
+         .idle_timeout = absl::Seconds(f.peer_idle_timeout_s)});
+    if (!started.ok()) {
+      std::fprintf(stderr, "ckptd: %s\n",
+                   std::string(started.status().message()).c_str());
+      return 1;
+    }
+    peers = *std::move(started);
+    (*service)->replicator()->SetAddress(peers->address());
+    CKPT_LOG_INFO("ckptd: peer service on {}{} ({})", peers->address(),
+                  f.tls_ca.empty() ? "" : " with mutual TLS",
+                  parity != nullptr
+                      ? absl::StrCat((*service)->parity()->code().ToString(),
+                                     " parity per group of shards")
+                      : absl::StrCat(f.peer_replicas, " replicas per shard"));
+  }
+  auto server = ckpt::daemon::LocalApiServer::Start(
+      service->get(), {.socket_path = f.socket_path, .faults = faults.get()});
+  if (!server.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n",
+                 std::string(server.status().message()).c_str());
+    return 1;
+  }
+  {
+    // What `ckpt --data-dir` needs of this daemon: where it listens, and the
+    // directories of the tiers beside the data directory.
+    std::error_code ec;
+    auto absolute = [&ec](const std::string& p) {
+      return p.empty() ? p : std::filesystem::absolute(p, ec).string();
+    };
+    nlohmann::json record;
+    record["socket"] = absolute(f.socket_path);
+    record["node_id"] = f.node_id;
+    record["staging_dir"] = absolute(f.staging_dir);
+    record["replica_dir"] = absolute(options.replication.dir);
+    record["shared_dir"] = absolute(f.shared_dir);
+    const std::string path = f.data_dir + "/ckptd.json";
+    std::ofstream(path + ".tmp", std::ios::trunc) << record.dump(2) << "\n";
+    std::filesystem::rename(path + ".tmp", path, ec);
+    if (ec) {
+      CKPT_LOG_WARN("ckptd: recording itself in {}: {}", path, ec.message());
+    }
+  }
+  CKPT_LOG_INFO(
+      "ckptd: node {} ready: data {}, staging {} (budget {} bytes, policy {})",
+      f.node_id, f.data_dir, f.staging_dir, options.staging.budget_bytes,
+      f.policy);
+  const auto notify = ckpt::daemon::SupervisorNotify::FromEnvironment();
+  Notify(notify, absl::StrCat("READY=1\nSTATUS=serving ", f.socket_path));
+  absl::Notification stop;
+  std::thread watchdog;
+  if (notify.watchdog().has_value()) {
+    watchdog = std::thread([&notify, &stop, service = service->get()] {
+      Watchdog(notify, *service, stop);
+    });
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  CKPT_LOG_INFO("ckptd: signal {}, shutting down", sig);
+  Notify(notify, "STOPPING=1\nSTATUS=finishing the persists in flight");
+  stop.Notify();
+  if (watchdog.joinable()) watchdog.join();
+  absl::Notification stopped;
+  std::thread deadline(
+      [&stopped, &cancel_persists, stop_timeout_s = f.stop_timeout_s] {
+        StopDeadline(absl::Seconds(stop_timeout_s), cancel_persists, stopped);
+      });
+  metrics.reset();
+  server->reset();
+  peers.reset();
+  service->reset();
+  stopped.Notify();
+  deadline.join();
+  return 0;
+}

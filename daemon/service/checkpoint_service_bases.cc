@@ -1,0 +1,209 @@
+// CheckpointService: incremental saves. Each rank's last persisted shard is
+// the base of its next save, which stores only the chunks that changed and
+// records where the others lie (snapshot/FORMAT.md, format 3). A base in use
+// by a persist is pinned: garbage collection keeps its file, and keeps the
+// files of every base a kept shard names (RetentionPolicy::pinned and
+// ShardRecord.base_steps). Persists never wait for a collection: pinning
+// and dropping records meet only under pin_mu_, briefly.
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "daemon/common/describe.h"
+#include "daemon/service/checkpoint_service.h"
+#include "io/file_system.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "snapshot/self_contained.h"
+#include "snapshot/xxh3.h"
+
+namespace ckpt::daemon {
+
+std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
+    const proto::ShardRecord& r) {
+  // With etcd, other nodes' collections forget the commit records of steps
+  // they no longer hold, so a base's step can look uncommitted and be saved
+  // again over its file after a job restart (chaos.node_losses_close_together
+  // found that): Supersede then first makes the shards built on it
+  // self-contained (DetachDependents).
+  if (options_.full_every <= 1) return nullptr;
+  std::vector<std::shared_ptr<const snapshot::ShardBase>> candidates;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = bases_.find({r.job(), r.rank()});
+    if (it == bases_.end()) return nullptr;
+    for (auto c = it->second.rbegin(); c != it->second.rend(); ++c)
+      candidates.push_back(c->second);  // newest first
+  }
+  for (const std::shared_ptr<const snapshot::ShardBase>& base : candidates) {
+    const proto::ShardManifest& m = base->manifest;
+    if (m.step() >= r.step() || m.world_size() != r.world_size()) continue;
+    // The rank's chain is as long as allowed: a full save, not a fallback
+    // to an older base (which would keep that one, and rewrite what changed
+    // since it, for ever).
+    if (m.increments() + 1 >= static_cast<uint32_t>(options_.full_every)) break;
+    // Only a step committed on disk: what withdraws uncommitted steps (a rank
+    // resuming from an earlier one, a step saved again) never deletes a
+    // base.
+    absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
+        coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
+    if (!commit.ok() || !commit->has_value()) continue;
+    // The record still names the file, checked and pinned under pin_mu_: a
+    // collection either dropped the file before (the record says so) or
+    // sees the pin when it drops records (ApplyDrops).
+    absl::MutexLock pins(&pin_mu_);
+    absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+        catalog_->GetShard(r.job(), m.step(), r.rank());
+    if (!record.ok() || !record->has_value() ||
+        (*record)->state() != proto::SHARD_PERSISTED ||
+        (*record)->shard_path().empty()) {
+      continue;  // dropped meanwhile
+    }
+    ++pinned_[{r.job(), r.rank(), m.step()}];
+    return base;
+  }
+  CKPT_LOG_DEBUG(
+      "{}: none of the rank's last {} shards is committed on disk and may be "
+      "built on; this save stores every chunk",
+      Describe(r.job(), r.step(), r.rank()), candidates.size());
+  return nullptr;
+}
+
+void CheckpointService::UnpinBase(
+    const proto::ShardRecord& r,
+    const std::shared_ptr<const snapshot::ShardBase>& base) {
+  if (base == nullptr) return;
+  absl::MutexLock pins(&pin_mu_);
+  auto it = pinned_.find({r.job(), r.rank(), base->manifest.step()});
+  if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+}
+
+void CheckpointService::RememberBase(const proto::ShardRecord& r,
+                                     proto::ShardManifest manifest,
+                                     uint64_t manifest_xxh3) {
+  if (options_.full_every <= 1) return;
+  auto base = std::make_shared<snapshot::ShardBase>();
+  base->manifest = std::move(manifest);
+  base->manifest_xxh3 = manifest_xxh3;
+  absl::MutexLock lock(&mu_);
+  auto& mine = bases_[{r.job(), r.rank()}];
+  mine[r.step()] = std::move(base);
+  while (mine.size() > kBaseCandidates) mine.erase(mine.begin());
+}
+
+void CheckpointService::ForgetBases(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = bases_.begin(); it != bases_.end();) {
+    it = it->first.first == job ? bases_.erase(it) : std::next(it);
+  }
+}
+
+absl::Status CheckpointService::DetachDependents(
+    const proto::ShardRecord& base) {
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   catalog_->ListShards(base.job()));
+  // Rewriting a shard moves its chunks and changes its manifest, so the
+  // shards built on it go too: every shard that names `base` or one of those
+  // as a base (bases are earlier steps: one pass in step order finds them).
+  std::sort(shards.begin(), shards.end(),
+            [](const proto::ShardRecord& a, const proto::ShardRecord& b) {
+              return a.step() < b.step();
+            });
+  std::set<uint64_t> moving = {base.step()};
+  std::vector<proto::ShardRecord> dependents;
+  for (proto::ShardRecord& r : shards) {
+    if (r.rank() != base.rank() || r.state() != proto::SHARD_PERSISTED ||
+        r.shard_path().empty() ||
+        std::none_of(r.base_steps().begin(), r.base_steps().end(),
+                     [&](uint64_t s) { return moving.count(s) > 0; })) {
+      continue;
+    }
+    moving.insert(r.step());
+    dependents.push_back(std::move(r));
+  }
+  // Newest first: each is read through its bases as they still are.
+  for (auto it = dependents.rbegin(); it != dependents.rend(); ++it) {
+    proto::ShardRecord& r = *it;
+    const std::string what = Describe(r.job(), r.step(), r.rank());
+    const std::string temp = r.shard_path() + ".detach.tmp";
+    uint64_t stored = 0;
+    auto detached = std::make_shared<snapshot::ShardBase>();
+    absl::Status written = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                       snapshot::OpenSelfContained(fs_, r.shard_path()));
+      proto::ShardManifest& m = detached->manifest;
+      detached->manifest_xxh3 =
+          XXH3_64bits(view.manifest_bytes.data(), view.manifest_bytes.size());
+      if (!m.ParseFromString(view.manifest_bytes)) {
+        return absl::DataLossError("its manifest does not parse");
+      }
+      for (const proto::Item& item : m.items()) {
+        for (const proto::ChunkInfo& c : item.chunks()) {
+          stored += c.stored_size();
+        }
+      }
+      RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, temp));
+      RETURN_IF_ERROR(fs_->Rename(temp, r.shard_path()));
+      return fs_->SyncDir(io::DirName(r.shard_path()));
+    }();
+    if (!written.ok()) {
+      (void)fs_->Unlink(temp);
+      return absl::Status(
+          written.code(),
+          absl::StrCat(what, " stores chunks in step ", base.step(),
+                       ", which is being saved again, and could not be made "
+                       "self-contained: ",
+                       written.message()));
+    }
+    r.clear_base_steps();
+    r.set_stored_bytes(stored);
+    RETURN_IF_ERROR(catalog_->PutShard(r));
+    {
+      // The rank's next save may build on it: as the file it now is.
+      absl::MutexLock lock(&mu_);
+      auto mine = bases_.find({r.job(), r.rank()});
+      if (mine != bases_.end() && mine->second.count(r.step()) > 0) {
+        mine->second[r.step()] = std::move(detached);
+      }
+    }
+    CKPT_LOG_INFO(
+        "{}: made self-contained: step {}, which it stored chunks in, is "
+        "being saved again",
+        what, base.step());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::WaitUnpinned(const std::string& job,
+                                             uint32_t rank, uint64_t step) {
+  for (int i = 0; i < 6000; ++i) {
+    {
+      absl::MutexLock pins(&pin_mu_);
+      if (!PinnedNow(job, rank, step)) return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(Describe(job, step, rank),
+                   " is still the base of a persist in flight after a minute"));
+}
+
+std::set<std::pair<uint32_t, uint64_t>> CheckpointService::PinnedBases(
+    const std::string& job) {
+  std::set<std::pair<uint32_t, uint64_t>> pinned;
+  absl::MutexLock pins(&pin_mu_);
+  for (const auto& [key, n] : pinned_) {
+    if (std::get<0>(key) == job)
+      pinned.insert({std::get<1>(key), std::get<2>(key)});
+  }
+  return pinned;
+}
+
+bool CheckpointService::PinnedNow(const std::string& job, uint32_t rank,
+                                  uint64_t step) {
+  return pinned_.count({job, rank, step}) > 0;
+}
+
+}  // namespace ckpt::daemon
