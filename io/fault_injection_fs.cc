@@ -442,6 +442,10 @@ absl::Status FaultInjectionFs::Unlink(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status FaultInjectionFs::CreatePrivateDirs(const std::string& path) {
+  return base_->CreatePrivateDirs(path);
+}
+
 absl::Status FaultInjectionFs::CreateDirs(const std::string& path) {
   return base_->CreateDirs(path);
 }

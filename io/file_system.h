@@ -159,6 +159,9 @@ class FileSystem {
   // Creates the directory and its missing parents (mode 0755). Existing is not
   // an error.
   virtual absl::Status CreateDirs(const std::string& path) = 0;
+  // As CreateDirs, and `path` itself is made 0700 (an existing one too): a
+  // directory only this uid may enter.
+  virtual absl::Status CreatePrivateDirs(const std::string& path) = 0;
   // Names of the entries of `dir`, without "." and "..", sorted.
   virtual absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& dir) = 0;
@@ -220,6 +223,12 @@ absl::StatusOr<std::string> ReadFileToString(FileSystem* fs,
 // tools).
 absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
                                absl::string_view contents);
+// Replaces `path` with `contents` as a whole, durably: written to
+// `path`.tmp, fsynced, renamed over `path`, the directory fsynced. Until it
+// returns OK a reader (and a power loss) finds the old file or none, never
+// part of the new one.
+absl::Status ReplaceFileDurably(FileSystem* fs, const std::string& path,
+                                absl::string_view contents);
 
 }  // namespace ckpt::io
 

@@ -110,6 +110,12 @@ class PosixFileSystem final : public FileSystem {
     return absl::OkStatus();
   }
 
+  absl::Status CreatePrivateDirs(const std::string& path) override {
+    RETURN_IF_ERROR(CreateDirs(path));
+    if (::chmod(path.c_str(), 0700) != 0) return PosixError("chmod", path);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());
@@ -332,6 +338,30 @@ absl::Status WriteStringToFile(FileSystem* fs, const std::string& path,
     RETURN_IF_ERROR(file->Write(0, std::move(buffer)));
   }
   return file->Close();
+}
+
+absl::Status ReplaceFileDurably(FileSystem* fs, const std::string& path,
+                                absl::string_view contents) {
+  const std::string temp = path + ".tmp";
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                     fs->NewWritableFile(temp, {}));
+    absl::Status s;
+    if (!contents.empty()) {
+      AlignedBuffer buffer(contents.size());
+      std::copy(contents.begin(), contents.end(), buffer.data());
+      s = file->Write(0, std::move(buffer));
+    }
+    if (s.ok()) s = file->Sync();
+    absl::Status closed = file->Close();
+    if (s.ok()) s = closed;
+    if (!s.ok()) {
+      (void)fs->Unlink(temp);
+      return s;
+    }
+  }
+  RETURN_IF_ERROR(fs->Rename(temp, path));
+  return fs->SyncDir(DirName(path));
 }
 
 }  // namespace ckpt::io

@@ -45,8 +45,7 @@ absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(
     return absl::InvalidArgumentError("staging directory is empty");
   if (options.budget_bytes == 0)
     return absl::InvalidArgumentError("staging budget is zero");
-  RETURN_IF_ERROR(fs->CreateDirs(options.dir));
-  ::chmod(options.dir.c_str(), 0700);
+  RETURN_IF_ERROR(fs->CreatePrivateDirs(options.dir));
   std::unique_ptr<StagingArena> arena(new StagingArena(fs, options));
   // Kept free slots of a previous run are not worth their memory now.
   const std::string free_dir = arena->FreeDir();
@@ -54,8 +53,7 @@ absl::StatusOr<std::unique_ptr<StagingArena>> StagingArena::Open(
     for (const std::string& name : *names)
       (void)fs->Unlink(io::JoinPath(free_dir, name));
   }
-  RETURN_IF_ERROR(fs->CreateDirs(free_dir));
-  ::chmod(free_dir.c_str(), 0700);
+  RETURN_IF_ERROR(fs->CreatePrivateDirs(free_dir));
   return arena;
 }
 
@@ -208,8 +206,7 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
   // Files are made outside the lock; the reservation above holds the bytes
   // meanwhile.
   std::string job_dir = io::JoinPath(options_.dir, id.job);
-  absl::Status s = fs_->CreateDirs(job_dir);
-  if (s.ok()) ::chmod(job_dir.c_str(), 0700);
+  absl::Status s = fs_->CreatePrivateDirs(job_dir);
   std::shared_ptr<io::MappedFile> map;  // stays null for a reused slot the
                                         // daemon has not mapped yet
   bool reused = false;

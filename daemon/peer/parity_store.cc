@@ -57,8 +57,7 @@ std::string ParityStore::PathOf(const proto::ParityBlockKey& key,
 absl::StatusOr<std::unique_ptr<ParityStore>> ParityStore::Open(
     io::FileSystem* fs, std::string dir, uint64_t budget_bytes) {
   if (dir.empty()) return absl::InvalidArgumentError("parity dir is empty");
-  RETURN_IF_ERROR(fs->CreateDirs(dir));
-  ::chmod(dir.c_str(), 0700);
+  RETURN_IF_ERROR(fs->CreatePrivateDirs(dir));
   std::unique_ptr<ParityStore> store(
       new ParityStore(fs, std::move(dir), budget_bytes));
   ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs->ListDir(store->dir_));

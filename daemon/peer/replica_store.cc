@@ -39,8 +39,7 @@ bool ParseName(absl::string_view name, uint64_t* step, uint32_t* rank) {
 absl::StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Open(
     io::FileSystem* fs, std::string dir, uint64_t budget_bytes) {
   if (dir.empty()) return absl::InvalidArgumentError("replica dir is empty");
-  RETURN_IF_ERROR(fs->CreateDirs(dir));
-  ::chmod(dir.c_str(), 0700);
+  RETURN_IF_ERROR(fs->CreatePrivateDirs(dir));
   std::unique_ptr<ReplicaStore> store(
       new ReplicaStore(fs, std::move(dir), budget_bytes));
   ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs->ListDir(store->dir_));

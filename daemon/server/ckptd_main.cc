@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -198,7 +197,7 @@ int main(int argc, char** argv) {
                                             ? (*service)->parity()->store()
                                             : nullptr;
     auto started = ckpt::daemon::PeerServer::Start(
-        service->get(), (*service)->replicator(), parity,
+        service->get(), (*service)->replicator(), parity, fs,
         {.address = f.peer_address,
          .tls_ca_file = f.tls_ca,
          .tls_cert_file = f.tls_cert,
@@ -239,10 +238,11 @@ int main(int argc, char** argv) {
     record["replica_dir"] = absolute(options.replication.dir);
     record["shared_dir"] = absolute(f.shared_dir);
     const std::string path = f.data_dir + "/ckptd.json";
-    std::ofstream(path + ".tmp", std::ios::trunc) << record.dump(2) << "\n";
-    std::filesystem::rename(path + ".tmp", path, ec);
-    if (ec) {
-      CKPT_LOG_WARN("ckptd: recording itself in {}: {}", path, ec.message());
+    absl::Status recorded =
+        ckpt::io::ReplaceFileDurably(fs, path, record.dump(2) + "\n");
+    if (!recorded.ok()) {
+      CKPT_LOG_WARN("ckptd: recording itself in {}: {}", path,
+                    recorded.ToString());
     }
   }
   CKPT_LOG_INFO(

@@ -51,12 +51,13 @@ std::vector<std::string> CertificateNames(const grpc::ServerContext& ctx) {
 class PeerService final : public proto::CkptPeer::Service {
  public:
   PeerService(CheckpointService* service, Replicator* replicator,
-              io::BulkServer* bulk, ParityStore* parity, bool tls,
-              CallWatchdog* watchdog)
+              io::BulkServer* bulk, ParityStore* parity, io::FileSystem* fs,
+              bool tls, CallWatchdog* watchdog)
       : service_(service),
         replicator_(replicator),
         bulk_(bulk),
         parity_(parity),
+        fs_(fs),
         tls_(tls),
         watchdog_(watchdog),
         authorization_(
@@ -247,7 +248,7 @@ class PeerService final : public proto::CkptPeer::Service {
     resp->set_file_bytes(copy->bytes);
     if (req->with_items()) {
       absl::StatusOr<snapshot::SelfContained> view =
-          snapshot::OpenSelfContained(io::DefaultFileSystem(), copy->path);
+          snapshot::OpenSelfContained(fs_, copy->path);
       if (!view.ok()) return ToGrpc(view.status());
       proto::ShardManifest manifest;
       if (!manifest.ParseFromString(view->manifest_bytes)) {
@@ -269,7 +270,7 @@ class PeerService final : public proto::CkptPeer::Service {
     // Opened once: garbage collection unlinking it meanwhile does not cut
     // the transfer short.
     absl::StatusOr<snapshot::SelfContained> view =
-        snapshot::OpenSelfContained(io::DefaultFileSystem(), copy->path);
+        snapshot::OpenSelfContained(fs_, copy->path);
     if (!view.ok()) return ToGrpc(view.status());
     std::unique_ptr<io::ReadableFile>* file = &view->file;
     absl::StatusOr<uint64_t> size = view->size;
@@ -305,7 +306,7 @@ class PeerService final : public proto::CkptPeer::Service {
     absl::StatusOr<Copy> copy = Best(key);
     if (!copy.ok()) return ToGrpc(copy.status());
     absl::StatusOr<snapshot::SelfContained> view =
-        snapshot::OpenSelfContained(io::DefaultFileSystem(), copy->path);
+        snapshot::OpenSelfContained(fs_, copy->path);
     if (!view.ok()) return ToGrpc(view.status());
     // A file is sent as it lies (sendfile); an incremental shard's view is
     // read piece by piece.
@@ -451,9 +452,8 @@ class PeerService final : public proto::CkptPeer::Service {
     if (own.has_value()) {
       // As it leaves the node: self-contained (an incremental save's chunks
       // in its bases included).
-      ASSIGN_OR_RETURN(
-          snapshot::SelfContained view,
-          snapshot::OpenSelfContained(io::DefaultFileSystem(), *own));
+      ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                       snapshot::OpenSelfContained(fs_, *own));
       return Copy{proto::TIER_LOCAL_DISK, *own, view.size};
     }
     return absl::NotFoundError(
@@ -470,6 +470,7 @@ class PeerService final : public proto::CkptPeer::Service {
   Replicator* const replicator_;
   io::BulkServer* const bulk_;  // null: bulk transfers off
   ParityStore* const parity_;   // null: no erasure-coded peer tier
+  io::FileSystem* const fs_;    // where copies served are read
   const bool tls_;              // mutual TLS: callers are authenticated
   CallWatchdog* const watchdog_;
   PeerAuthorization authorization_;
@@ -479,7 +480,7 @@ class PeerService final : public proto::CkptPeer::Service {
 
 absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
     CheckpointService* service, Replicator* replicator, ParityStore* parity,
-    const PeerServerOptions& options) {
+    io::FileSystem* fs, const PeerServerOptions& options) {
   const size_t colon = options.address.rfind(':');
   int wanted_port = -1;
   if (colon == std::string::npos || colon == 0 ||
@@ -517,7 +518,7 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
   }
   server->watchdog_ = std::make_unique<CallWatchdog>(options.idle_timeout);
   server->service_ = std::make_unique<PeerService>(
-      service, replicator, server->bulk_.get(), parity, tls_files == 3,
+      service, replicator, server->bulk_.get(), parity, fs, tls_files == 3,
       server->watchdog_.get());
   grpc::ServerBuilder builder;
   // At most `max_calls` calls run at once (more are refused

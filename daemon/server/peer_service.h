@@ -26,6 +26,7 @@
 #include "daemon/server/call_watchdog.h"
 #include "daemon/service/checkpoint_service.h"
 #include "io/bulk_transfer.h"
+#include "io/file_system.h"
 
 namespace grpc {
 class Server;
@@ -52,10 +53,11 @@ struct PeerServerOptions {
 class PeerServer {
  public:
   // `parity`: the parity blocks this node holds (null: no erasure-coded
-  // peer tier here; pushes of parity are refused).
+  // peer tier here; pushes of parity are refused). `fs`: where the copies it
+  // serves are read (ckptd's, fault injection included).
   static absl::StatusOr<std::unique_ptr<PeerServer>> Start(
       CheckpointService* service, Replicator* replicator, ParityStore* parity,
-      const PeerServerOptions& options);
+      io::FileSystem* fs, const PeerServerOptions& options);
   // Cancels calls in flight (an unfinished push leaves nothing).
   ~PeerServer();
 

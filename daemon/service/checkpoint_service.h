@@ -236,6 +236,35 @@ class CheckpointService {
                  const std::vector<proto::Tier>& tiers);
   // Persists one staged shard; returns the error that marks it FAILED.
   absl::Status Persist(proto::ShardRecord& record);
+  // Persist's steps (checkpoint_service_persist.cc): the staged slot, mapped
+  // and checked; the shard file written from it (with `base`, an incremental
+  // save), the persist watched for liveness meanwhile; the record stored;
+  // the vote; the figures; the tiers that copy it off the node next.
+  struct WrittenShard {
+    proto::ShardManifest manifest;
+    uint64_t manifest_xxh3 = 0;
+    snapshot::ShardWriteStats stats;
+  };
+  struct ShardSizes {
+    uint64_t raw = 0;     // the state's bytes
+    uint64_t stored = 0;  // in this file
+    uint64_t reused = 0;  // raw bytes left in base shards
+  };
+  // What a manifest's file stores, and what it leaves in its bases.
+  static ShardSizes SizesOf(const proto::ShardManifest& manifest);
+  absl::StatusOr<std::shared_ptr<io::MappedFile>> MapStaged(
+      const proto::ShardRecord& record);
+  absl::StatusOr<WrittenShard> WriteShard(
+      const proto::ShardRecord& record, io::MappedFile& slot,
+      const std::string& path, std::shared_ptr<const snapshot::ShardBase> base);
+  absl::StatusOr<ShardSizes> RecordPersisted(proto::ShardRecord& record,
+                                             const std::string& path,
+                                             WrittenShard written);
+  std::vector<proto::Tier> VoteLocalDisk(const proto::ShardRecord& record);
+  void CountPersist(const proto::ShardRecord& record, const ShardSizes& sizes,
+                    const snapshot::ShardWriteStats& stats,
+                    absl::Duration took);
+  void HandOff(const proto::ShardRecord& record);
   // Incremental saves (checkpoint_service_bases.cc). The base `record` may
   // store its unchanged chunks in: the rank's newest persisted shard that is
   // committed on disk (among its last few), pinned against garbage

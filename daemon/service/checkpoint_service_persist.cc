@@ -5,6 +5,7 @@
 // RetryFailedPersists (checkpoint_service_memory.cc) to try again.
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/describe.h"
 #include "daemon/common/records.h"
@@ -104,8 +105,96 @@ void CheckpointService::PersistLoop() {
   }
 }
 
+namespace {
+
+// Adds the slot's staged items to `writer`, with the client's chunk hashes
+// where they are of the chunks the writer makes.
+absl::Status AddStagedItems(const proto::ShardRecord& r, io::MappedFile& slot,
+                            uint32_t chunk_size,
+                            snapshot::ShardWriter& writer) {
+  for (const proto::StagedItem& staged : r.items()) {
+    const proto::Item& item = staged.item();
+    absl::Span<const uint8_t> data(slot.data() + staged.slot_offset(),
+                                   item.raw_size());
+    // StageComplete checked their size and count.
+    absl::Span<const uint64_t> known;
+    if (staged.chunk_size() == chunk_size) {
+      known = absl::MakeConstSpan(staged.chunk_xxh3().data(),
+                                  staged.chunk_xxh3_size());
+    }
+    auto dims = [](const auto& v) {
+      return std::vector<int64_t>(v.begin(), v.end());
+    };
+    if (item.kind() == proto::ITEM_KIND_TENSOR) {
+      RETURN_IF_ERROR(writer.AddTensor(
+          {item.name(), item.dtype(), dims(item.global_shape()),
+           dims(item.box_offset()), dims(item.box_length()), data, known}));
+    } else {
+      RETURN_IF_ERROR(writer.AddBytes(item.name(), data, known));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::shared_ptr<io::MappedFile> slot, MapStaged(r));
+  const absl::Time mapped = absl::Now();
+  const std::string path = ShardPath(r.job(), r.step(), r.rank());
+  // The pin holds until the record naming the base is stored (or this fails).
+  const std::shared_ptr<const snapshot::ShardBase> base = PinBase(r);
+  absl::Cleanup unpin = [&] { UnpinBase(r, base); };
+  ASSIGN_OR_RETURN(WrittenShard written, WriteShard(r, *slot, path, base));
+  const absl::Time written_at = absl::Now();
+  CKPT_KILL_POINT("service.after_shard_commit");
+  const snapshot::ShardWriteStats chunks = written.stats;
+  ASSIGN_OR_RETURN(ShardSizes sizes,
+                   RecordPersisted(r, path, std::move(written)));
+  std::move(unpin).Invoke();
+  // The shard is persisted whatever the vote does: a vote refused (a node
+  // fenced past its lease) is made again once the node rejoined.
+  const std::vector<proto::Tier> committed = VoteLocalDisk(r);
+  CountPersist(r, sizes, chunks, absl::Now() - start);
+  Committed(r.job(), r.step(), committed);
+  HandOff(r);
+  const absl::Time end = absl::Now();
+  const double seconds = absl::ToDoubleSeconds(end - start);
+  CKPT_LOG_INFO(
+      "{}: persisted {} bytes ({} stored, {} unchanged in {} base shards) in "
+      "{:.1f} ms, {:.0f} MiB/s (map {:.1f} ms, write+sync {:.1f} ms, "
+      "catalog+vote {:.1f} ms); chunks: {} compressed, {} raw by choice, {} "
+      "raw incompressible, {} unchanged",
+      Describe(r.job(), r.step(), r.rank()), sizes.raw, sizes.stored,
+      sizes.reused, r.base_steps_size(), seconds * 1e3,
+      seconds > 0 ? sizes.raw / seconds / (1 << 20) : 0.0,
+      absl::ToDoubleMilliseconds(mapped - start),
+      absl::ToDoubleMilliseconds(written_at - mapped),
+      absl::ToDoubleMilliseconds(end - written_at), chunks.compressed,
+      chunks.raw_chosen, chunks.raw_incompressible, chunks.unchanged);
+  return absl::OkStatus();
+}
+
+// What a manifest's file stores, and what it leaves in its bases.
+CheckpointService::ShardSizes CheckpointService::SizesOf(
+    const proto::ShardManifest& manifest) {
+  ShardSizes sizes;
+  for (const proto::Item& item : manifest.items()) {
+    sizes.raw += item.raw_size();
+    for (const proto::ChunkInfo& c : item.chunks()) {
+      if (c.base() == 0) {
+        sizes.stored += c.stored_size();
+      } else {
+        sizes.reused += c.raw_size();
+      }
+    }
+  }
+  return sizes;
+}
+
+absl::StatusOr<std::shared_ptr<io::MappedFile>> CheckpointService::MapStaged(
+    const proto::ShardRecord& r) {
   ASSIGN_OR_RETURN(std::shared_ptr<io::MappedFile> slot,
                    arena_->Map({r.job(), r.step(), r.rank()}));
   if (slot->size() < r.slot_bytes()) {
@@ -113,116 +202,84 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
         absl::StrCat("staging slot ", r.slot_path(), " has ", slot->size(),
                      " bytes, expected ", r.slot_bytes()));
   }
-  const absl::Time mapped = absl::Now();
-  const std::string path = ShardPath(r.job(), r.step(), r.rank());
+  return slot;
+}
+
+absl::StatusOr<CheckpointService::WrittenShard> CheckpointService::WriteShard(
+    const proto::ShardRecord& r, io::MappedFile& slot, const std::string& path,
+    std::shared_ptr<const snapshot::ShardBase> base) {
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
   snapshot::ShardWriterOptions writer_options = options_.writer;
   writer_options.recycle_from = recycler_->Take(r.slot_bytes());
-  writer_options.base = PinBase(r);
+  writer_options.base = std::move(base);
+  // The housekeeper's liveness check watches every chunk written; a slow
+  // coordinator afterwards (the vote) is no reason to restart the daemon.
   const SlotId id{r.job(), r.step(), r.rank()};
-  writer_options.on_chunk = [this, &id] {
+  auto alive = [this, &id] {
     absl::MutexLock live(&live_mu_);
     persisting_[id] = absl::Now();
   };
-  {
-    absl::MutexLock live(&live_mu_);
-    persisting_[id] = absl::Now();
-  }
-  struct Done {
-    CheckpointService* service;
-    const SlotId& id;
-    ~Done() {
-      absl::MutexLock live(&service->live_mu_);
-      service->persisting_.erase(id);
-    }
-  } done{this, id};
-  // The pin holds until the record naming the base is stored (or this fails).
-  struct Unpin {
-    CheckpointService* service;
-    const proto::ShardRecord& r;
-    const std::shared_ptr<const snapshot::ShardBase>& base;
-    ~Unpin() { service->UnpinBase(r, base); }
-  } unpin{this, r, writer_options.base};
-  snapshot::ShardWriter writer(
-      fs_, path, {r.job(), r.step(), r.rank(), r.world_size()}, writer_options);
-  for (const proto::StagedItem& staged : r.items()) {
-    const proto::Item& item = staged.item();
-    absl::Span<const uint8_t> data(slot->data() + staged.slot_offset(),
-                                   item.raw_size());
-    // The client's hashes, of the chunks this writer makes (StageComplete
-    // checked their size and count).
-    absl::Span<const uint64_t> known;
-    if (staged.chunk_size() == writer_options.chunk_size) {
-      known = absl::MakeConstSpan(staged.chunk_xxh3().data(),
-                                  staged.chunk_xxh3_size());
-    }
-    if (item.kind() == proto::ITEM_KIND_TENSOR) {
-      RETURN_IF_ERROR(
-          writer.AddTensor({item.name(), item.dtype(),
-                            std::vector<int64_t>(item.global_shape().begin(),
-                                                 item.global_shape().end()),
-                            std::vector<int64_t>(item.box_offset().begin(),
-                                                 item.box_offset().end()),
-                            std::vector<int64_t>(item.box_length().begin(),
-                                                 item.box_length().end()),
-                            data, known}));
-    } else {
-      RETURN_IF_ERROR(writer.AddBytes(item.name(), data, known));
-    }
-  }
-  ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
-  const absl::Time written = absl::Now();
-  {
-    // The watchdog watches the disk; a slow coordinator (the vote below) is
-    // no reason to restart the daemon.
+  writer_options.on_chunk = alive;
+  alive();
+  absl::Cleanup done = [this, &id] {
     absl::MutexLock live(&live_mu_);
     persisting_.erase(id);
-  }
-  CKPT_KILL_POINT("service.after_shard_commit");
-  // What this file stores, and what it leaves in its bases.
-  uint64_t raw = 0, stored = 0, reused = 0;
-  for (const proto::Item& item : manifest.items()) {
-    raw += item.raw_size();
-    for (const proto::ChunkInfo& c : item.chunks()) {
-      if (c.base() == 0) {
-        stored += c.stored_size();
-      } else {
-        reused += c.raw_size();
-      }
-    }
-  }
+  };
+  snapshot::ShardWriter writer(
+      fs_, path, {r.job(), r.step(), r.rank(), r.world_size()}, writer_options);
+  RETURN_IF_ERROR(AddStagedItems(r, slot, writer_options.chunk_size, writer));
+  ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
+  return WrittenShard{std::move(manifest), writer.manifest_xxh3(),
+                      writer.stats()};
+}
+
+absl::StatusOr<CheckpointService::ShardSizes>
+CheckpointService::RecordPersisted(proto::ShardRecord& r,
+                                   const std::string& path,
+                                   WrittenShard written) {
+  const ShardSizes sizes = SizesOf(written.manifest);
   r.clear_base_steps();
-  for (const proto::BaseShard& b : manifest.bases()) r.add_base_steps(b.step());
+  for (const proto::BaseShard& b : written.manifest.bases()) {
+    r.add_base_steps(b.step());
+  }
   r.set_state(proto::SHARD_PERSISTED);
   r.clear_error();  // an earlier attempt's (RetryFailedPersists)
   r.set_shard_path(path);
-  r.set_raw_bytes(raw);
-  r.set_stored_bytes(stored);
+  r.set_raw_bytes(sizes.raw);
+  r.set_stored_bytes(sizes.stored);
   r.set_persisted_unix_micros(NowMicros());
   RETURN_IF_ERROR(catalog_->PutShard(r));
   CKPT_KILL_POINT("service.after_persisted_record");
-  RememberBase(r, std::move(manifest), writer.manifest_xxh3());
-  // The shard is persisted whatever the vote does: a vote refused (a node
-  // fenced past its lease) is made again once the node rejoined.
+  RememberBase(r, std::move(written.manifest), written.manifest_xxh3);
+  return sizes;
+}
+
+std::vector<proto::Tier> CheckpointService::VoteLocalDisk(
+    const proto::ShardRecord& r) {
   absl::StatusOr<std::vector<proto::Tier>> voted = coordinator_->Vote(
       r.job(), r.step(), r.rank(), r.world_size(), {proto::TIER_LOCAL_DISK});
   if (!voted.ok()) {
     CKPT_LOG_WARN("{}: local-disk vote failed: {}",
                   Describe(r.job(), r.step(), r.rank()),
                   voted.status().ToString());
+    return {};
   }
-  const std::vector<proto::Tier> committed =
-      voted.ok() ? *std::move(voted) : std::vector<proto::Tier>();
+  return *std::move(voted);
+}
+
+void CheckpointService::CountPersist(const proto::ShardRecord& r,
+                                     const ShardSizes& sizes,
+                                     const snapshot::ShardWriteStats& chunks,
+                                     absl::Duration took) {
   const Labels job_label = {{"job", r.job()}};
   metrics_.Add("ckpt_persisted_bytes_total", job_label,
-               static_cast<double>(raw));
+               static_cast<double>(sizes.raw));
   metrics_.Add("ckpt_persisted_stored_bytes_total", job_label,
-               static_cast<double>(stored));
+               static_cast<double>(sizes.stored));
   metrics_.Add("ckpt_persist_unchanged_bytes_total", job_label,
-               static_cast<double>(reused));
+               static_cast<double>(sizes.reused));
   metrics_.Observe("ckpt_persist_seconds", job_label,
-                   absl::ToDoubleSeconds(absl::Now() - start));
-  const snapshot::ShardWriteStats& chunks = writer.stats();
+                   absl::ToDoubleSeconds(took));
   for (const auto& [what, count] :
        {std::pair<const char*, uint64_t>{"compressed", chunks.compressed},
         {"raw_chosen", chunks.raw_chosen},
@@ -233,43 +290,25 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
                    static_cast<double>(count));
     }
   }
-  double effort = 1.0;
-  double raw_rate = 0;
   if (options_.writer.governor != nullptr) {
     const snapshot::CodecGovernor::Stats g = options_.writer.governor->stats();
-    effort = g.effort;
-    raw_rate = g.raw_mib_s;
-    metrics_.Set("ckpt_codec_effort", {}, effort);
-    if (raw_rate > 0) {
+    metrics_.Set("ckpt_codec_effort", {}, g.effort);
+    if (g.raw_mib_s > 0) {
       metrics_.Set("ckpt_codec_raw_write_bytes_per_second", {},
-                   raw_rate * (1 << 20));
+                   g.raw_mib_s * (1 << 20));
     }
   }
-  if (raw > 0) {
-    metrics_.Set("ckpt_compression_ratio", job_label,
-                 static_cast<double>(stored) / static_cast<double>(raw));
+  if (sizes.raw > 0) {
+    metrics_.Set(
+        "ckpt_compression_ratio", job_label,
+        static_cast<double>(sizes.stored) / static_cast<double>(sizes.raw));
   }
-  Committed(r.job(), r.step(), committed);
+}
+
+void CheckpointService::HandOff(const proto::ShardRecord& r) {
   if (replicator_ != nullptr) replicator_->Enqueue(r);
   if (parity_ != nullptr) parity_->Enqueue(r);
   if (shared_ != nullptr && shared_->Wants(r.step())) shared_->Enqueue(r);
-  const absl::Time end = absl::Now();
-  const double seconds = absl::ToDoubleSeconds(end - start);
-  CKPT_LOG_INFO(
-      "{}: persisted {} bytes ({} stored, {} unchanged in {} base shards) in "
-      "{:.1f} ms, {:.0f} MiB/s (map {:.1f} ms, write+sync {:.1f} ms, "
-      "catalog+vote {:.1f} ms); chunks: {} compressed, {} raw by choice, {} "
-      "raw incompressible, {} unchanged; codec effort now {:.2f} (raw "
-      "persists measured at {:.0f} MiB/s)",
-      Describe(r.job(), r.step(), r.rank()), raw, stored, reused,
-      r.base_steps_size(), seconds * 1e3,
-      seconds > 0 ? raw / seconds / (1 << 20) : 0.0,
-      absl::ToDoubleMilliseconds(mapped - start),
-      absl::ToDoubleMilliseconds(written - mapped),
-      absl::ToDoubleMilliseconds(end - written), chunks.compressed,
-      chunks.raw_chosen, chunks.raw_incompressible, chunks.unchanged, effort,
-      raw_rate);
-  return absl::OkStatus();
 }
 
 }  // namespace ckpt::daemon

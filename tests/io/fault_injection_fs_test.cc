@@ -56,6 +56,23 @@ TEST_F(FaultInjectionFsTest, PowerLossKeepsOnlyWhatWasSynced) {
       << "its directory entry was never fsynced";
 }
 
+// ReplaceFileDurably: after it returns, a power loss keeps the new file; a
+// failed fsync leaves the old one whole and no temporary file behind.
+TEST_F(FaultInjectionFsTest, AFileReplacedDurablySurvivesAPowerLoss) {
+  const std::string path = dir_.File("record.json");
+  ASSERT_TRUE(ReplaceFileDurably(&fs_, path, "first").ok());
+  ASSERT_TRUE(fs_.SimulatePowerLoss().ok());
+  EXPECT_EQ(Contents("record.json"), "first");
+  fs_.FailSyncAt(1, EIO);
+  absl::Status s = ReplaceFileDurably(&fs_, path, "second");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(Contents("record.json"), "first");
+  EXPECT_FALSE(Exists("record.json.tmp"));
+  ASSERT_TRUE(ReplaceFileDurably(&fs_, path, "third").ok());
+  ASSERT_TRUE(fs_.SimulatePowerLoss().ok());
+  EXPECT_EQ(Contents("record.json"), "third");
+}
+
 TEST_F(FaultInjectionFsTest, PreexistingFilesAreDurable) {
   testing::WriteAll(dir_.File("old"), "from before");
   ASSERT_TRUE(Make("new", "x", true, false).ok());
