@@ -35,7 +35,8 @@ dpkg-deb -f "$work"/debs/libckpt-dev_*.deb Depends | grep -q libckpt0 ||
 root=$work/root
 for f in usr/bin/ckptd usr/bin/ckpt usr/bin/ckpt-chaos usr/bin/ckpt-certs usr/lib/ckpt/ckpt-demo-trainer \
          usr/lib/systemd/system/ckptd@.service etc/ckpt/ckptd.toml \
-         usr/include/ckpt/ckpt.h; do
+         usr/include/ckpt/ckpt.h usr/share/doc/ckpt/README.md usr/share/doc/ckpt/ARCHITECTURE.md \
+         usr/share/doc/ckpt/docs/security.md; do
   [ -e "$root/$f" ] || fail "$f is not in the packages"
 done
 dpkg-deb --ctrl-tarfile "$work"/debs/ckptd_*.deb | tar -xO ./conffiles |
