@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -39,6 +40,8 @@
 #include "io/thread_pool.h"
 #include "kernels/device.h"
 #include "proto/catalog.pb.h"
+#include "proto/daemon.pb.h"
+#include "snapshot/box.h"
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::client {
@@ -309,6 +312,30 @@ class Checkpointer {
   // ckptd names; `vanished` when they were gone by the time they were read.
   absl::Status RestoreShard(uint64_t step, uint32_t saved_world,
                             const std::string& what, bool* vanished);
+  // RestoreShard's steps (checkpointer_restore.cc). The registered items'
+  // places in the saved shard, each described alike; nullopt when the same
+  // tensors were saved with other boxes (a reshard).
+  absl::StatusOr<std::optional<std::vector<const proto::StagedItem*>>>
+  MatchSaved(const proto::ShardRecord& shard, const std::string& what) const;
+  // The shard's file, opened (its manifest read), or why not.
+  struct ShardFile {
+    std::unique_ptr<snapshot::ShardReader> reader;
+    absl::Status status = absl::NotFoundError("no shard file");
+  };
+  static ShardFile OpenShardFile(const proto::ShardRecord& shard);
+  // From the shard's slot, verified against `reader`'s checksums (null: the
+  // saving client's hashes).
+  absl::Status RestoreFromSlot(
+      const proto::ShardRecord& shard,
+      const std::vector<const proto::StagedItem*>& sources,
+      const snapshot::ShardReader* reader);
+  absl::Status RestoreFromShardFile(const proto::ShardRecord& shard,
+                                    const ShardFile& file,
+                                    const std::string& what, bool* vanished);
+  // This rank's copy is `lost`: from other ranks that saved the same boxes.
+  absl::Status RestoreFromOtherRanks(uint64_t step, uint32_t saved_world,
+                                     const std::string& what,
+                                     const absl::Status& lost);
   // Restores a shard on no tier of this node, as saved (same boxes), by
   // streaming its file from a peer straight into the registered memory
   // (proto PeerShardOffer); FailedPrecondition or NotFound when that does not
@@ -317,6 +344,36 @@ class Checkpointer {
   // Restore onto a layout other than the saved one (`saved_world` ranks).
   absl::Status RestoreResharded(uint64_t step, uint32_t saved_world,
                                 const std::string& what);
+  // RestoreResharded's steps (checkpointer_reshard.cc): every saved rank's
+  // shard described; the pinned halves for device tensors; a byte item from
+  // the saved rank of this number (else another); a tensor's overlapping
+  // saved boxes, each assembled from one of its replicas, on the host or in
+  // slabs through the halves to the device.
+  struct Reshard;
+  struct SavedBox;
+  absl::StatusOr<std::vector<SavedRank>> DescribeSavedRanks(
+      uint64_t step, uint32_t saved_world, const std::string& what);
+  absl::Status PinReshardHalves(Reshard& reshard);
+  absl::Status RestoreBytesResharded(Registered& r, Reshard& reshard);
+  absl::StatusOr<std::vector<SavedBox>> SavedBoxesOf(const Registered& r,
+                                                     Reshard& reshard);
+  // Copies the overlap of saved `box` (`staged` in `from`) with `want`, laid
+  // out in `dst`; returns the elements copied.
+  absl::StatusOr<int64_t> CopyOverlap(const Registered& r,
+                                      const snapshot::Box& box, SavedRank& from,
+                                      const proto::StagedItem& staged,
+                                      const snapshot::Box& want,
+                                      absl::Span<uint8_t> dst,
+                                      Reshard& reshard);
+  // Fills `dst`, laid out over `part_box` (the rank's box or a slab of it
+  // starting at element `first`), from every saved box overlapping it.
+  absl::Status AssembleBox(const Registered& r,
+                           const std::vector<SavedBox>& boxes,
+                           const snapshot::Box& part_box, int64_t first,
+                           absl::Span<uint8_t> dst, Reshard& reshard);
+  absl::Status UploadResharded(Registered& r,
+                               const std::vector<SavedBox>& boxes,
+                               Reshard& reshard);
   // Opens a saved rank's bytes: its slot if it verifies (or is not persisted
   // yet), else its shard file.
   absl::Status OpenSavedRank(SavedRank& saved, const std::string& what);
@@ -337,6 +394,35 @@ class Checkpointer {
   // Whether this save's host tensors (`regions`) are captured by a fork;
   // records why not in stats_.fork_refused.
   bool ShouldFork(const std::vector<HostRegion>& regions);
+
+  // SaveAsync's steps (checkpointer_save.cc). The slot layout with the byte
+  // items sized as they are now, and the slot size it needs.
+  struct PendingSave;
+  std::vector<proto::StagedItem> SizedLayout();
+  static uint64_t SlotBytes(const std::vector<proto::StagedItem>& layout);
+  // Asks ckptd for the slot.
+  absl::StatusOr<proto::BeginStageResponse> BeginStage(uint64_t step,
+                                                       uint64_t bytes);
+  // Opens the slot: for a fork, a descriptor to write it; else mapped.
+  absl::Status OpenSlot(PendingSave& save,
+                        const proto::BeginStageResponse& slot);
+  // Copies the byte items into the slot now (the caller may change them as
+  // soon as SaveAsync returns).
+  absl::Status CaptureByteItems(PendingSave& save);
+  // Copies the tensors into the slot at `base`: on host threads, or queued
+  // on the device's stream.
+  absl::Status CopyTensors(const std::vector<proto::StagedItem>& layout,
+                           uint8_t* base);
+  // A device with streams: queues the tensors' copies and chunk hashes, and
+  // the event the compute stream and the handle wait for.
+  absl::Status QueueDeviceCopies(PendingSave& save);
+  // On the copier thread: the copy (a fork, host threads, or waiting for the
+  // device), the slot's hashes, the stats, then the hand-over queued.
+  void FinishCopy(const std::shared_ptr<PendingSave>& save);
+  absl::Status CopyByFork(PendingSave& save, bool* forked);
+  absl::Status CopyInProcess(PendingSave& save);
+  void CountSave(const PendingSave& save, const absl::Status& status,
+                 bool forked);
 
   const CheckpointerOptions options_;
   HostSnapshot host_snapshot_;  // the option, or CKPT_HOST_SNAPSHOT

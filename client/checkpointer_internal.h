@@ -12,14 +12,18 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/checkpointer.h"
 #include "client/daemon_admin.h"
+#include "client/device_upload.h"
+#include "client/fork_snapshot.h"
 #include "io/file_system.h"
 #include "kernels/device.h"
 #include "proto/daemon.grpc.pb.h"
+#include "snapshot/box.h"
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::client {
@@ -62,6 +66,31 @@ class CheckpointerRpc {
   const std::string socket_path_;
 };
 
+// One save on its way into its slot, from SaveAsync to its hand-over
+// (checkpointer_save.cc): where the bytes go and what the copier thread
+// needs to finish the copy.
+struct Checkpointer::PendingSave {
+  uint64_t step = 0;
+  std::vector<proto::StagedItem> layout;  // as SlotLayout placed the items
+  std::string slot_path;
+  // A fork writes the slot through `fd` (the tensors are `regions`); else
+  // the slot is mapped at `base`.
+  bool fork = false;
+  io::UniqueFd fd;
+  std::vector<HostRegion> regions;
+  std::shared_ptr<MappedSlot> slot;
+  uint8_t* base = nullptr;
+  // The chunk size the slot is hashed in (StagedItem.chunk_xxh3); 0: not.
+  uint32_t chunk_size = 0;
+  // A device with streams: the event after its copies (null: none queued),
+  // and where each item's chunk hashes are in `device_hashes` (-1: not
+  // hashed on the device).
+  std::shared_ptr<kernels::Event> copied;
+  std::vector<int64_t> device_at;
+  const uint64_t* device_hashes = nullptr;
+  std::shared_ptr<SaveHandle> handle;
+};
+
 // One saved rank's shard of the step being restored onto another layout: its
 // description always, its bytes (a verified slot, else the file) once a
 // registered item overlaps it.
@@ -78,6 +107,29 @@ struct Checkpointer::SavedRank {
     }
     return nullptr;
   }
+};
+
+// One restore onto a layout other than the saved one
+// (checkpointer_reshard.cc): the saved ranks, and the pinned halves device
+// tensors are assembled in.
+struct Checkpointer::Reshard {
+  std::string what;              // "restoring job J step S rank R", for errors
+  std::vector<SavedRank> saved;  // by saved rank
+  std::vector<uint8_t> scratch;  // a saved item's bytes read from its file
+  std::unique_ptr<PinnedHalves> staging;  // device tensors only
+  uint64_t half_bound = 0;                // the most of a half a slab fills
+  size_t sent = 0;                        // halves sent to the device so far
+};
+
+// A saved box that overlaps a tensor being resharded, and the saved ranks
+// that hold it (replicas of each other), in the order they are tried.
+struct Checkpointer::SavedBox {
+  struct Replica {
+    SavedRank* rank;
+    const proto::StagedItem* staged;
+  };
+  snapshot::Box box;
+  std::vector<Replica> replicas;
 };
 
 // A shard whose bytes are whole somewhere: staged (its slot), persisted (its

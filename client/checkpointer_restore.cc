@@ -115,6 +115,23 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   return restored;
 }
 
+namespace {
+
+bool SameTensor(const proto::Item& a, const proto::Item& b) {
+  return a.dtype() == b.dtype() &&
+         std::equal(a.global_shape().begin(), a.global_shape().end(),
+                    b.global_shape().begin(), b.global_shape().end());
+}
+
+bool SameBox(const proto::Item& a, const proto::Item& b) {
+  return std::equal(a.box_offset().begin(), a.box_offset().end(),
+                    b.box_offset().begin(), b.box_offset().end()) &&
+         std::equal(a.box_length().begin(), a.box_length().end(),
+                    b.box_length().begin(), b.box_length().end());
+}
+
+}  // namespace
+
 absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
                                         const std::string& what,
                                         bool* vanished) {
@@ -125,160 +142,158 @@ absl::Status Checkpointer::RestoreShard(uint64_t step, uint32_t saved_world,
         absl::StrCat(what, ": the shard is not staged (state ",
                      proto::ShardState_Name(shard.state()), ")"));
   }
-  // Every registered item must be in the shard with the same description.
-  std::vector<const proto::StagedItem*> sources;
+  ASSIGN_OR_RETURN(std::optional<std::vector<const proto::StagedItem*>> sources,
+                   MatchSaved(shard, what));
+  // Same world, other boxes: the tensors are resharded.
+  if (!sources.has_value()) return RestoreResharded(step, saved_world, what);
+  // The persisted manifest, when there is one, carries the checksum of every
+  // raw chunk: the memory-tier copy is checked against it before it is used.
+  ShardFile file = OpenShardFile(shard);
+  if (!shard.slot_path().empty()) {
+    absl::Status from_slot =
+        RestoreFromSlot(shard, *sources, file.reader.get());
+    if (from_slot.ok()) return from_slot;
+    if (file.reader == nullptr) {
+      *vanished = absl::IsNotFound(from_slot) && absl::IsNotFound(file.status);
+      return absl::Status(
+          from_slot.code(),
+          absl::StrCat(what, ": memory tier: ", from_slot.message()));
+    }
+    CKPT_LOG_WARN("{}: memory tier unusable ({}); reading the shard file", what,
+                  from_slot.ToString());
+    if (absl::IsDataLoss(from_slot)) ++report_.mismatches;
+    ++report_.fallbacks;
+  }
+  absl::Status from_file = RestoreFromShardFile(shard, file, what, vanished);
+  if (from_file.ok() || options_.world_size == 1 ||
+      (!absl::IsDataLoss(from_file) && !absl::IsNotFound(from_file))) {
+    return from_file;
+  }
+  return RestoreFromOtherRanks(step, saved_world, what, from_file);
+}
+
+absl::StatusOr<std::optional<std::vector<const proto::StagedItem*>>>
+Checkpointer::MatchSaved(const proto::ShardRecord& shard,
+                         const std::string& what) const {
   std::unordered_map<std::string, const proto::StagedItem*> by_name;
   by_name.reserve(static_cast<size_t>(shard.items_size()));
   for (const proto::StagedItem& s : shard.items())
     by_name[s.item().name()] = &s;
+  std::vector<const proto::StagedItem*> sources;
   for (const Registered& r : items_) {
     auto named = by_name.find(r.item.name());
-    const proto::StagedItem* found =
-        named == by_name.end() ? nullptr : named->second;
-    if (found == nullptr) {
+    if (named == by_name.end()) {
       return absl::NotFoundError(
           absl::StrCat(what, ": \"", r.item.name(), "\" was not saved"));
     }
-    if (r.is_tensor() && found->item().dtype() == r.item.dtype() &&
-        std::equal(found->item().global_shape().begin(),
-                   found->item().global_shape().end(),
-                   r.item.global_shape().begin(),
-                   r.item.global_shape().end()) &&
-        (!std::equal(found->item().box_offset().begin(),
-                     found->item().box_offset().end(),
-                     r.item.box_offset().begin(), r.item.box_offset().end()) ||
-         !std::equal(found->item().box_length().begin(),
-                     found->item().box_length().end(),
-                     r.item.box_length().begin(), r.item.box_length().end()))) {
-      // Same world, other boxes: the tensors are resharded.
-      return RestoreResharded(step, saved_world, what);
+    const proto::Item& saved = named->second->item();
+    if (r.is_tensor() && SameTensor(saved, r.item) && !SameBox(saved, r.item)) {
+      return std::nullopt;
     }
     if (r.is_tensor() &&
-        (found->item().dtype() != r.item.dtype() ||
-         !std::equal(found->item().global_shape().begin(),
-                     found->item().global_shape().end(),
-                     r.item.global_shape().begin(),
-                     r.item.global_shape().end()) ||
-         !std::equal(found->item().box_offset().begin(),
-                     found->item().box_offset().end(),
-                     r.item.box_offset().begin(), r.item.box_offset().end()) ||
-         !std::equal(found->item().box_length().begin(),
-                     found->item().box_length().end(),
-                     r.item.box_length().begin(), r.item.box_length().end()))) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": tensor \"", r.item.name(), "\" was saved as ",
-                       snapshot::DTypeName(found->item().dtype()),
-                       " with another shape or box"));
+        !(SameTensor(saved, r.item) && SameBox(saved, r.item))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": tensor \"", r.item.name(), "\" was saved as ",
+          snapshot::DTypeName(saved.dtype()), " with another shape or box"));
     }
-    sources.push_back(found);
+    sources.push_back(named->second);
   }
-  // The persisted manifest, when there is one, carries the checksum of every
-  // raw chunk: the memory-tier copy is checked against it before it is used.
-  std::unique_ptr<snapshot::ShardReader> reader;
-  absl::Status reader_status = absl::NotFoundError("no shard file");
-  if (!shard.shard_path().empty()) {
-    absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> opened =
-        snapshot::ShardReader::Open(io::DefaultFileSystem(),
-                                    shard.shard_path());
-    reader_status = opened.status();
-    if (opened.ok()) reader = *std::move(opened);
+  return sources;
+}
+
+Checkpointer::ShardFile Checkpointer::OpenShardFile(
+    const proto::ShardRecord& shard) {
+  ShardFile file;
+  if (shard.shard_path().empty()) return file;
+  absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> opened =
+      snapshot::ShardReader::Open(io::DefaultFileSystem(), shard.shard_path());
+  file.status = opened.status();
+  if (opened.ok()) file.reader = *std::move(opened);
+  return file;
+}
+
+absl::Status Checkpointer::RestoreFromSlot(
+    const proto::ShardRecord& shard,
+    const std::vector<const proto::StagedItem*>& sources,
+    const snapshot::ShardReader* reader) {
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::MappedFile> slot,
+      io::DefaultFileSystem()->MapFile(shard.slot_path(), {.writable = false}));
+  if (slot->size() < shard.slot_bytes()) {
+    return absl::DataLossError(
+        absl::StrCat("staging slot ", shard.slot_path(), " has ", slot->size(),
+                     " bytes, expected ", shard.slot_bytes()));
   }
-  if (!shard.slot_path().empty()) {
-    absl::StatusOr<std::unique_ptr<io::MappedFile>> slot =
-        io::DefaultFileSystem()->MapFile(shard.slot_path(),
-                                         {.writable = false});
-    absl::Status usable = slot.status();
-    if (usable.ok() && (*slot)->size() < shard.slot_bytes()) {
-      usable = absl::DataLossError(absl::StrCat(
-          "staging slot ", shard.slot_path(), " has ", (*slot)->size(),
-          " bytes, expected ", shard.slot_bytes()));
+  // Each chunk is copied and then checked where it landed, while it is still
+  // in the cache, on several threads: in host memory, or for device tensors
+  // in a pinned buffer they then leave for the device from. What the trainer
+  // got is what is verified (the slot is the daemon's, and a retention may
+  // hand it to another save meanwhile).
+  RETURN_IF_ERROR(CopyAndVerify(slot->data(), sources, reader));
+  for (const proto::StagedItem* s : sources)
+    report_.memory_bytes += s->item().raw_size();
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::RestoreFromShardFile(const proto::ShardRecord& shard,
+                                                const ShardFile& file,
+                                                const std::string& what,
+                                                bool* vanished) {
+  if (file.reader == nullptr) {
+    *vanished = absl::IsNotFound(file.status);
+    if (shard.shard_path().empty()) {
+      return absl::NotFoundError(
+          absl::StrCat(what, ": neither a slot nor a shard file is left"));
     }
-    if (usable.ok()) {
-      // Each chunk is copied and then checked where it landed, while it is
-      // still in the cache, on several threads: in host memory, or for
-      // device tensors in a pinned buffer they then leave for the device
-      // from. What the trainer got is what is verified (the slot is the
-      // daemon's, and a retention may hand it to another save meanwhile).
-      usable = CopyAndVerify((*slot)->data(), sources, reader.get());
-      if (usable.ok()) {
-        for (const proto::StagedItem* s : sources)
-          report_.memory_bytes += s->item().raw_size();
-        return absl::OkStatus();
-      }
-    }
-    if (reader == nullptr) {
-      *vanished = absl::IsNotFound(usable) && absl::IsNotFound(reader_status);
-      return absl::Status(
-          usable.code(),
-          absl::StrCat(what, ": memory tier: ", usable.message()));
-    }
-    CKPT_LOG_WARN("{}: memory tier unusable ({}); reading the shard file", what,
-                  usable.ToString());
-    if (usable.code() == absl::StatusCode::kDataLoss) ++report_.mismatches;
-    ++report_.fallbacks;
+    return file.status;
   }
-  auto read_file = [&]() -> absl::Status {
-    if (reader == nullptr) {
-      *vanished = absl::IsNotFound(reader_status);
-      if (shard.shard_path().empty()) {
-        return absl::NotFoundError(
-            absl::StrCat(what, ": neither a slot nor a shard file is left"));
-      }
-      return reader_status;
+  snapshot::ShardReader& reader = *file.reader;
+  // Host memory (tensors and byte items) is read in one pass, so the disk
+  // stays busy across small items; tensors in device memory through a pinned
+  // buffer, read and copied to the device at once.
+  std::vector<snapshot::ShardReader::ItemRead> direct;
+  std::vector<std::pair<Registered*, std::string>> values;
+  values.reserve(items_.size());
+  std::vector<UploadTensor> uploads;
+  for (Registered& r : items_) {
+    ASSIGN_OR_RETURN(const proto::Item* item, reader.FindItem(r.item.name()));
+    report_.disk_bytes += item->raw_size();
+    if (r.is_tensor() && device_->host_resident()) {
+      direct.push_back(
+          {r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
+                                              r.item.raw_size())});
+    } else if (r.is_tensor()) {
+      uploads.push_back({r.item.name(), r.tensor, r.item.raw_size()});
+    } else {
+      std::string& value =
+          values.emplace_back(&r, std::string(item->raw_size(), '\0')).second;
+      direct.push_back(
+          {r.item.name(),
+           absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
+                               value.size())});
     }
-    // Host memory (tensors and byte items) is read in one pass, so the disk
-    // stays busy across small items; tensors in device memory through a
-    // pinned buffer, read and copied to the device at once.
-    std::vector<snapshot::ShardReader::ItemRead> direct;
-    std::vector<std::pair<Registered*, std::string>> values;
-    values.reserve(items_.size());
-    std::vector<Registered*> on_device;
-    for (Registered& r : items_) {
-      ASSIGN_OR_RETURN(const proto::Item* item,
-                       reader->FindItem(r.item.name()));
-      report_.disk_bytes += item->raw_size();
-      if (r.is_tensor() && device_->host_resident()) {
-        direct.push_back(
-            {r.item.name(), absl::Span<uint8_t>(static_cast<uint8_t*>(r.tensor),
-                                                r.item.raw_size())});
-      } else if (r.is_tensor()) {
-        on_device.push_back(&r);
-      } else {
-        std::string& value =
-            values.emplace_back(&r, std::string(item->raw_size(), '\0')).second;
-        direct.push_back(
-            {r.item.name(),
-             absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(value.data()),
-                                 value.size())});
-      }
-    }
-    RETURN_IF_ERROR(reader->ReadItems(direct));
-    for (auto& [r, value] : values) *r->bytes = std::move(value);
-    std::vector<UploadTensor> uploads;
-    for (Registered* r : on_device) {
-      uploads.push_back({r->item.name(), r->tensor, r->item.raw_size()});
-    }
-    return UploadFromShard(device_.get(), *reader, uploads,
-                           options_.restore_buffer_bytes);
-  };
-  absl::Status from_file = read_file();
-  if (from_file.ok() || options_.world_size == 1 ||
-      (from_file.code() != absl::StatusCode::kDataLoss &&
-       from_file.code() != absl::StatusCode::kNotFound)) {
-    return from_file;
   }
+  RETURN_IF_ERROR(reader.ReadItems(direct));
+  for (auto& [r, value] : values) *r->bytes = std::move(value);
+  return UploadFromShard(device_.get(), reader, uploads,
+                         options_.restore_buffer_bytes);
+}
+
+absl::Status Checkpointer::RestoreFromOtherRanks(uint64_t step,
+                                                 uint32_t saved_world,
+                                                 const std::string& what,
+                                                 const absl::Status& lost) {
   // This rank's copy is lost; other ranks may have saved the same boxes
   // (replicated, data-parallel state).
   absl::Status from_replicas = RestoreResharded(step, saved_world, what);
   if (from_replicas.ok()) {
-    CKPT_LOG_WARN("{} (restored from other ranks' replicas)",
-                  from_file.ToString());
+    CKPT_LOG_WARN("{} (restored from other ranks' replicas)", lost.ToString());
     ++report_.fallbacks;
     return from_replicas;
   }
   return absl::Status(
-      from_file.code(),
-      absl::StrCat(from_file.message(), "; no other rank saved a replica: ",
+      lost.code(),
+      absl::StrCat(lost.message(), "; no other rank saved a replica: ",
                    from_replicas.message()));
 }
 

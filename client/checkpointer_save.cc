@@ -1,10 +1,8 @@
 // The save path of Checkpointer: the slot layout, the copy into the staging
 // slot (by the copier thread, a fork, or the device's stream) and the
 // hand-over to ckptd, in save order. See client/checkpointer.h.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstring>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
@@ -201,23 +199,72 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     uint64_t step) {
   if (copier_.joinable())
     copier_.join();  // one copy at a time: slots are filled in order
-  // The slot layout (see ItemAlignment); byte items are sized now.
+  auto save = std::make_shared<PendingSave>();
+  save->step = step;
+  save->layout = SizedLayout();
+  ASSIGN_OR_RETURN(const proto::BeginStageResponse slot,
+                   BeginStage(step, SlotBytes(save->layout)));
+  CKPT_KILL_POINT("client.after_begin_stage");
+  save->slot_path = slot.slot_path();
+  if (absl::Status s = OpenSlot(*save, slot); !s.ok()) return Abandon(step, s);
+  if (absl::Status s = CaptureByteItems(*save); !s.ok()) {
+    return Abandon(step, s);
+  }
+  // A device with streams gets its copies queued here, before SaveAsync
+  // returns, so that the trainer's next kernels can be ordered after them;
+  // the copier thread only waits. The CPU device copies on the copier thread.
+  if (device_->queues_copies()) {
+    if (absl::Status s = QueueDeviceCopies(*save); !s.ok()) {
+      // Copies already queued may still be writing into the slot: let them
+      // finish before the daemon gets it back.
+      (void)device_->Synchronize();
+      return Abandon(step, s);
+    }
+  }
+  save->handle = std::shared_ptr<SaveHandle>(
+      new SaveHandle(rpc_, failures_, options_.job, step));
+  if (save->copied != nullptr) {
+    save->handle->device_ = device_.get();
+    save->handle->copied_event_ = save->copied;
+  }
+  std::shared_ptr<SaveHandle> handle = save->handle;
+  try {
+    copier_ = std::thread([this, save] { FinishCopy(save); });
+  } catch (const std::system_error& e) {
+    // No thread to be had (a thread limit under load): the copy runs here.
+    CKPT_LOG_WARN("saving step {}: copying on the calling thread: {}", step,
+                  e.what());
+    FinishCopy(save);
+  }
+  return handle;
+}
+
+std::vector<proto::StagedItem> Checkpointer::SizedLayout() {
+  // Byte items are sized now (see ItemAlignment).
   for (Registered& r : items_) {
     if (r.bytes != nullptr) r.item.set_raw_size(r.bytes->size());
   }
-  std::vector<proto::StagedItem> layout = SlotLayout();
-  uint64_t offset = 0;
+  return SlotLayout();
+}
+
+uint64_t Checkpointer::SlotBytes(const std::vector<proto::StagedItem>& layout) {
+  uint64_t end = 0;
   for (const proto::StagedItem& staged : layout) {
-    offset = std::max(
-        offset, io::AlignUp(staged.slot_offset() + staged.item().raw_size(),
-                            kItemAlignment));
+    end = std::max(end,
+                   io::AlignUp(staged.slot_offset() + staged.item().raw_size(),
+                               kItemAlignment));
   }
+  return end;
+}
+
+absl::StatusOr<proto::BeginStageResponse> Checkpointer::BeginStage(
+    uint64_t step, uint64_t bytes) {
   proto::BeginStageRequest req;
   req.mutable_shard()->set_job(options_.job);
   req.mutable_shard()->set_step(step);
   req.mutable_shard()->set_rank(options_.rank);
   req.set_world_size(options_.world_size);
-  req.set_bytes(offset);
+  req.set_bytes(bytes);
   proto::BeginStageResponse resp;
   absl::Status s = rpc_->Call(&proto::CkptDaemon::Stub::BeginStage, req, &resp,
                               absl::StrCat("saving step ", step));
@@ -225,177 +272,168 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
     failures_->Record(s);
     return s;
   }
-  CKPT_KILL_POINT("client.after_begin_stage");
-  std::vector<HostRegion> regions;
+  return resp;
+}
+
+absl::Status Checkpointer::OpenSlot(PendingSave& save,
+                                    const proto::BeginStageResponse& slot) {
   for (size_t i = 0; i < items_.size(); ++i) {
     if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
-    regions.push_back(
-        {items_[i].tensor, items_[i].item.raw_size(), layout[i].slot_offset()});
+    save.regions.push_back({items_[i].tensor, items_[i].item.raw_size(),
+                            save.layout[i].slot_offset()});
   }
   // A fork writes the slot file through a descriptor: the slot is not mapped
   // here (mapping a fresh 1 GiB slot costs 0.1-0.3 s of page-table work).
-  const bool fork = ShouldFork(regions);
-  int fd = -1;
-  std::shared_ptr<MappedSlot> slot;
-  uint8_t* base = nullptr;
-  if (fork) {
-    fd = ::open(resp.slot_path().c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return Abandon(step, io::ErrnoToStatus(errno, resp.slot_path()));
-    }
+  save.fork = ShouldFork(save.regions);
+  if (save.fork) {
+    ASSIGN_OR_RETURN(save.fd, io::DefaultFileSystem()->OpenForWritingInPlace(
+                                  slot.slot_path()));
   } else {
-    absl::StatusOr<std::shared_ptr<MappedSlot>> mapped =
-        MapSlot(resp.slot_path(), resp.slot_bytes());
-    if (!mapped.ok()) return Abandon(step, mapped.status());
-    slot = *std::move(mapped);
-    base = slot->file->data();
+    ASSIGN_OR_RETURN(save.slot, MapSlot(slot.slot_path(), slot.slot_bytes()));
+    save.base = save.slot->file->data();
   }
   // The chunk size of ckptd's shards: what the slot is hashed in runs of.
-  const uint32_t chunk_size =
-      options_.hash_staged_chunks && !fork ? resp.chunk_size() : 0;
+  save.chunk_size =
+      options_.hash_staged_chunks && !save.fork ? slot.chunk_size() : 0;
+  save.device_at.assign(save.layout.size(), -1);
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointer::CaptureByteItems(PendingSave& save) {
   // Byte items are captured now: the caller may change them as soon as
   // SaveAsync returns.
   std::vector<HostRegion> byte_items;
   for (size_t i = 0; i < items_.size(); ++i) {
     if (items_[i].bytes == nullptr) continue;
-    if (fork) {
-      byte_items.push_back({items_[i].bytes->data(), items_[i].bytes->size(),
-                            layout[i].slot_offset()});
+    const uint64_t at = save.layout[i].slot_offset();
+    if (save.fork) {
+      byte_items.push_back(
+          {items_[i].bytes->data(), items_[i].bytes->size(), at});
     } else {
-      std::memcpy(base + layout[i].slot_offset(), items_[i].bytes->data(),
+      std::memcpy(save.base + at, items_[i].bytes->data(),
                   items_[i].bytes->size());
     }
   }
-  if (fork) {
-    if (const int err = WriteRegions(fd, byte_items); err != 0) {
-      ::close(fd);
-      return Abandon(step, io::ErrnoToStatus(err, resp.slot_path()));
+  if (!save.fork) return absl::OkStatus();
+  const int err = WriteRegions(save.fd.get(), byte_items);
+  return err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, save.slot_path);
+}
+
+absl::Status Checkpointer::CopyTensors(
+    const std::vector<proto::StagedItem>& layout, uint8_t* base) {
+  if (device_->host_resident() && !device_->queues_copies()) {
+    // Host tensors: plain memory copies, spread over several threads.
+    std::vector<CopyRegion> copies;
+    size_t total = 0;
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
+      copies.push_back({items_[i].tensor, base + layout[i].slot_offset(),
+                        items_[i].item.raw_size()});
+      total += items_[i].item.raw_size();
+    }
+    ParallelHostCopy(copies, CopyThreadsFor(total));
+    for (size_t i = 0; i < copies.size(); ++i) {
+      CKPT_KILL_POINT("client.item_copied");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status queued =
+      stager_->QueueCopies(StagedTensors(layout, nullptr), base);
+  const DeviceStager::Stats& stats = stager_->stats();
+  absl::MutexLock lock(&mu_);
+  stats_.tensors_gathered = stats.tensors_gathered;
+  stats_.gather_launches = stats.gather_launches;
+  stats_.gather_refused = stats.gather_refused;
+  return queued;
+}
+
+absl::Status Checkpointer::QueueDeviceCopies(PendingSave& save) {
+  RETURN_IF_ERROR(device_->WaitForStream(options_.compute_stream));
+  RETURN_IF_ERROR(CopyTensors(save.layout, save.base));
+  // The tensors' chunk hashes, taken on the device behind their copies (of
+  // the bytes copied), so the host hashes only the byte items.
+  if (save.chunk_size > 0) {
+    absl::Status hashed =
+        QueueDeviceHashes(save.layout, save.chunk_size, &save.device_at);
+    if (hashed.ok()) {
+      save.device_hashes = stager_->hashes();
+    } else {
+      CKPT_LOG_WARN("saving step {}: the host hashes the slot instead: {}",
+                    save.step, hashed.ToString());
+      std::fill(save.device_at.begin(), save.device_at.end(), -1);
     }
   }
-  auto copy_tensors = [this,
-                       base](const std::vector<proto::StagedItem>& layout) {
-    if (device_->host_resident() && !device_->queues_copies()) {
-      // Host tensors: plain memory copies, spread over several threads.
-      std::vector<CopyRegion> copies;
-      size_t total = 0;
-      for (size_t i = 0; i < items_.size(); ++i) {
-        if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
-        copies.push_back({items_[i].tensor, base + layout[i].slot_offset(),
-                          items_[i].item.raw_size()});
-        total += items_[i].item.raw_size();
-      }
-      ParallelHostCopy(copies, CopyThreadsFor(total));
-      for (size_t i = 0; i < copies.size(); ++i) {
-        CKPT_KILL_POINT("client.item_copied");
-      }
-      return absl::OkStatus();
-    }
-    absl::Status queued =
-        stager_->QueueCopies(StagedTensors(layout, nullptr), base);
-    const DeviceStager::Stats& stats = stager_->stats();
-    absl::MutexLock lock(&mu_);
-    stats_.tensors_gathered = stats.tensors_gathered;
-    stats_.gather_launches = stats.gather_launches;
-    stats_.gather_refused = stats.gather_refused;
-    return queued;
-  };
-  // A device with streams gets its copies queued here, before SaveAsync
-  // returns, so that the trainer's next kernels can be ordered after them; the
-  // copier thread only waits. The CPU device copies on the copier thread.
-  std::shared_ptr<kernels::Event> copied;
-  std::vector<int64_t> device_at(layout.size(), -1);
-  if (device_->queues_copies()) {
-    absl::Status queued = device_->WaitForStream(options_.compute_stream);
-    if (queued.ok()) queued = copy_tensors(layout);
-    // The tensors' chunk hashes, taken on the device behind their copies (of
-    // the bytes copied), so the host hashes only the byte items.
-    if (queued.ok() && chunk_size > 0) {
-      absl::Status hashed = QueueDeviceHashes(layout, chunk_size, &device_at);
-      if (!hashed.ok()) {
-        CKPT_LOG_WARN("saving step {}: the host hashes the slot instead: {}",
-                      step, hashed.ToString());
-        std::fill(device_at.begin(), device_at.end(), -1);
-      }
-    }
-    absl::StatusOr<std::unique_ptr<kernels::Event>> event =
-        queued.ok() ? device_->RecordEvent()
-                    : absl::StatusOr<std::unique_ptr<kernels::Event>>(queued);
-    if (event.ok() && options_.order_compute_stream) {
-      queued = device_->StreamWaitEvent(options_.compute_stream, **event);
-    }
-    if (!event.ok()) queued = event.status();
-    if (!queued.ok()) {
-      // Copies already queued may still be writing into the slot: let them
-      // finish before the daemon gets it back.
-      (void)device_->Synchronize();
-      return Abandon(step, queued);
-    }
-    copied = *std::move(event);
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Event> event,
+                   device_->RecordEvent());
+  if (options_.order_compute_stream) {
+    RETURN_IF_ERROR(device_->StreamWaitEvent(options_.compute_stream, *event));
   }
-  auto handle = std::shared_ptr<SaveHandle>(
-      new SaveHandle(rpc_, failures_, options_.job, step));
-  if (copied != nullptr) {
-    handle->device_ = device_.get();
-    handle->copied_event_ = copied;
+  save.copied = std::move(event);
+  return absl::OkStatus();
+}
+
+void Checkpointer::FinishCopy(const std::shared_ptr<PendingSave>& save) {
+  bool forked = false;
+  absl::Status status =
+      save->fork ? CopyByFork(*save, &forked) : CopyInProcess(*save);
+  CountSave(*save, status, forked);
+  // The hand-over runs on its own thread, in save order, so the next
+  // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
+  handover_->Schedule([this, save, status = std::move(status)]() mutable {
+    HandOver(save->handle, save->step, save->layout, std::move(status));
+  });
+}
+
+absl::Status Checkpointer::CopyByFork(PendingSave& save, bool* forked) {
+  // The fork runs on the copier thread: the child dies with the thread that
+  // forked it, and this one lives until the child is done.
+  absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
+      ForkedCopy::Start(save.fd.get(), save.regions);
+  absl::Status status;
+  if (child.ok()) {
+    *forked = true;
+    save.handle->Copied(absl::OkStatus());  // captured: training may go on
+    CKPT_KILL_POINT("client.forked");
+    status = (*child)->Wait();
+    if (status.ok()) CKPT_KILL_POINT("client.item_copied");
+  } else {
+    // No fork (out of memory, say): the same bytes, written here.
+    CKPT_LOG_WARN("saving step {}: writing instead of forking: {}", save.step,
+                  child.status().ToString());
+    const int err = WriteRegions(save.fd.get(), save.regions);
+    status =
+        err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, save.slot_path);
+    save.handle->Copied(status);
   }
-  copier_ = std::thread(
-      [this, handle, step, layout = std::move(layout), slot, copied,
-       copy_tensors, fork, fd, regions = std::move(regions), chunk_size, base,
-       slot_path = resp.slot_path(), device_at = std::move(device_at),
-       device_hashes =
-           stager_ != nullptr ? stager_->hashes() : nullptr]() mutable {
-        absl::Status status;
-        bool forked = false;
-        if (fork) {
-          // The fork runs here: the child dies with the thread that forked it,
-          // and this one lives until the child is done.
-          absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
-              ForkedCopy::Start(fd, regions);
-          if (child.ok()) {
-            forked = true;
-            handle->Copied(absl::OkStatus());  // captured: training may go on
-            CKPT_KILL_POINT("client.forked");
-            status = (*child)->Wait();
-            if (status.ok()) CKPT_KILL_POINT("client.item_copied");
-          } else {
-            // No fork (out of memory, say): the same bytes, written here.
-            CKPT_LOG_WARN("saving step {}: writing instead of forking: {}",
-                          step, child.status().ToString());
-            const int err = WriteRegions(fd, regions);
-            status =
-                err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, slot_path);
-            handle->Copied(status);
-          }
-          ::close(fd);
-        } else {
-          status = copied != nullptr ? copied->Wait() : copy_tensors(layout);
-          handle->Copied(status);
-          // The trainer goes on; the slot's chunks are hashed meanwhile, so
-          // that ckptd's persist of a raw chunk only writes it.
-          if (status.ok() && chunk_size > 0) {
-            HashStagedChunks(base, chunk_size, &layout, device_at,
-                             device_hashes);
-          }
-        }
-        {
-          absl::MutexLock lock(&mu_);
-          if (copied == nullptr && !regions.empty()) {
-            ++(forked ? stats_.saves_forked : stats_.saves_copied);
-          }
-          for (size_t i = 0; status.ok() && i < device_at.size(); ++i) {
-            if (device_at[i] >= 0) {
-              stats_.chunks_hashed_on_device += layout[i].chunk_xxh3_size();
-            }
-          }
-        }
-        // The hand-over runs on its own thread, in save order, so the next
-        // SaveAsync waits only for this copy, not for the daemon's bookkeeping.
-        handover_->Schedule(
-            [this, handle, step, layout = std::move(layout), status]() mutable {
-              HandOver(handle, step, layout, std::move(status));
-            });
-      });
-  return handle;
+  save.fd.Reset();
+  return status;
+}
+
+absl::Status Checkpointer::CopyInProcess(PendingSave& save) {
+  absl::Status status = save.copied != nullptr
+                            ? save.copied->Wait()
+                            : CopyTensors(save.layout, save.base);
+  save.handle->Copied(status);
+  // The trainer goes on; the slot's chunks are hashed meanwhile, so that
+  // ckptd's persist of a raw chunk only writes it.
+  if (status.ok() && save.chunk_size > 0) {
+    HashStagedChunks(save.base, save.chunk_size, &save.layout, save.device_at,
+                     save.device_hashes);
+  }
+  return status;
+}
+
+void Checkpointer::CountSave(const PendingSave& save,
+                             const absl::Status& status, bool forked) {
+  absl::MutexLock lock(&mu_);
+  if (save.copied == nullptr && !save.regions.empty()) {
+    ++(forked ? stats_.saves_forked : stats_.saves_copied);
+  }
+  for (size_t i = 0; status.ok() && i < save.device_at.size(); ++i) {
+    if (save.device_at[i] >= 0) {
+      stats_.chunks_hashed_on_device += save.layout[i].chunk_xxh3_size();
+    }
+  }
 }
 
 void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,

@@ -1,7 +1,6 @@
 #include "client/parallel_copy.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -35,21 +34,9 @@ void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads) {
                         std::min(kPiece, r.bytes - off)});
     }
   }
-  ParallelFor(pieces.size(), threads, [&pieces](size_t i) {
+  io::ParallelFor(pieces.size(), threads, [&pieces](size_t i) {
     std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
   });
-}
-
-void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&fn, &next, n] {
-    for (size_t i = next++; i < n; i = next++) fn(i);
-  };
-  threads = std::clamp<int>(threads, 1, std::max<size_t>(1, n));
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
 }
 
 }  // namespace ckpt::client

@@ -9,6 +9,8 @@
 #include <functional>
 #include <vector>
 
+#include "io/parallel.h"
+
 namespace ckpt::client {
 
 struct CopyRegion {
@@ -27,8 +29,8 @@ int CopyThreadsFor(size_t total_bytes);
 void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads);
 
 // Runs fn(0) ... fn(n - 1) on `threads` threads, the calling thread among
-// them, each taking the next index in turn.
-void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn);
+// them (io/parallel.h: fewer when the system refuses a thread).
+using io::ParallelFor;
 
 }  // namespace ckpt::client
 

@@ -483,6 +483,15 @@ absl::StatusOr<std::unique_ptr<MappedFile>> FaultInjectionFs::MapFile(
   return base_->MapFile(path, options);
 }
 
+absl::StatusOr<UniqueFd> FaultInjectionFs::OpenForWritingInPlace(
+    const std::string& path) {
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(BeginMutation(absl::StrCat("open for writing ", path)));
+  }
+  return base_->OpenForWritingInPlace(path);
+}
+
 std::string FaultInjectionFs::TornContents(const Inode& node) {
   std::string contents = node.durable;
   if (!torn_ || node.unsynced.empty()) return contents;

@@ -115,6 +115,10 @@ class FaultInjectionFs final : public FileSystem {
   // model.
   absl::StatusOr<std::unique_ptr<MappedFile>> MapFile(
       const std::string& path, const MapOptions& options) override;
+  // Refused while the power is out, else passed through: what is written
+  // through the descriptor (staging slots, in tmpfs) is outside the model.
+  absl::StatusOr<UniqueFd> OpenForWritingInPlace(
+      const std::string& path) override;
 
  private:
   class File;

@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "io/aligned_buffer.h"
+#include "io/unique_fd.h"
 #include "io/uring_fault.h"
 
 namespace ckpt::io {
@@ -179,6 +180,12 @@ class FileSystem {
   // symlink there).
   virtual absl::StatusOr<std::unique_ptr<MappedFile>> MapFile(
       const std::string& path, const MapOptions& options) = 0;
+  // Opens the existing file `path` to be written in place (never creating,
+  // truncating or following a symlink there) and hands over the descriptor:
+  // for a writer outside this interface, a forked child copying memory into
+  // a staging slot with pwrite(2).
+  virtual absl::StatusOr<UniqueFd> OpenForWritingInPlace(
+      const std::string& path) = 0;
 };
 
 // Options of the real file system.

@@ -147,6 +147,16 @@ class PosixFileSystem final : public FileSystem {
     return PosixError("stat", path);
   }
 
+  absl::StatusOr<UniqueFd> OpenForWritingInPlace(
+      const std::string& path) override {
+    int fd;
+    do {
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return PosixError("open for writing", path);
+    return UniqueFd(fd);
+  }
+
   absl::StatusOr<std::unique_ptr<MappedFile>> MapFile(
       const std::string& path, const MapOptions& options) override {
     const bool create = options.create_size > 0;

@@ -1,11 +1,26 @@
 #include "io/thread_pool.h"
 
+#include <system_error>
+
+#include "io/logging.h"
+
 namespace ckpt::io {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads < 1) threads = 1;
   threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < threads; ++i) {
+    try {
+      threads_.emplace_back([this] { Loop(); });
+    } catch (const std::system_error& e) {
+      // The system refuses more threads: the pool runs on those it got. With
+      // none, the error is the caller's (nothing to join).
+      if (threads_.empty()) throw;
+      CKPT_LOG_WARN("a pool of {} thread(s) instead of {}: {}", threads_.size(),
+                    threads, e.what());
+      break;
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {

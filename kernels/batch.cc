@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/device.h"
 #include "kernels/xxh3.h"
 
 namespace ckpt::kernels {

@@ -88,6 +88,10 @@ absl::StatusOr<std::unique_ptr<Batch>> NewHostHashes(
 void RunGatherOnHost(const Batch& batch, void* dst);
 void RunHashesOnHost(const Batch& batch, uint64_t* hashes);
 
+// An error unless `batch` is of `kind` (what a device checks before running
+// one).
+absl::Status CheckBatch(const Batch& batch, Batch::Kind kind);
+
 }  // namespace ckpt::kernels
 
 #endif  // CKPT_KERNELS_BATCH_H_

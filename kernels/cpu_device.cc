@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "io/parallel.h"
 #include "kernels/device.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/filter.h"
@@ -30,13 +31,10 @@ void ParallelCopy(void* dst, const void* src, size_t n) {
   const size_t per = (n / parts + 63) / 64 * 64;
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
-  std::vector<std::thread> helpers;
-  for (size_t at = per; at < n; at += per) {
-    helpers.emplace_back(
-        [=] { std::memcpy(d + at, s + at, std::min(per, n - at)); });
-  }
-  std::memcpy(d, s, std::min(per, n));
-  for (std::thread& t : helpers) t.join();
+  io::ParallelFor((n + per - 1) / per, static_cast<int>(parts), [=](size_t i) {
+    const size_t at = i * per;
+    std::memcpy(d + at, s + at, std::min(per, n - at));
+  });
 }
 
 // Copies are done when CopyToHost returns, so an event is always complete.

@@ -119,10 +119,6 @@ std::unique_ptr<Device> NewQueuedCpuDevice();
 // out of memory would (tests of the fallbacks).
 std::unique_ptr<Device> NewQueuedCpuDevice(size_t max_allocation);
 
-// An error unless `batch` is of `kind` (what a device checks before running
-// one).
-absl::Status CheckBatch(const Batch& batch, Batch::Kind kind);
-
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();
 // The CUDA device `ordinal`; an error naming the reason when there is no usable

@@ -6,13 +6,13 @@
 #include <atomic>
 #include <cstring>
 #include <set>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "io/parallel.h"
 #include "io/status_macros.h"
 
 namespace ckpt::snapshot {
@@ -447,12 +447,8 @@ absl::Status ErasureCode::RebuildStreamed(const std::vector<bool>& present,
       }
     }
   };
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < std::min<int64_t>(threads, segments); ++t) {
-    helpers.emplace_back(work);
-  }
-  work();
-  for (std::thread& t : helpers) t.join();
+  io::RunOnThreads(static_cast<int>(std::min<int64_t>(threads, segments)) - 1,
+                   work);
   absl::MutexLock lock(&mu);
   return failed;
 }

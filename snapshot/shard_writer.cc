@@ -12,31 +12,13 @@
 #include "absl/synchronization/mutex.h"
 #include "io/kill_point.h"
 #include "io/status_macros.h"
+#include "snapshot/chunk_pipeline.h"
 #include "snapshot/dtype.h"
 #include "snapshot/manifest_seal.h"
 #include "snapshot/names.h"
 
 namespace ckpt::snapshot {
 namespace {
-
-// One chunk on its way through the pipeline: encoded on a pool thread, written
-// in order.
-struct ChunkTask {
-  ChunkHeader header;
-  absl::Span<const uint8_t> raw;
-  // The base shard's chunk at the same place, if its item matches.
-  const proto::ChunkInfo* base_chunk = nullptr;
-  // The raw bytes' hash, when the caller knew it.
-  std::optional<uint64_t> known_xxh3;
-  // Its raw bytes hash like the base chunk's: recorded, not written.
-  bool unchanged ABSL_GUARDED_BY(mu) = false;
-  // What the governor chose for it, if it was asked.
-  std::optional<CodecChoice> choice ABSL_GUARDED_BY(mu);
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::StatusOr<EncodedChunk> result ABSL_GUARDED_BY(mu) =
-      absl::UnknownError("pending");
-};
 
 int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -217,197 +199,127 @@ uint32_t ShardWriter::BaseIndex(uint32_t in_base) {
 }
 
 absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
-  std::unique_ptr<io::ThreadPool> own_pool;
-  io::ThreadPool* pool = options_.pool;
-  if (pool == nullptr) {
-    own_pool = std::make_unique<io::ThreadPool>(options_.encode_threads);
-    pool = own_pool.get();
+  ChunkPipeline pipeline(PlanChunks(), options_.codec, options_.governor.get(),
+                         options_.pool, options_.encode_threads,
+                         options_.chunk_size);
+  // The data region never exceeds every chunk stored raw; reserving it up
+  // front keeps the O_DIRECT writes from extending the file. The tail write
+  // extends it, then Truncate trims.
+  RETURN_IF_ERROR(file->Allocate(pipeline.SpaceBound()));
+  uint64_t file_pos = 0;
+  while (std::optional<ChunkPipeline::Result> chunk = pipeline.Next()) {
+    RETURN_IF_ERROR(chunk->encoded.status());
+    if (chunk->unchanged) {
+      RecordUnchanged(chunk->header.item_index, *chunk->chunk->base_chunk);
+      pipeline.Handed(*chunk);
+      continue;
+    }
+    RecordStored(chunk->header, chunk->choice, file_pos);
+    // A chunk stored in place is written from the caller's memory, which
+    // stays unchanged until Commit() returns.
+    const uint64_t footprint = chunk->encoded->size();
+    RETURN_IF_ERROR(WriteChunk(file, file_pos, *std::move(chunk->encoded)));
+    file_pos += footprint;
+    pipeline.Handed(*chunk);
+    CKPT_KILL_POINT("shard.chunk_written");
+    if (options_.on_chunk) options_.on_chunk();
+    if (options_.cancel != nullptr &&
+        options_.cancel->load(std::memory_order_relaxed)) {
+      return absl::CancelledError("cancelled: the daemon is stopping");
+    }
   }
-  const size_t window = static_cast<size_t>(2 * pool->size() + 2);
-  io::BufferPool buffers(MaxEncodedSize(options_.chunk_size), window + 8);
+  ASSIGN_OR_RETURN(const uint64_t file_size, WriteTail(file, file_pos));
+  if (pipeline.AwaitsDrain()) {
+    RETURN_IF_ERROR(file->Flush());
+    pipeline.Drained();
+  }
+  return file->Truncate(file_size);
+}
 
+std::vector<ChunkPipeline::Chunk> ShardWriter::PlanChunks() {
   // Every chunk of every item, in file order.
-  std::vector<std::unique_ptr<ChunkTask>> tasks;
+  std::vector<ChunkPipeline::Chunk> chunks;
   for (int i = 0; i < manifest_.items_size(); ++i) {
-    proto::Item& item = *manifest_.mutable_items(i);
-    uint32_t width = item.kind() == proto::ITEM_KIND_TENSOR
-                         ? static_cast<uint32_t>(DTypeSize(item.dtype()))
-                         : 1;
+    const proto::Item& item = manifest_.items(i);
+    const uint32_t width = item.kind() == proto::ITEM_KIND_TENSOR
+                               ? static_cast<uint32_t>(DTypeSize(item.dtype()))
+                               : 1;
     absl::Span<const uint8_t> data = data_[i];
     const proto::Item* base_item = BaseItem(options_.base.get(), manifest_, i);
     uint32_t index = 0;
     for (uint64_t off = 0; off < data.size();
          off += options_.chunk_size, ++index) {
-      auto task = std::make_unique<ChunkTask>();
-      task->header.item_index = static_cast<uint32_t>(i);
-      task->header.chunk_index = index;
-      task->header.raw_offset = off;
-      task->header.element_width = width;
-      task->raw = data.subspan(
+      ChunkPipeline::Chunk& chunk = chunks.emplace_back();
+      chunk.header.item_index = static_cast<uint32_t>(i);
+      chunk.header.chunk_index = index;
+      chunk.header.raw_offset = off;
+      chunk.header.element_width = width;
+      chunk.raw = data.subspan(
           off, std::min<uint64_t>(options_.chunk_size, data.size() - off));
-      if (!known_xxh3_[i].empty()) task->known_xxh3 = known_xxh3_[i][index];
+      if (!known_xxh3_[i].empty()) chunk.known_xxh3 = known_xxh3_[i][index];
       if (base_item != nullptr &&
           index < static_cast<uint32_t>(base_item->chunks_size())) {
         const proto::ChunkInfo& old = base_item->chunks(index);
-        if (old.raw_offset() == off && old.raw_size() == task->raw.size() &&
+        if (old.raw_offset() == off && old.raw_size() == chunk.raw.size() &&
             old.element_width() == width) {
-          task->base_chunk = &old;
+          chunk.base_chunk = &old;
         }
       }
-      tasks.push_back(std::move(task));
     }
   }
+  return chunks;
+}
 
-  // The data region never exceeds every chunk stored raw; reserving it up front
-  // keeps the O_DIRECT writes from extending the file. The tail write extends
-  // it, then Truncate trims.
-  uint64_t bound = 0;
-  for (const auto& task : tasks) {
-    // A chunk that may be unchanged is not reserved for (on a nearly full
-    // disk an increment must not fail for the space of a full save).
-    if (task->base_chunk == nullptr)
-      bound += ChunkFootprint(kAlignment, task->raw.size());
+void ShardWriter::RecordUnchanged(uint32_t item_index,
+                                  const proto::ChunkInfo& base_chunk) {
+  ++stats_.unchanged;
+  proto::ChunkInfo* info = manifest_.mutable_items(item_index)->add_chunks();
+  *info = base_chunk;
+  info->set_base(BaseIndex(base_chunk.base()));
+}
+
+void ShardWriter::RecordStored(const ChunkHeader& h,
+                               const std::optional<CodecChoice>& choice,
+                               uint64_t file_offset) {
+  if (h.codec != proto::CODEC_NONE) {
+    ++stats_.compressed;
+  } else if (choice.has_value() && !choice->compress) {
+    ++stats_.raw_chosen;
+  } else {
+    ++stats_.raw_incompressible;
   }
-  RETURN_IF_ERROR(file->Allocate(bound));
+  proto::ChunkInfo* info = manifest_.mutable_items(h.item_index)->add_chunks();
+  info->set_file_offset(file_offset);
+  info->set_raw_offset(h.raw_offset);
+  info->set_raw_size(h.raw_size);
+  info->set_stored_size(h.stored_size);
+  info->set_codec(h.codec);
+  info->set_filter(h.filter);
+  info->set_element_width(h.element_width);
+  info->set_raw_xxh3(h.raw_xxh3);
+  info->set_stored_xxh3(h.stored_xxh3);
+  info->set_stored_offset(h.stored_offset);
+}
 
-  const CodecOptions codec = options_.codec;
-  CodecGovernor* const governor =
-      codec.codec == proto::CODEC_NONE ? nullptr : options_.governor.get();
-  auto schedule = [&](ChunkTask* task) {
-    pool->Schedule([task, codec, governor, &buffers] {
-      ChunkHeader header = task->header;
-      std::optional<uint64_t> hash = task->known_xxh3;
-      if (task->base_chunk != nullptr) {
-        if (!hash.has_value()) hash = Checksum(task->raw);
-        if (*hash == task->base_chunk->raw_xxh3()) {
-          absl::MutexLock l(&task->mu);
-          task->unchanged = true;
-          task->result = EncodedChunk();
-          task->done = true;
-          return;
-        }
-      }
-      CodecOptions chunk_codec = codec;
-      std::optional<CodecChoice> choice;
-      if (governor != nullptr) {
-        choice = governor->Choose(task->raw.size());
-        if (!choice->compress) chunk_codec.codec = proto::CODEC_NONE;
-        chunk_codec.zstd_level = choice->level;
-      }
-      absl::StatusOr<EncodedChunk> encoded =
-          EncodeChunk(task->raw, header.element_width, chunk_codec, &buffers,
-                      &header, hash);
-      absl::MutexLock l(&task->mu);
-      task->choice = choice;
-      task->header = header;
-      task->result = std::move(encoded);
-      task->done = true;
-    });
-  };
-
-  size_t next_to_schedule = 0;
-  for (; next_to_schedule < std::min(window, tasks.size());
-       ++next_to_schedule) {
-    schedule(tasks[next_to_schedule].get());
+absl::Status ShardWriter::WriteChunk(io::WritableFile* file, uint64_t at,
+                                     EncodedChunk encoded) {
+  const uint64_t body_at = at + encoded.head.size();
+  RETURN_IF_ERROR(file->Write(at, std::move(encoded.head)));
+  if (!encoded.body.empty()) {
+    RETURN_IF_ERROR(file->WriteBorrowed(body_at, encoded.body));
   }
-  absl::Status status;
-  uint64_t file_pos = 0;
-  // What each chunk cost end to end, for the governor: the time from handing
-  // the previous one to the disk to handing this one.
-  auto last_handed = std::chrono::steady_clock::now();
-  auto seconds_since_last = [&last_handed] {
-    const auto now = std::chrono::steady_clock::now();
-    const double s = std::chrono::duration<double>(now - last_handed).count();
-    last_handed = now;
-    return s;
-  };
-  // The last chunk handed to the disk is reported with the next one, and
-  // the persist's last one after the writes drained: the drain is part of
-  // what it cost.
-  struct Report {
-    CodecChoice choice;
-    uint64_t raw_bytes = 0;
-    double seconds = 0;
-  };
-  std::optional<Report> unreported;
-  // Waits only for scheduled tasks, so an error stops the pipeline after they
-  // drained.
-  for (size_t t = 0; t < next_to_schedule; ++t) {
-    ChunkTask* task = tasks[t].get();
-    absl::StatusOr<EncodedChunk> encoded = absl::UnknownError("pending");
-    bool unchanged;
-    std::optional<CodecChoice> choice;
-    {
-      absl::MutexLock l(&task->mu);
-      task->mu.Await(absl::Condition(&task->done));
-      encoded = std::move(task->result);
-      unchanged = task->unchanged;
-      choice = task->choice;
-    }
-    if (status.ok() && !encoded.ok()) status = encoded.status();
-    if (!status.ok()) continue;
-    if (next_to_schedule < tasks.size())
-      schedule(tasks[next_to_schedule++].get());
-    if (unchanged) {
-      (void)seconds_since_last();  // what a hash costs is not the codec's
-      ++stats_.unchanged;
-      proto::ChunkInfo* info =
-          manifest_.mutable_items(task->header.item_index)->add_chunks();
-      *info = *task->base_chunk;
-      info->set_base(BaseIndex(task->base_chunk->base()));
-      continue;
-    }
-    const ChunkHeader& h = task->header;
-    if (h.codec != proto::CODEC_NONE) {
-      ++stats_.compressed;
-    } else if (choice.has_value() && !choice->compress) {
-      ++stats_.raw_chosen;
-    } else {
-      ++stats_.raw_incompressible;
-    }
-    proto::ChunkInfo* info =
-        manifest_.mutable_items(h.item_index)->add_chunks();
-    info->set_file_offset(file_pos);
-    info->set_raw_offset(h.raw_offset);
-    info->set_raw_size(h.raw_size);
-    info->set_stored_size(h.stored_size);
-    info->set_codec(h.codec);
-    info->set_filter(h.filter);
-    info->set_element_width(h.element_width);
-    info->set_raw_xxh3(h.raw_xxh3);
-    info->set_stored_xxh3(h.stored_xxh3);
-    info->set_stored_offset(h.stored_offset);
-    // A chunk stored in place is written from the caller's memory, which
-    // stays unchanged until Commit() returns.
-    const uint64_t footprint = encoded->size();
-    const uint64_t body_at = file_pos + encoded->head.size();
-    status = file->Write(file_pos, std::move(encoded->head));
-    if (status.ok() && !encoded->body.empty())
-      status = file->WriteBorrowed(body_at, encoded->body);
-    if (status.ok() && !encoded->tail.empty()) {
-      status =
-          file->Write(body_at + encoded->body.size(), std::move(encoded->tail));
-    }
-    file_pos += footprint;
-    if (governor != nullptr && choice.has_value() && status.ok()) {
-      if (unreported.has_value()) {
-        governor->Written(unreported->choice, unreported->raw_bytes,
-                          unreported->seconds);
-      }
-      unreported = Report{*choice, h.raw_size, seconds_since_last()};
-    }
-    CKPT_KILL_POINT("shard.chunk_written");
-    if (options_.on_chunk) options_.on_chunk();
-    if (status.ok() && options_.cancel != nullptr &&
-        options_.cancel->load(std::memory_order_relaxed)) {
-      status = absl::CancelledError("cancelled: the daemon is stopping");
-    }
+  if (!encoded.tail.empty()) {
+    RETURN_IF_ERROR(
+        file->Write(body_at + encoded.body.size(), std::move(encoded.tail)));
   }
-  RETURN_IF_ERROR(status);
+  return absl::OkStatus();
+}
 
+absl::StatusOr<uint64_t> ShardWriter::WriteTail(io::WritableFile* file,
+                                                uint64_t data_size) {
   // The tail: manifest, zero padding, footer; together a multiple of the
   // alignment.
-  manifest_.set_data_size(file_pos);
+  manifest_.set_data_size(data_size);
   if (manifest_.bases_size() > 0)
     manifest_.set_increments(options_.base->manifest.increments() + 1);
   std::string serialized;
@@ -422,26 +334,21 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
         absl::StrCat("manifest is ", serialized.size(), " bytes; the limit is ",
                      kMaxManifestSize));
   }
-  size_t tail_size = io::AlignUp(serialized.size() + kFooterSize);
+  const size_t tail_size = io::AlignUp(serialized.size() + kFooterSize);
   io::AlignedBuffer tail(tail_size);
   std::memset(tail.data(), 0, tail_size);
   std::memcpy(tail.data(), serialized.data(), serialized.size());
   Footer footer;
   footer.version = manifest_.format_version();
-  footer.manifest_offset = file_pos;
+  footer.manifest_offset = data_size;
   footer.manifest_size = serialized.size();
   footer.manifest_xxh3 = Checksum(
       {reinterpret_cast<const uint8_t*>(serialized.data()), serialized.size()});
-  footer.file_size = file_pos + tail_size;
+  footer.file_size = data_size + tail_size;
   manifest_xxh3_ = footer.manifest_xxh3;
   EncodeFooter(footer, tail.data() + tail_size - kFooterSize);
-  RETURN_IF_ERROR(file->Write(file_pos, std::move(tail)));
-  if (unreported.has_value()) {
-    RETURN_IF_ERROR(file->Flush());
-    governor->Written(unreported->choice, unreported->raw_bytes,
-                      unreported->seconds + seconds_since_last());
-  }
-  return file->Truncate(footer.file_size);
+  RETURN_IF_ERROR(file->Write(data_size, std::move(tail)));
+  return footer.file_size;
 }
 
 }  // namespace ckpt::snapshot

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "io/thread_pool.h"
 #include "proto/manifest.pb.h"
 #include "snapshot/chunk_codec.h"
+#include "snapshot/chunk_pipeline.h"
 #include "snapshot/codec_governor.h"
 #include "snapshot/format.h"
 
@@ -130,7 +132,19 @@ class ShardWriter {
  private:
   absl::Status AddItem(proto::Item item, absl::Span<const uint8_t> data,
                        absl::Span<const uint64_t> chunk_xxh3);
+  // Commit's steps: every chunk encoded and written in file order, recorded
+  // in the manifest as stored or left unchanged in a base; the tail
+  // (manifest and footer) written after them, returning the file's size.
   absl::Status WriteAll(io::WritableFile* file);
+  std::vector<ChunkPipeline::Chunk> PlanChunks();
+  void RecordUnchanged(uint32_t item_index, const proto::ChunkInfo& base_chunk);
+  void RecordStored(const ChunkHeader& header,
+                    const std::optional<CodecChoice>& choice,
+                    uint64_t file_offset);
+  static absl::Status WriteChunk(io::WritableFile* file, uint64_t at,
+                                 EncodedChunk encoded);
+  absl::StatusOr<uint64_t> WriteTail(io::WritableFile* file,
+                                     uint64_t data_size);
   // The index (from 1) in manifest_.bases of the file that stores a chunk the
   // base records in its bases[in_base - 1] (0: in the base's own file).
   uint32_t BaseIndex(uint32_t in_base);

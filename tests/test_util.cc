@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -60,6 +61,12 @@ void WriteAll(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   EXPECT_TRUE(out.good()) << "cannot write " << path;
+}
+
+io::AlignedBuffer Text(absl::string_view s) {
+  io::AlignedBuffer b(s.size());
+  std::memcpy(b.data(), s.data(), s.size());
+  return b;
 }
 
 }  // namespace ckpt::testing

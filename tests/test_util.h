@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+#include "io/aligned_buffer.h"
+
 namespace ckpt::testing {
 
 // A fresh directory under $TEST_TMPDIR or /tmp, removed with everything in it
@@ -33,6 +36,8 @@ std::vector<uint8_t> RandomBytes(std::mt19937_64& rng, size_t n);
 // Bytes of the file, or a test failure.
 std::string ReadAll(const std::string& path);
 void WriteAll(const std::string& path, const std::string& contents);
+// `s` in a buffer io::WritableFile::Write takes.
+io::AlignedBuffer Text(absl::string_view s);
 
 }  // namespace ckpt::testing
 

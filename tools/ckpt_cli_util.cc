@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/daemon_admin.h"
-#include "daemon/coord/coordinator.h"
+#include "daemon/api/data_dir_reader.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
@@ -134,7 +134,8 @@ nlohmann::json StepJson(const ckpt::tools::StepSummary& s) {
   j["ranks_on_disk"] = s.ranks_on_disk;
   j["ranks_failed"] = s.ranks_failed;
   std::vector<std::string> tiers;
-  for (proto::Tier t : s.committed) tiers.push_back(ckpt::daemon::TierName(t));
+  for (proto::Tier t : s.committed)
+    tiers.push_back(ckpt::daemon::api::TierName(t));
   j["committed"] = tiers;
   j["raw_bytes"] = s.raw_bytes;
   j["stored_bytes"] = s.stored_bytes;

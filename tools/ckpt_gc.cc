@@ -5,7 +5,7 @@
 #include <string>
 
 #include "client/daemon_admin.h"
-#include "daemon/persist/retention.h"
+#include "daemon/api/data_dir_reader.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"
@@ -85,10 +85,9 @@ int Gc(const std::string& data_dir, const std::string& socket_path,
     auto commits = (*view)->Commits(job);
     if (!shards.ok()) return Fail("gc", shards.status());
     if (!commits.ok()) return Fail("gc", commits.status());
-    ckpt::daemon::RetentionPlan plan = ckpt::daemon::PlanRetention(
-        *commits, *shards, {keep, keep_memory == 0 ? 1 : keep_memory});
-    for (const ckpt::daemon::RetentionAction& a : plan.actions) {
-      *dropped.add_dropped() = ckpt::daemon::ToProto(a);
+    for (proto::DroppedCopy& d : ckpt::daemon::api::PlanCollection(
+             *commits, *shards, keep, keep_memory == 0 ? 1 : keep_memory)) {
+      *dropped.add_dropped() = std::move(d);
     }
   } else {
     std::cerr << "ckpt gc: no ckptd accepts on " << socket_path

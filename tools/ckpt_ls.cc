@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/coord/coordinator.h"
+#include "daemon/api/data_dir_reader.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt_cli.h"
 #include "tools/data_dir_view.h"
@@ -62,9 +62,9 @@ int Ls(const std::string& data_dir, const std::string& socket_path,
           continue;  // a tier this job does not use
         }
         cells.push_back(absl::StrCat(
-            ckpt::daemon::TierName(t) == "local_disk"
+            ckpt::daemon::api::TierName(t) == "local_disk"
                 ? "disk"
-                : ckpt::daemon::TierName(t),
+                : ckpt::daemon::api::TierName(t),
             " ", it == latest.end() ? "-" : absl::StrCat(it->second)));
       }
       std::printf("%-24s world %-5u %4zu steps  latest committed: %s\n",

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/daemon_admin.h"
-#include "daemon/server/instance_dirs.h"
+#include "daemon/api/data_dir_reader.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/dtype.h"
 #include "snapshot/manifest_seal.h"
@@ -31,7 +31,7 @@ int Main(int argc, char** argv) {
   bool json = false;
   const char* env_dir = std::getenv("CKPT_DATA_DIR");
   std::string data_dir =
-      env_dir != nullptr ? env_dir : daemon::DefaultDataDir();
+      env_dir != nullptr ? env_dir : daemon::api::DefaultDataDir();
   app.add_option("--data-dir", data_dir,
                  "ckptd's data directory (env CKPT_DATA_DIR); without it, the "
                  "one of the ckptd at --socket, else this default (a stopped "

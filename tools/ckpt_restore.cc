@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/daemon_admin.h"
-#include "daemon/coord/coordinator.h"
+#include "daemon/api/data_dir_reader.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/box.h"
@@ -115,7 +115,7 @@ int RestorePlan(const std::string& data_dir, const std::string& socket_path,
     } else if (best.tier() == proto::TIER_LOCAL_DISK && !best.here()) {
       source = "peer_disk";
     }
-    if (source.empty()) source = ckpt::daemon::TierName(best.tier());
+    if (source.empty()) source = ckpt::daemon::api::TierName(best.tier());
     if (!best.node().empty() && !best.here()) {
       absl::StrAppend(&source, "@", best.node());
     }

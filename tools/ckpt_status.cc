@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/daemon_admin.h"
-#include "daemon/coord/coordinator.h"
+#include "daemon/api/data_dir_reader.h"
 #include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt_cli.h"
@@ -140,7 +140,7 @@ int Status(const std::string& data_dir, const std::string& socket_path,
       nlohmann::json cj;
       cj["step"] = c.step();
       cj["committed_unix_micros"] = c.committed_unix_micros();
-      jj["latest"][ckpt::daemon::TierName(c.tier())] = cj;
+      jj["latest"][ckpt::daemon::api::TierName(c.tier())] = cj;
     }
     j["jobs"].push_back(std::move(jj));
   }

@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/peer/parity_store.h"
 #include "io/file_system.h"
 #include "io/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -18,26 +17,15 @@
 namespace ckpt::tools {
 
 DataDirView::DataDirView(std::string data_dir,
-                         std::unique_ptr<daemon::KvStore> store)
-    : data_dir_(std::move(data_dir)),
-      store_(std::move(store)),
-      catalog_(store_.get()),
-      coordinator_(store_.get()) {}
+                         std::unique_ptr<daemon::api::DataDirReader> reader)
+    : data_dir_(std::move(data_dir)), reader_(std::move(reader)) {}
 
 absl::StatusOr<std::unique_ptr<DataDirView>> DataDirView::Open(
     const std::string& data_dir) {
-  const std::string catalog = io::JoinPath(data_dir, "catalog");
-  ASSIGN_OR_RETURN(bool exists, io::DefaultFileSystem()->Exists(
-                                    io::JoinPath(catalog, "CURRENT")));
-  if (!exists) {
-    return absl::NotFoundError(
-        absl::StrCat("no ckptd catalog in ", data_dir,
-                     " (is --data-dir the directory ckptd was started with?)"));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<daemon::KvStore> store,
-                   daemon::KvStore::OpenReadOnly(catalog));
+  ASSIGN_OR_RETURN(std::unique_ptr<daemon::api::DataDirReader> reader,
+                   daemon::api::DataDirReader::Open(data_dir));
   std::unique_ptr<DataDirView> view(
-      new DataDirView(data_dir, std::move(store)));
+      new DataDirView(data_dir, std::move(reader)));
   view->daemon_ = ReadDaemonRecord(data_dir);
   return view;
 }
@@ -103,9 +91,8 @@ std::vector<TierCheck> DataDirView::VerifyBeyond(
   // The parity blocks held for peers (--peer-redundancy): complete ones must
   // still hash to what they did when their last contribution arrived.
   if (!daemon_->replica_dir.empty()) {
-    for (daemon::ParityStore::BlockCheck& b : daemon::ParityStore::Verify(
-             io::DefaultFileSystem(),
-             io::JoinPath(daemon_->replica_dir, "parity"), job, step)) {
+    for (daemon::api::ParityBlockCheck& b :
+         daemon::api::VerifyParityBlocks(daemon_->replica_dir, job, step)) {
       TierCheck c{"parity", b.key.step(), 0, b.path};
       c.group = static_cast<int>(b.key.group());
       c.block = static_cast<int>(b.key.index());
@@ -117,13 +104,12 @@ std::vector<TierCheck> DataDirView::VerifyBeyond(
 }
 
 absl::StatusOr<std::vector<proto::JobRecord>> DataDirView::Jobs() {
-  return catalog_.ListJobs();
+  return reader_->Jobs();
 }
 
 absl::StatusOr<proto::JobRecord> DataDirView::Job(const std::string& job) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  ASSIGN_OR_RETURN(absl::optional<proto::JobRecord> record,
-                   catalog_.GetJob(job));
+  ASSIGN_OR_RETURN(absl::optional<proto::JobRecord> record, reader_->Job(job));
   if (record.has_value()) return *record;
   ASSIGN_OR_RETURN(std::vector<proto::JobRecord> jobs, Jobs());
   std::vector<std::string> names;
@@ -136,13 +122,13 @@ absl::StatusOr<proto::JobRecord> DataDirView::Job(const std::string& job) {
 absl::StatusOr<std::vector<proto::ShardRecord>> DataDirView::Shards(
     const std::string& job) {
   RETURN_IF_ERROR(Job(job).status());
-  return catalog_.ListShards(job);
+  return reader_->Shards(job);
 }
 
 absl::StatusOr<std::vector<proto::CommitRecord>> DataDirView::Commits(
     const std::string& job) {
   RETURN_IF_ERROR(Job(job).status());
-  return coordinator_.ListCommits(job);
+  return reader_->Commits(job);
 }
 
 absl::StatusOr<std::vector<StepSummary>> DataDirView::Steps(

@@ -16,9 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/optional.h"
-#include "daemon/catalog/catalog.h"
-#include "daemon/catalog/kv_store.h"
-#include "daemon/coord/embedded_coordinator.h"
+#include "daemon/api/data_dir_reader.h"
 #include "proto/catalog.pb.h"
 
 namespace ckpt::tools {
@@ -104,13 +102,12 @@ class DataDirView {
                                       absl::optional<uint64_t> step);
 
  private:
-  DataDirView(std::string data_dir, std::unique_ptr<daemon::KvStore> store);
+  DataDirView(std::string data_dir,
+              std::unique_ptr<daemon::api::DataDirReader> reader);
 
   const std::string data_dir_;
   absl::optional<DaemonRecord> daemon_;
-  std::unique_ptr<daemon::KvStore> store_;
-  daemon::Catalog catalog_;
-  daemon::EmbeddedCoordinator coordinator_;
+  std::unique_ptr<daemon::api::DataDirReader> reader_;
 };
 
 }  // namespace ckpt::tools

@@ -16,6 +16,13 @@ inline std::string Describe(const std::string& job, uint64_t step,
   return absl::StrCat("job ", job, " step ", step, " rank ", rank);
 }
 
+// The same for any shard identifier with `job`, `step` and `rank` fields
+// (SlotId, ReplicaStore::Key).
+template <typename ShardId>
+std::string Describe(const ShardId& id) {
+  return Describe(id.job, id.step, id.rank);
+}
+
 }  // namespace ckpt::daemon
 
 #endif  // CKPT_DAEMON_COMMON_DESCRIBE_H_

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/common/describe.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
@@ -31,10 +32,6 @@ bool ParseSlotName(absl::string_view name, uint64_t* step, uint32_t* rank) {
   std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
   return parts.size() == 2 && parts[0].size() == 20 && parts[1].size() == 10 &&
          absl::SimpleAtoi(parts[0], step) && absl::SimpleAtoi(parts[1], rank);
-}
-
-std::string Describe(const SlotId& id) {
-  return absl::StrCat("job ", id.job, " step ", id.step, " rank ", id.rank);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/common/slot_id.h"
 #include "io/file_system.h"
 #include "io/thread_pool.h"
 
@@ -39,15 +40,6 @@ struct StagingOptions {
   FullPolicy policy = FullPolicy::kWait;
   // kWait gives up after this long.
   absl::Duration wait_timeout = absl::Seconds(60);
-};
-
-struct SlotId {
-  std::string job;
-  uint64_t step = 0;
-  uint32_t rank = 0;
-  bool operator<(const SlotId& o) const {
-    return std::tie(job, step, rank) < std::tie(o.job, o.step, o.rank);
-  }
 };
 
 struct SlotInfo {

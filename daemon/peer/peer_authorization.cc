@@ -5,14 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/common/describe.h"
 #include "io/status_macros.h"
 
 namespace ckpt::daemon {
 namespace {
-
-std::string Describe(const ReplicaStore::Key& k) {
-  return absl::StrCat("job ", k.job, " step ", k.step, " rank ", k.rank);
-}
 
 std::string DescribeBlock(const proto::ParityBlockKey& key) {
   return absl::StrCat("parity block ", key.index(), " of group ", key.group(),

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/common/describe.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
@@ -21,10 +22,6 @@ namespace {
 
 constexpr absl::string_view kSuffix = ".ckpt";
 constexpr absl::string_view kPartial = ".partial";
-
-std::string Describe(const ReplicaStore::Key& key) {
-  return absl::StrCat("job ", key.job, " step ", key.step, " rank ", key.rank);
-}
 
 // "<step:020>-<rank:010>.ckpt"
 bool ParseName(absl::string_view name, uint64_t* step, uint32_t* rank) {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +16,7 @@
 #include "daemon/persist/retention.h"
 #include "io/host.h"
 #include "io/logging.h"
+#include "io/parallel.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
 #include "snapshot/manifest_seal.h"
@@ -192,14 +192,9 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
   // chunk that fails here.
   std::vector<absl::StatusOr<ReplicaStore::Entry>> kept(
       ranks->size(), absl::UnknownError("not rebuilt"));
-  {
-    std::vector<std::thread> checking;
-    for (size_t i = 0; i < ranks->size(); ++i) {
-      checking.emplace_back(
-          [&, i] { kept[i] = receivers.at((*ranks)[i])->Finish(); });
-    }
-    for (std::thread& t : checking) t.join();
-  }
+  io::ParallelFor(
+      ranks->size(), static_cast<int>(ranks->size()),
+      [&](size_t i) { kept[i] = receivers.at((*ranks)[i])->Finish(); });
   absl::StatusOr<ReplicaStore::Entry> entry;
   for (size_t i = 0; i < ranks->size(); ++i) {
     const ReplicaStore::Key k{key.job, key.step, (*ranks)[i]};

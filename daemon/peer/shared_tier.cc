@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/common/describe.h"
 #include "daemon/peer/replica_store.h"
 #include "daemon/persist/retention.h"
 #include "io/aligned_buffer.h"
@@ -22,10 +23,6 @@ namespace ckpt::daemon {
 namespace {
 
 constexpr int kAttempts = 5;
-
-std::string Describe(const std::string& job, uint64_t step, uint32_t rank) {
-  return absl::StrCat("job ", job, " step ", step, " rank ", rank);
-}
 
 // The step of "<step:020>-<rank:010>.ckpt".
 bool StepOf(absl::string_view name, uint64_t* step) {

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/common/describe.h"
 #include "daemon/common/grpc_status.h"
 #include "daemon/peer/peer_authorization.h"
 #include "daemon/server/call_watchdog.h"
@@ -27,10 +28,6 @@ constexpr size_t kPieceBytes = 4 << 20;
 
 ReplicaStore::Key KeyOf(const proto::PeerShardKey& k) {
   return {k.job(), k.step(), k.rank()};
-}
-
-std::string Describe(const ReplicaStore::Key& k) {
-  return absl::StrCat("job ", k.job, " step ", k.step, " rank ", k.rank);
 }
 
 // The names a TLS client's certificate gives: its subject alternative names,

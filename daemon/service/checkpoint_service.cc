@@ -128,13 +128,10 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
   ASSIGN_OR_RETURN(
       service->recycler_,
-      FileRecycler::Open(fs, io::JoinPath(o.data_dir, "recycle"),
-                         static_cast<size_t>(std::max(0, o.recycle_files)),
-                         [self = service.get()] {
-                           // A shard being persisted.
-                           absl::MutexLock lock(&self->mu_);
-                           return !self->busy_.empty();
-                         }));
+      FileRecycler::Open(
+          fs, io::JoinPath(o.data_dir, "recycle"),
+          static_cast<size_t>(std::max(0, o.recycle_files)),
+          [self = service.get()] { return self->queue_.Persisting(); }));
   if (!o.replication.dir.empty()) {
     CheckpointService* self = service.get();
     ASSIGN_OR_RETURN(
@@ -206,10 +203,7 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
 }
 
 CheckpointService::~CheckpointService() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  queue_.Stop();
   for (std::thread& t : workers_) t.join();
   if (housekeeper_.joinable()) housekeeper_.join();
   // The parity tier's callbacks use the replicator and the catalog.
@@ -218,7 +212,7 @@ CheckpointService::~CheckpointService() {
   parity_.reset();
   replicator_.reset();  // its callback uses the catalog
   shared_.reset();
-  recycler_.reset();  // its deletions ask whether a persist runs (mu_)
+  recycler_.reset();  // its deletions ask whether a persist runs
 }
 
 absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
@@ -230,7 +224,7 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
         absl::StrCat(Describe(job, step, rank), ": rank is outside world size ",
                      world_size));
   }
-  if (rank == 0) SawSave(job, step);
+  if (rank == 0) health_.SawSave(job, step, absl::Now());
   activity_.Saved(job);
   // One BeginStage per shard at a time: the record is read, a predecessor
   // superseded and the slot allocated (which may wait for memory) before the
@@ -287,11 +281,7 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
   const SlotInfo& slot = *allocated;
   // The rank's next save of this size finds its slot ready.
   arena_->PrepareAhead(slot.bytes);
-  {
-    absl::MutexLock lock(&mu_);
-    begun_[{job, step, rank}] = begun;
-    first_begun_.emplace(std::make_pair(job, step), begun);  // keeps the first
-  }
+  health_.StagingBegun({job, step, rank}, begun);
   proto::JobRecord job_record;
   job_record.set_job(job);
   job_record.set_world_size(world_size);
@@ -319,27 +309,13 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
 absl::Status CheckpointService::Supersede(const proto::ShardRecord& old) {
   const SlotId id{old.job(), old.step(), old.rank()};
   const std::string what = Describe(id.job, id.step, id.rank);
-  bool was_queued = false;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const SlotId& q) {
-      return q.job == id.job && q.step == id.step && q.rank == id.rank;
-    });
-    if (it != queue_.end()) {
-      queue_.erase(it);
-      was_queued = true;
-    }
-    auto persisted = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto b = busy_.find({id.job, id.rank});
-      return b == busy_.end() || b->second != id.step;
-    };
-    mu_.Await(absl::Condition(&persisted));
-  }
+  const bool was_queued = queue_.Withdraw(id);
   // A persist in flight may build on this shard (pinned while its step was
   // committed on disk, before another node's collection forgot that): what
   // it writes must be detached below too. No new pin comes: the step has no
   // commit record now, or the withdrawal below fails.
-  RETURN_IF_ERROR(WaitUnpinned(id.job, id.rank, id.step));
+  RETURN_IF_ERROR(
+      bases_.WaitUnpinned(id.job, id.rank, id.step, absl::Minutes(1)));
   // Garbage collection rewrites records from its own snapshot of the catalog:
   // keep it from resurrecting the one deleted here. And a replication that
   // completes meanwhile must not vote again for the shard withdrawn here
@@ -403,36 +379,12 @@ absl::Status CheckpointService::StageComplete(
   CKPT_KILL_POINT("service.before_staged_record");
   RETURN_IF_ERROR(catalog_->PutShard(*record));
   CKPT_KILL_POINT("service.after_staged_record");
-  {
-    absl::MutexLock lock(&mu_);
-    auto b = begun_.find({job, step, rank});
-    if (b != begun_.end()) {
-      const double seconds = absl::ToDoubleSeconds(absl::Now() - b->second);
-      metrics_.Observe("ckpt_staging_seconds", {{"job", job}}, seconds);
-      JobHealth& health = health_[job];
-      health.staging_seconds += seconds;
-      ++health.stagings;
-      begun_.erase(b);
-    }
-  }
   // A trainer stages one step at a time, in order: a staging of this rank
   // begun before this one and never completed was abandoned (its trainer
   // died, or gave up on the call). Its slot goes back to the budget now
   // rather than at the next restart.
-  std::vector<uint64_t> abandoned;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = begun_.lower_bound({job, 0, 0});
-         it != begun_.end() && std::get<0>(it->first) == job &&
-         std::get<1>(it->first) < step;) {
-      if (std::get<2>(it->first) == rank) {
-        abandoned.push_back(std::get<1>(it->first));
-        it = begun_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
+  const std::vector<uint64_t> abandoned =
+      health_.Staged({job, step, rank}, absl::Now());
   for (uint64_t old_step : abandoned) {
     if (AbortStage(job, old_step, rank).ok()) {
       CKPT_LOG_INFO("{}: abandoned while staging; its slot is freed",
@@ -456,27 +408,19 @@ absl::Status CheckpointService::StageComplete(
     // An older step's slot may leave the memory tier now.
     if (std::find(committed->begin(), committed->end(), proto::TIER_MEMORY) !=
         committed->end())
-      RequestGc(job);
+      queue_.RequestGc(job);
   }
   Enqueue({job, step, rank});
   return absl::OkStatus();
 }
 
 void CheckpointService::Enqueue(const SlotId& id) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(id);
-  ++generation_;
+  queue_.Add(id);
+  changes_.Bump();
 }
 
 void CheckpointService::WaitIdle() {
-  {
-    absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return queue_.empty() && busy_.empty() && gc_running_ == 0 &&
-             gc_wanted_.empty();
-    };
-    mu_.Await(absl::Condition(&idle));
-  }
+  queue_.WaitIdle();
   // Files retention dropped are deleted in the background.
   recycler_->WaitDeleted();
 }
@@ -486,25 +430,7 @@ void CheckpointService::WaitIdle() {
 namespace ckpt::daemon {
 
 absl::Status CheckpointService::Liveness(absl::Duration stall) const {
-  const absl::Time now = absl::Now();
-  absl::MutexLock live(&live_mu_);
-  // Housekeeping comes round every 0.5 s when idle: a tight watchdog
-  // (WatchdogSec of a second) must not take a tick for a hang (CI: 503 ms).
-  if (now - housekept_ > stall + absl::Seconds(2)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the housekeeping loop has not come round for ",
-                     absl::FormatDuration(now - housekept_),
-                     " (a lock held for that long, or a thread wedged)"));
-  }
-  for (const auto& [id, at] : persisting_) {
-    if (now - at > stall) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(Describe(id.job, id.step, id.rank),
-                       ": its persist has not written ", "a chunk for ",
-                       absl::FormatDuration(now - at), " (the disk hangs?)"));
-    }
-  }
-  return absl::OkStatus();
+  return liveness_.Check(stall, absl::Now());
 }
 
 }  // namespace ckpt::daemon

@@ -10,11 +10,16 @@
 // STAGED (vote memory) -> persisted -> PERSISTED (vote local_disk) | FAILED
 // (the error is reported to WaitCommitted and kept in the catalog).
 //
-// Implementation: checkpoint_service.cc (start and staging), _recovery.cc
-// (start-up recovery), _commits.cc (voting and commit, trainers' restores,
-// queries), _persist.cc (the persist pipeline), _retention.cc (retention and
-// ApplyDrops), _memory.cc (the memory tier as a cache), _peers.cc (the peer
-// tier), _steps.cc (copy and rollback of committed steps), _metrics.cc.
+// The service wires objects that own their state: the PersistQueue orders
+// the persist threads' work, IncrementalBases the bases of incremental saves,
+// JobHealth the jobs' figures, Liveness what the watchdog checks; the arena,
+// catalog, coordinator and the peer tiers below. Its code: checkpoint_service
+// .cc (start and staging), _recovery.cc (start-up recovery), _commits.cc
+// (voting and commit, trainers' restores, queries), _persist.cc (the persist
+// pipeline), _bases.cc (which base a save builds on), _retention.cc
+// (retention and ApplyDrops), _memory.cc (the memory tier as a cache),
+// _peers.cc (the peer tier), _steps.cc (copy and rollback of committed
+// steps), _metrics.cc.
 //
 // Thread-safety: thread-safe.
 #ifndef CKPT_DAEMON_SERVICE_CHECKPOINT_SERVICE_H_
@@ -38,8 +43,11 @@
 #include "absl/time/time.h"
 #include "daemon/catalog/catalog.h"
 #include "daemon/catalog/kv_store.h"
+#include "daemon/common/change_counter.h"
 #include "daemon/common/metrics.h"
 #include "daemon/coord/embedded_coordinator.h"
+#include "daemon/health/job_health.h"
+#include "daemon/health/liveness.h"
 #include "daemon/memory/job_activity.h"
 #include "daemon/memory/memory_pressure.h"
 #include "daemon/memory/staging_arena.h"
@@ -47,6 +55,8 @@
 #include "daemon/peer/replicator.h"
 #include "daemon/peer/shared_tier.h"
 #include "daemon/persist/file_recycler.h"
+#include "daemon/persist/incremental_bases.h"
+#include "daemon/persist/persist_queue.h"
 #include "daemon/persist/retention.h"
 #include "io/file_system.h"
 #include "proto/daemon.pb.h"
@@ -216,11 +226,14 @@ class CheckpointService {
   absl::Status SealedForRestore(proto::ShardRecord& r) const;
   explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
   absl::Status Recover();
+  // Queues a staged shard for the persist threads.
   void Enqueue(const SlotId& id);
   // Persist threads take queued shards first, then garbage collection asked
   // for a job (after a persist or a memory-tier commit).
   void PersistLoop();
-  void RequestGc(const std::string& job);
+  // Persists one shard the queue handed out and records how it ended.
+  void PersistQueued(const SlotId& id);
+  void CollectQueued(const std::string& job);
   // Links the persisted shards of `steps` of `from` into job `to` and commits
   // them there on disk.
   absl::Status CopySteps(const std::string& from,
@@ -228,10 +241,8 @@ class CheckpointService {
                          const std::set<uint64_t>& steps,
                          const std::string& to);
   void DeclareMetrics();
-  // Rank 0 began saving `step`: the save interval, and a job restart when
-  // the step is not newer than its last.
-  void SawSave(const std::string& job, uint64_t step);
-  // A vote committed `step` at `tiers`: commit latency and last-commit gauges.
+  // A vote committed `step` at `tiers`: the health figures, and waiters look
+  // again.
   void Committed(const std::string& job, uint64_t step,
                  const std::vector<proto::Tier>& tiers);
   // Persists one staged shard; returns the error that marks it FAILED.
@@ -276,21 +287,12 @@ class CheckpointService {
   // `record` was persisted with `manifest`: the base of the rank's next save.
   void RememberBase(const proto::ShardRecord& record,
                     proto::ShardManifest manifest, uint64_t manifest_xxh3);
-  // Forgets the job's bases (its newer steps are being dropped).
-  void ForgetBases(const std::string& job);
   // `base` is about to be replaced by a new save of its step: every persisted
   // shard of its rank that stores chunks in it, or in a shard rewritten so,
   // is rewritten self-contained first (the same bytes as its copies on other
   // tiers), so that none is left pointing at a file that is gone or another.
   absl::Status DetachDependents(const proto::ShardRecord& base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
-  // Waits (up to a minute) until no persist in flight builds on the shard.
-  absl::Status WaitUnpinned(const std::string& job, uint32_t rank,
-                            uint64_t step);
-  // (rank, step) of the job's shards pinned as bases of persists in flight.
-  std::set<std::pair<uint32_t, uint64_t>> PinnedBases(const std::string& job);
-  bool PinnedNow(const std::string& job, uint32_t rank, uint64_t step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pin_mu_);
   // Retention with the configured policy, after a persist or a memory commit.
   void CollectGarbage(const std::string& job);
   // Makes way for a new save of a step this rank saved before without the
@@ -356,6 +358,8 @@ class CheckpointService {
   void DropIdleJobsMemory();
   // The housekeeper thread: saves waiting for memory, idle jobs.
   void Housekeeping();
+  // When idle, housekeeping comes round this often.
+  static constexpr absl::Duration kHousekeepingTick = absl::Milliseconds(500);
   // What holds the memory budget, for the error a save gets when it found
   // none: jobs, steps, bytes and why each stays.
   std::string DescribeMemoryHolders();
@@ -371,67 +375,30 @@ class CheckpointService {
   std::unique_ptr<ParityTier> parity_;
   std::unique_ptr<SharedTier> shared_;
 
-  absl::Mutex mu_;
-  std::deque<SlotId> queue_ ABSL_GUARDED_BY(mu_);
-  // (job, rank) pairs being persisted: their later steps wait, so each rank
-  // persists in order.
-  // The value is the step being persisted.
-  std::map<std::pair<std::string, uint32_t>, uint64_t> busy_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) =
-      0;                                     // bumped on every state change
-  int gc_running_ ABSL_GUARDED_BY(mu_) = 0;  // threads collecting garbage
-  std::set<std::string> gc_wanted_ ABSL_GUARDED_BY(mu_);  // jobs to collect
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int rejoins_seen_ ABSL_GUARDED_BY(mu_) = 0;        // Coordinator::Rejoins()
-  absl::Mutex revote_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // RevoteIfRejoined
-  // When each shard's BeginStage came (staging time) and each step's first
-  // one (commit latency); the newest commit per (job, tier) and when.
-  std::map<std::tuple<std::string, uint64_t, uint32_t>, absl::Time> begun_
-      ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, uint64_t>, absl::Time> first_begun_
-      ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, proto::Tier>, std::pair<uint64_t, absl::Time>>
-      last_commit_ ABSL_GUARDED_BY(mu_);
-  // What the Young/Daly estimate needs, per job, since ckptd started.
-  struct JobHealth {
-    absl::Time since = absl::InfinitePast();      // first seen (or restart)
-    absl::Time last_save = absl::InfinitePast();  // rank 0's last BeginStage
-    uint64_t last_step = 0;
-    double interval = 0;  // moving average of the save interval, seconds
-    int intervals = 0;
-    double staging_seconds = 0;
-    uint64_t stagings = 0;
-    int failures = 0;
-    // The daemon restarted under this job: the last save it knew of, until
-    // the job's first save after the restart measures the recovery.
-    absl::Time down_since = absl::InfinitePast();
-  };
-  std::map<std::string, JobHealth> health_ ABSL_GUARDED_BY(mu_);
-  // Each rank's newest persisted shards (kBaseCandidates at most, by step):
-  // the newest of them committed on disk is the base of its next save.
-  static constexpr size_t kBaseCandidates = 4;
-  std::map<std::pair<std::string, uint32_t>,
-           std::map<uint64_t, std::shared_ptr<const snapshot::ShardBase>>>
-      bases_ ABSL_GUARDED_BY(mu_);
-  // Bases in use by persists in flight: (job, rank, step), counted. Pinning
-  // (with its check that the base's record still names its file) and
-  // ApplyDrops' update of records are atomic under pin_mu_.
-  absl::Mutex pin_mu_ ABSL_ACQUIRED_AFTER(gc_mu_);
-  std::map<std::tuple<std::string, uint32_t, uint64_t>, int> pinned_
-      ABSL_GUARDED_BY(pin_mu_);
+  // The objects below own their state and their locks. Lock order (the
+  // only nesting there is): gc_mu_, then the pin lock (an
+  // IncrementalBases::Freeze, and Pin's), then the catalog's, the arena's and
+  // the coordinator's, which call back into nothing here. revote_mu_ is held
+  // over votes, never with gc_mu_. The leaves take no other lock of the
+  // service under their own: PersistQueue, ChangeCounter, Liveness,
+  // begin_mu_, JobHealth (which calls only Metrics) and Metrics.
+  PersistQueue queue_;
+  IncrementalBases bases_;
+  // Bumped when something WaitCommitted waits for may have changed.
+  ChangeCounter changes_;
+  // RevoteIfRejoined: held for a whole re-vote.
+  absl::Mutex revote_mu_;
+  int rejoins_seen_ ABSL_GUARDED_BY(revote_mu_) = 0;  // Coordinator::Rejoins()
   Metrics metrics_;
+  JobHealth health_{&metrics_};
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;
   std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage
   JobActivity activity_;
   // RetryFailedPersists: when each shard was last persisted again.
   std::map<SlotId, absl::Time> retried_ ABSL_GUARDED_BY(gc_mu_);
-  // Liveness: the last housekeeping round, and when each persist in flight
-  // last wrote a chunk.
-  mutable absl::Mutex live_mu_;
-  absl::Time housekept_ ABSL_GUARDED_BY(live_mu_) = absl::Now();
-  std::map<SlotId, absl::Time> persisting_ ABSL_GUARDED_BY(live_mu_);
+  // The housekeeping loop's rounds and the persists' chunks.
+  daemon::Liveness liveness_{kHousekeepingTick};
   std::vector<std::thread> workers_;
   std::thread housekeeper_;  // Housekeeping
 };

@@ -4,7 +4,9 @@
 // by a persist is pinned: garbage collection keeps its file, and keeps the
 // files of every base a kept shard names (RetentionPolicy::pinned and
 // ShardRecord.base_steps). Persists never wait for a collection: pinning
-// and dropping records meet only under pin_mu_, briefly.
+// and dropping records meet only under the pin lock, briefly (see
+// IncrementalBases, which holds the candidates and the pins; the policy of
+// which candidate a save uses is here).
 
 #include <algorithm>
 #include <memory>
@@ -29,14 +31,8 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
   // found that): Supersede then first makes the shards built on it
   // self-contained (DetachDependents).
   if (options_.full_every <= 1) return nullptr;
-  std::vector<std::shared_ptr<const snapshot::ShardBase>> candidates;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = bases_.find({r.job(), r.rank()});
-    if (it == bases_.end()) return nullptr;
-    for (auto c = it->second.rbegin(); c != it->second.rend(); ++c)
-      candidates.push_back(c->second);  // newest first
-  }
+  const std::vector<IncrementalBases::Base> candidates =
+      bases_.Candidates(r.job(), r.rank());
   for (const std::shared_ptr<const snapshot::ShardBase>& base : candidates) {
     const proto::ShardManifest& m = base->manifest;
     if (m.step() >= r.step() || m.world_size() != r.world_size()) continue;
@@ -50,19 +46,17 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
     absl::StatusOr<absl::optional<proto::CommitRecord>> commit =
         coordinator_->GetCommit(r.job(), m.step(), proto::TIER_LOCAL_DISK);
     if (!commit.ok() || !commit->has_value()) continue;
-    // The record still names the file, checked and pinned under pin_mu_: a
-    // collection either dropped the file before (the record says so) or
-    // sees the pin when it drops records (ApplyDrops).
-    absl::MutexLock pins(&pin_mu_);
-    absl::StatusOr<absl::optional<proto::ShardRecord>> record =
-        catalog_->GetShard(r.job(), m.step(), r.rank());
-    if (!record.ok() || !record->has_value() ||
-        (*record)->state() != proto::SHARD_PERSISTED ||
-        (*record)->shard_path().empty()) {
-      continue;  // dropped meanwhile
-    }
-    ++pinned_[{r.job(), r.rank(), m.step()}];
-    return base;
+    // The record still names the file, checked and pinned under the pin
+    // lock: a collection either dropped the file before (the record says so)
+    // or sees the pin when it drops records (ApplyDrops).
+    auto still_there = [&] {
+      absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+          catalog_->GetShard(r.job(), m.step(), r.rank());
+      return record.ok() && record->has_value() &&
+             (*record)->state() == proto::SHARD_PERSISTED &&
+             !(*record)->shard_path().empty();
+    };
+    if (bases_.Pin(r.job(), r.rank(), m.step(), still_there)) return base;
   }
   CKPT_LOG_DEBUG(
       "{}: none of the rank's last {} shards is committed on disk and may be "
@@ -74,10 +68,7 @@ std::shared_ptr<const snapshot::ShardBase> CheckpointService::PinBase(
 void CheckpointService::UnpinBase(
     const proto::ShardRecord& r,
     const std::shared_ptr<const snapshot::ShardBase>& base) {
-  if (base == nullptr) return;
-  absl::MutexLock pins(&pin_mu_);
-  auto it = pinned_.find({r.job(), r.rank(), base->manifest.step()});
-  if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+  if (base != nullptr) bases_.Unpin(r.job(), r.rank(), base->manifest.step());
 }
 
 void CheckpointService::RememberBase(const proto::ShardRecord& r,
@@ -87,17 +78,7 @@ void CheckpointService::RememberBase(const proto::ShardRecord& r,
   auto base = std::make_shared<snapshot::ShardBase>();
   base->manifest = std::move(manifest);
   base->manifest_xxh3 = manifest_xxh3;
-  absl::MutexLock lock(&mu_);
-  auto& mine = bases_[{r.job(), r.rank()}];
-  mine[r.step()] = std::move(base);
-  while (mine.size() > kBaseCandidates) mine.erase(mine.begin());
-}
-
-void CheckpointService::ForgetBases(const std::string& job) {
-  absl::MutexLock lock(&mu_);
-  for (auto it = bases_.begin(); it != bases_.end();) {
-    it = it->first.first == job ? bases_.erase(it) : std::next(it);
-  }
+  bases_.Remember(r.job(), r.rank(), r.step(), std::move(base));
 }
 
 absl::Status CheckpointService::DetachDependents(
@@ -160,50 +141,14 @@ absl::Status CheckpointService::DetachDependents(
     r.clear_base_steps();
     r.set_stored_bytes(stored);
     RETURN_IF_ERROR(catalog_->PutShard(r));
-    {
-      // The rank's next save may build on it: as the file it now is.
-      absl::MutexLock lock(&mu_);
-      auto mine = bases_.find({r.job(), r.rank()});
-      if (mine != bases_.end() && mine->second.count(r.step()) > 0) {
-        mine->second[r.step()] = std::move(detached);
-      }
-    }
+    // The rank's next save may build on it: as the file it now is.
+    bases_.Replace(r.job(), r.rank(), r.step(), std::move(detached));
     CKPT_LOG_INFO(
         "{}: made self-contained: step {}, which it stored chunks in, is "
         "being saved again",
         what, base.step());
   }
   return absl::OkStatus();
-}
-
-absl::Status CheckpointService::WaitUnpinned(const std::string& job,
-                                             uint32_t rank, uint64_t step) {
-  for (int i = 0; i < 6000; ++i) {
-    {
-      absl::MutexLock pins(&pin_mu_);
-      if (!PinnedNow(job, rank, step)) return absl::OkStatus();
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return absl::UnavailableError(
-      absl::StrCat(Describe(job, step, rank),
-                   " is still the base of a persist in flight after a minute"));
-}
-
-std::set<std::pair<uint32_t, uint64_t>> CheckpointService::PinnedBases(
-    const std::string& job) {
-  std::set<std::pair<uint32_t, uint64_t>> pinned;
-  absl::MutexLock pins(&pin_mu_);
-  for (const auto& [key, n] : pinned_) {
-    if (std::get<0>(key) == job)
-      pinned.insert({std::get<1>(key), std::get<2>(key)});
-  }
-  return pinned;
-}
-
-bool CheckpointService::PinnedNow(const std::string& job, uint32_t rank,
-                                  uint64_t step) {
-  return pinned_.count({job, rank, step}) > 0;
 }
 
 }  // namespace ckpt::daemon

@@ -20,29 +20,8 @@ namespace ckpt::daemon {
 
 void CheckpointService::Committed(const std::string& job, uint64_t step,
                                   const std::vector<proto::Tier>& tiers) {
-  if (tiers.empty()) return;
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&mu_);
-  auto first = first_begun_.find({job, step});
-  for (proto::Tier tier : tiers) {
-    const Labels labels = {{"job", job}, {"tier", TierName(tier)}};
-    auto [last, fresh] = last_commit_.try_emplace({job, tier}, step, now);
-    if (!fresh) {
-      if (last->second.first >= step) continue;  // latest never goes back
-      last->second = {step, now};
-    }
-    metrics_.Set("ckpt_last_committed_step", labels, static_cast<double>(step));
-    if (first != first_begun_.end()) {
-      metrics_.Observe("ckpt_commit_latency_seconds", labels,
-                       absl::ToDoubleSeconds(now - first->second));
-    }
-  }
-  // The first BeginStage of older steps is not needed once a step is on disk.
-  if (std::find(tiers.begin(), tiers.end(), proto::TIER_LOCAL_DISK) !=
-      tiers.end()) {
-    first_begun_.erase(first_begun_.lower_bound({job, 0}),
-                       first_begun_.upper_bound({job, step}));
-  }
+  health_.Committed(job, step, tiers, absl::Now());
+  changes_.Bump();
 }
 
 absl::Status CheckpointService::ReportRestore(
@@ -129,44 +108,6 @@ absl::Status CheckpointService::WithdrawNewer(const std::string& job,
   return absl::OkStatus();
 }
 
-void CheckpointService::SawSave(const std::string& job, uint64_t step) {
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&mu_);
-  JobHealth& h = health_[job];
-  if (h.since == absl::InfinitePast()) h.since = now;
-  if (h.last_save != absl::InfinitePast()) {
-    if (step <= h.last_step) {
-      // Rank 0 saves a step it saved before: the job restarted from an
-      // earlier checkpoint. Its recovery took from its last save before the
-      // failure to this one.
-      const Labels kind = {{"job", job}, {"kind", "job_restart"}};
-      metrics_.Add("ckpt_failures_detected_total", kind);
-      metrics_.Add("ckpt_recoveries_total", kind);
-      metrics_.Observe("ckpt_recovery_seconds", kind,
-                       absl::ToDoubleSeconds(now - h.last_save));
-      ++h.failures;
-    } else {
-      const double dt = absl::ToDoubleSeconds(now - h.last_save);
-      h.interval = h.intervals == 0 ? dt : 0.8 * h.interval + 0.2 * dt;
-      ++h.intervals;
-    }
-  }
-  if (h.down_since != absl::InfinitePast()) {
-    const Labels kind = {{"job", job}, {"kind", "daemon_restart"}};
-    metrics_.Add("ckpt_recoveries_total", kind);
-    metrics_.Observe("ckpt_recovery_seconds", kind,
-                     absl::ToDoubleSeconds(now - h.down_since));
-    h.down_since = absl::InfinitePast();
-  }
-  h.last_save = now;
-  h.last_step = step;
-}
-
-void CheckpointService::RequestGc(const std::string& job) {
-  absl::MutexLock lock(&mu_);
-  gc_wanted_.insert(job);
-}
-
 absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
     const std::string& job, uint64_t step, proto::Tier tier,
     absl::Duration timeout) {
@@ -175,11 +116,7 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
     // A waiter must not depend on other saves to get the votes refused while
     // this node was fenced made again.
     RevoteIfRejoined();
-    uint64_t seen;
-    {
-      absl::MutexLock lock(&mu_);
-      seen = generation_;
-    }
+    const uint64_t seen = changes_.Current();
     ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> commit,
                      coordinator_->GetCommit(job, step, tier));
     if (commit.has_value()) return *commit;
@@ -193,16 +130,11 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
                                          " failed to persist: ", r.error()));
       }
     }
-    absl::MutexLock lock(&mu_);
-    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return generation_ != seen;
-    };
     // Another node's vote may commit the step (etcd): look again every
     // 100 ms even when nothing changed here.
-    if (!mu_.AwaitWithDeadline(
-            absl::Condition(&changed),
-            std::min(deadline, absl::Now() + absl::Milliseconds(100))) &&
-        absl::Now() >= deadline) {
+    const absl::Time look_again =
+        std::min(deadline, absl::Now() + absl::Milliseconds(100));
+    if (!changes_.AwaitChange(seen, look_again) && absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "job ", job, " step ", step, " is not committed at tier ",
           TierName(tier), " after ", absl::FormatDuration(timeout)));

@@ -184,7 +184,7 @@ void CheckpointService::DropIdleJobsMemory() {
 void CheckpointService::Housekeeping() {
   // A save waiting for memory is looked after twice a second: failed
   // persists tried again may succeed with nothing else going on.
-  constexpr absl::Duration kTick = absl::Milliseconds(500);
+  constexpr absl::Duration kTick = kHousekeepingTick;
   const bool ttl = options_.idle_job_memory_ttl != absl::InfiniteDuration();
   const absl::Duration sweep_every =
       ttl ? std::clamp(options_.idle_job_memory_ttl / 4,
@@ -192,17 +192,8 @@ void CheckpointService::Housekeeping() {
           : absl::InfiniteDuration();
   absl::Time swept = absl::Now();
   while (true) {
-    {
-      absl::MutexLock live(&live_mu_);
-      housekept_ = absl::Now();
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                               std::min(kTick, sweep_every))) {
-        return;
-      }
-    }
+    liveness_.HousekeepingRound(absl::Now());
+    if (queue_.WaitForStop(std::min(kTick, sweep_every))) return;
     if (std::optional<StagingArena::Shortage> short_of = arena_->Waiting())
       RelieveMemoryPressure(short_of->id.job, short_of->bytes);
     if (ttl && absl::Now() - swept >= sweep_every) {

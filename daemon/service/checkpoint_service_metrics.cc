@@ -1,7 +1,6 @@
 // CheckpointService: the metrics ckptd exports (/metrics, ckpt status),
-// declared once with their help, and the gauges read at every scrape.
-#include <cmath>
-
+// declared once with their help, and the gauges read at every scrape. Those
+// of jobs' rhythm and failures are JobHealth's (daemon/health/).
 #include "daemon/service/checkpoint_service.h"
 #include "io/file_system.h"
 
@@ -10,10 +9,6 @@ namespace ckpt::daemon {
 void CheckpointService::DeclareMetrics() {
   using T = Metrics::Type;
   const std::vector<double> seconds = Metrics::SecondsBuckets();
-  metrics_.Declare("ckpt_staging_seconds", T::kHistogram,
-                   "time from BeginStage to StageComplete of a shard: the "
-                   "trainer's copy into its slot",
-                   seconds);
   metrics_.Declare("ckpt_staged_bytes_total", T::kCounter,
                    "bytes handed to ckptd in staging slots");
   metrics_.Declare("ckpt_persisted_bytes_total", T::kCounter,
@@ -49,15 +44,6 @@ void CheckpointService::DeclareMetrics() {
                    "saves refused for lack of staging memory");
   metrics_.Declare("ckpt_recovered_shards_total", T::kCounter,
                    "staged shards adopted after a daemon restart");
-  metrics_.Declare("ckpt_commit_latency_seconds", T::kHistogram,
-                   "time from a step's first BeginStage to its commit at a "
-                   "tier",
-                   seconds);
-  metrics_.Declare("ckpt_last_committed_step", T::kGauge,
-                   "newest step committed at a tier since ckptd started");
-  metrics_.Declare("ckpt_last_commit_age_seconds", T::kGauge,
-                   "seconds since that commit: the work at risk should the "
-                   "tier be all that is left");
   metrics_.Declare("ckpt_memory_tier_bytes", T::kGauge,
                    "bytes of live staging slots");
   metrics_.Declare("ckpt_memory_tier_free_slot_bytes", T::kGauge,
@@ -89,52 +75,11 @@ void CheckpointService::DeclareMetrics() {
   metrics_.Declare("ckpt_shards_withdrawn_total", T::kCounter,
                    "uncommitted shards withdrawn because their rank resumed "
                    "from an older step (a killed run's saves)");
-  metrics_.Declare("ckpt_failures_detected_total", T::kCounter,
-                   "failures seen: job_restart (rank 0 saved a step again), "
-                   "daemon_restart (ckptd started with the job's shards)");
-  metrics_.Declare("ckpt_recoveries_total", T::kCounter,
-                   "failures the job came back from: its first save after a "
-                   "job restart or a daemon restart");
-  metrics_.Declare("ckpt_recovery_seconds", T::kHistogram,
-                   "time to recover: from the job's last save before the "
-                   "failure to its first save after it",
-                   {1, 5, 15, 30, 60, 120, 300, 900, 3600});
   metrics_.Declare("ckpt_disk_tier_bytes", T::kGauge,
                    "bytes of the shard files kept in the data directory");
   metrics_.Declare("ckpt_disk_budget_bytes", T::kGauge,
                    "what the data directory's file system can hold for "
                    "ckpt: its shard files plus the free space");
-  metrics_.Declare("ckpt_save_interval_seconds", T::kGauge,
-                   "the interval between saves in use (moving average)");
-  metrics_.Declare("ckpt_save_cost_seconds", T::kGauge,
-                   "mean staging time per save: what a save costs the trainer");
-  metrics_.Declare("ckpt_mtbf_seconds", T::kGauge,
-                   "observed mean time between failures of the job (once one "
-                   "was seen)");
-  metrics_.Declare("ckpt_young_daly_interval_seconds", T::kGauge,
-                   "the save interval Young/Daly's formula sqrt(2 * cost * "
-                   "MTBF) suggests from the measured cost and failure rate");
-  metrics_.OnScrape([this](Metrics& m) {
-    std::vector<std::pair<std::string, JobHealth>> jobs;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [job, h] : health_) jobs.push_back({job, h});
-    }
-    const absl::Time now = absl::Now();
-    for (const auto& [job, h] : jobs) {
-      const Labels labels = {{"job", job}};
-      if (h.intervals > 0)
-        m.Set("ckpt_save_interval_seconds", labels, h.interval);
-      if (h.stagings == 0) continue;
-      const double cost = h.staging_seconds / h.stagings;
-      m.Set("ckpt_save_cost_seconds", labels, cost);
-      if (h.failures == 0 || h.since == absl::InfinitePast()) continue;
-      const double mtbf = absl::ToDoubleSeconds(now - h.since) / h.failures;
-      m.Set("ckpt_mtbf_seconds", labels, mtbf);
-      m.Set("ckpt_young_daly_interval_seconds", labels,
-            std::sqrt(2 * cost * mtbf));
-    }
-  });
   metrics_.OnScrape([this](Metrics& m) {
     m.Set("ckpt_memory_tier_bytes", {},
           static_cast<double>(arena_->used_bytes()));
@@ -145,17 +90,6 @@ void CheckpointService::DeclareMetrics() {
     for (const auto& [job, a] : activity_.All()) {
       m.Set("ckpt_trainers_attached", {{"job", job}}, a.sessions);
     }
-    std::vector<std::pair<Labels, double>> ages;
-    {
-      absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
-      for (const auto& [key, last] : last_commit_) {
-        ages.push_back({{{"job", key.first}, {"tier", TierName(key.second)}},
-                        absl::ToDoubleSeconds(now - last.second)});
-      }
-    }
-    for (const auto& [labels, age] : ages)
-      m.Set("ckpt_last_commit_age_seconds", labels, age);
     uint64_t disk = 0;
     auto shards = catalog_->ListShards();
     if (shards.ok()) {

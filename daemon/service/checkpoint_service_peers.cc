@@ -58,11 +58,8 @@ void CheckpointService::RevoteIfRejoined() {
   // whose vote is still under way for an abandoned one).
   absl::MutexLock revoting(&revote_mu_);
   const int rejoins = coordinator_->Rejoins();
-  {
-    absl::MutexLock lock(&mu_);
-    if (rejoins == rejoins_seen_) return;
-    rejoins_seen_ = rejoins;
-  }
+  if (rejoins == rejoins_seen_) return;
+  rejoins_seen_ = rejoins;
   absl::StatusOr<std::vector<proto::ShardRecord>> shards =
       catalog_->ListShards();
   if (!shards.ok()) {
@@ -95,7 +92,6 @@ void CheckpointService::RevoteIfRejoined() {
       CKPT_LOG_WARN("{}: re-vote after rejoining: {}",
                     Describe(r.job(), r.step(), r.rank()),
                     committed.status().ToString());
-      absl::MutexLock lock(&mu_);
       rejoins_seen_ = -1;  // try again on the next round
       continue;
     }
@@ -104,8 +100,7 @@ void CheckpointService::RevoteIfRejoined() {
   }
   CKPT_LOG_INFO("rejoined: voted again for the {} shards this node holds",
                 revoted);
-  absl::MutexLock lock(&mu_);
-  ++generation_;
+  changes_.Bump();
 }
 
 std::set<uint64_t> CheckpointService::KeptElsewhere(
@@ -140,9 +135,8 @@ void CheckpointService::VoteLater(const proto::ShardRecord& shard,
   }
   Committed(shard.job(), shard.step(), *committed);
   // A commit at this tier may let an older step go there.
-  if (!committed->empty()) RequestGc(shard.job());
-  absl::MutexLock lock(&mu_);
-  ++generation_;  // WaitCommitted looks again
+  if (!committed->empty()) queue_.RequestGc(shard.job());
+  changes_.Bump();  // WaitCommitted looks again
 }
 
 void CheckpointService::PeerTierReached(

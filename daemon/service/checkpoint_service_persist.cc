@@ -17,92 +17,67 @@
 namespace ckpt::daemon {
 
 void CheckpointService::PersistLoop() {
-  while (true) {
-    SlotId id;
-    std::string gc_job;
-    {
-      absl::MutexLock lock(&mu_);
-      // The first queued shard whose rank is not already being persisted; later
-      // steps of a busy rank wait their turn, so every rank persists in step
-      // order. Persisting goes before garbage collection.
-      auto first_ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return std::find_if(queue_.begin(), queue_.end(),
-                            [this](const SlotId& q) {
-                              mu_.AssertHeld();
-                              return busy_.count({q.job, q.rank}) == 0;
-                            });
-      };
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || first_ready() != queue_.end() ||
-               !gc_wanted_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      auto it = first_ready();
-      if (it != queue_.end()) {
-        id = *it;
-        queue_.erase(it);
-        busy_[{id.job, id.rank}] = id.step;
-      } else {
-        gc_job = *gc_wanted_.begin();
-        gc_wanted_.erase(gc_wanted_.begin());
-        ++gc_running_;
-      }
-    }
+  while (std::optional<PersistQueue::Work> work = queue_.Next()) {
     RevoteIfRejoined();
-    if (!gc_job.empty()) {
-      const absl::Time gc_start = absl::Now();
-      CollectGarbage(gc_job);
-      const absl::Duration gc = absl::Now() - gc_start;
-      if (gc > absl::Milliseconds(100)) {
-        CKPT_LOG_INFO("job {}: garbage collection took {:.1f} ms", gc_job,
-                      absl::ToDoubleMilliseconds(gc));
-      }
-      if (std::optional<StagingArena::Shortage> short_of = arena_->Waiting())
-        RelieveMemoryPressure(short_of->id.job, short_of->bytes);
-      absl::MutexLock lock(&mu_);
-      --gc_running_;
-      ++generation_;
-      continue;
+    if (work->shard.has_value()) {
+      PersistQueued(*work->shard);
+    } else {
+      CollectQueued(work->gc_job);
     }
-    absl::StatusOr<absl::optional<proto::ShardRecord>> record =
-        catalog_->GetShard(id.job, id.step, id.rank);
-    if (record.ok() && record->has_value() &&
-        (*record)->state() == proto::SHARD_STAGED) {
-      proto::ShardRecord& r = **record;
-      absl::Status s = Persist(r);
-      if (s.code() == absl::StatusCode::kCancelled) {
-        // The daemon is stopping: the shard stays staged for the next start.
-        CKPT_LOG_WARN("{}: persist stopped, the shard stays staged: {}",
-                      Describe(id.job, id.step, id.rank), s.ToString());
-      } else if (!s.ok()) {
-        CKPT_LOG_ERROR("{}: persist failed: {}",
-                       Describe(id.job, id.step, id.rank), s.ToString());
-        metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
-        // Out of space: the kept files give theirs back for the next try.
-        if (s.code() == absl::StatusCode::kResourceExhausted)
-          recycler_->Clear();
-        r.set_state(proto::SHARD_FAILED);
-        r.set_error(std::string(s.message()));
-        absl::Status put = catalog_->PutShard(r);
-        if (!put.ok())
-          CKPT_LOG_ERROR("recording the failure: {}", put.ToString());
-      }
-    } else if (!record.ok()) {
-      CKPT_LOG_ERROR("{}: catalog read failed: {}",
-                     Describe(id.job, id.step, id.rank),
-                     record.status().ToString());
-    }
-    // A save waiting for memory may be helped by the copy just persisted.
+    // A save waiting for memory may be helped by the copy just persisted or
+    // the garbage just collected.
     if (std::optional<StagingArena::Shortage> short_of = arena_->Waiting())
       RelieveMemoryPressure(short_of->id.job, short_of->bytes);
-    // The rank's next shard may start persisting on one thread while another
-    // collects garbage (unlinking a large file takes a while).
-    absl::MutexLock lock(&mu_);
-    busy_.erase({id.job, id.rank});
-    gc_wanted_.insert(id.job);
-    ++generation_;
+    if (work->shard.has_value()) {
+      // The rank's next shard may start persisting on one thread while
+      // another collects garbage (unlinking a large file takes a while).
+      queue_.Done(*work->shard);
+    } else {
+      queue_.GcDone();
+    }
+    changes_.Bump();
   }
+}
+
+void CheckpointService::CollectQueued(const std::string& job) {
+  const absl::Time start = absl::Now();
+  CollectGarbage(job);
+  const absl::Duration took = absl::Now() - start;
+  if (took > absl::Milliseconds(100)) {
+    CKPT_LOG_INFO("job {}: garbage collection took {:.1f} ms", job,
+                  absl::ToDoubleMilliseconds(took));
+  }
+}
+
+void CheckpointService::PersistQueued(const SlotId& id) {
+  absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+      catalog_->GetShard(id.job, id.step, id.rank);
+  if (!record.ok()) {
+    CKPT_LOG_ERROR("{}: catalog read failed: {}",
+                   Describe(id.job, id.step, id.rank),
+                   record.status().ToString());
+    return;
+  }
+  // Withdrawn, or persisted already.
+  if (!record->has_value() || (*record)->state() != proto::SHARD_STAGED) return;
+  proto::ShardRecord& r = **record;
+  absl::Status s = Persist(r);
+  if (s.ok()) return;
+  if (s.code() == absl::StatusCode::kCancelled) {
+    // The daemon is stopping: the shard stays staged for the next start.
+    CKPT_LOG_WARN("{}: persist stopped, the shard stays staged: {}",
+                  Describe(id.job, id.step, id.rank), s.ToString());
+    return;
+  }
+  CKPT_LOG_ERROR("{}: persist failed: {}", Describe(id.job, id.step, id.rank),
+                 s.ToString());
+  metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
+  // Out of space: the kept files give theirs back for the next try.
+  if (s.code() == absl::StatusCode::kResourceExhausted) recycler_->Clear();
+  r.set_state(proto::SHARD_FAILED);
+  r.set_error(std::string(s.message()));
+  absl::Status put = catalog_->PutShard(r);
+  if (!put.ok()) CKPT_LOG_ERROR("recording the failure: {}", put.ToString());
 }
 
 namespace {
@@ -215,16 +190,10 @@ absl::StatusOr<CheckpointService::WrittenShard> CheckpointService::WriteShard(
   // The housekeeper's liveness check watches every chunk written; a slow
   // coordinator afterwards (the vote) is no reason to restart the daemon.
   const SlotId id{r.job(), r.step(), r.rank()};
-  auto alive = [this, &id] {
-    absl::MutexLock live(&live_mu_);
-    persisting_[id] = absl::Now();
-  };
+  auto alive = [this, &id] { liveness_.PersistProgressed(id, absl::Now()); };
   writer_options.on_chunk = alive;
   alive();
-  absl::Cleanup done = [this, &id] {
-    absl::MutexLock live(&live_mu_);
-    persisting_.erase(id);
-  };
+  absl::Cleanup done = [this, &id] { liveness_.PersistEnded(id); };
   snapshot::ShardWriter writer(
       fs_, path, {r.job(), r.step(), r.rank(), r.world_size()}, writer_options);
   RETURN_IF_ERROR(AddStagedItems(r, slot, writer_options.chunk_size, writer));

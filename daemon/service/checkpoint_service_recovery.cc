@@ -3,6 +3,7 @@
 // stagings deleted, in-flight persists restarted.
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -48,26 +49,17 @@ absl::Status CheckpointService::Recover() {
     }
   }
   {
-    std::set<std::string> jobs;
-    for (const proto::ShardRecord& r : shards) jobs.insert(r.job());
-    absl::MutexLock lock(&mu_);
-    for (const std::string& job : jobs) {
-      // Jobs with shards when ckptd starts: it went down under them.
-      metrics_.Add("ckpt_failures_detected_total",
-                   {{"job", job}, {"kind", "daemon_restart"}});
-      JobHealth& health = health_[job];
-      health.since = absl::Now();
-      ++health.failures;
-      // The newest shard's staging time stands for the last save before the
-      // daemon went down.
-      int64_t last_micros = 0;
-      for (const proto::ShardRecord& r : shards) {
-        if (r.job() == job) {
-          last_micros = std::max(last_micros, r.staged_unix_micros());
-        }
-      }
-      if (last_micros > 0)
-        health.down_since = absl::FromUnixMicros(last_micros);
+    // Jobs with shards when ckptd starts: it went down under them. The
+    // newest shard's staging time stands for the last save before that.
+    std::map<std::string, int64_t> last_micros;
+    for (const proto::ShardRecord& r : shards) {
+      int64_t& last = last_micros[r.job()];
+      last = std::max(last, r.staged_unix_micros());
+    }
+    for (const auto& [job, micros] : last_micros) {
+      health_.DaemonRestarted(
+          job, micros > 0 ? absl::FromUnixMicros(micros) : absl::InfinitePast(),
+          absl::Now());
     }
   }
   ASSIGN_OR_RETURN(std::vector<SlotInfo> adopted,
@@ -93,10 +85,7 @@ absl::Status CheckpointService::Recover() {
   // What a previous run left for garbage collection (it went down before
   // collecting, or in the middle) goes now, before the first save needs the
   // room: with nothing to persist, nothing else would start a collection.
-  {
-    absl::MutexLock lock(&mu_);
-    for (const proto::ShardRecord& r : shards) gc_wanted_.insert(r.job());
-  }
+  for (const proto::ShardRecord& r : shards) queue_.RequestGc(r.job());
   // Shard files the catalog does not reference: temporaries of an interrupted
   // persist, or files whose garbage collection was interrupted after the
   // catalog forgot them.

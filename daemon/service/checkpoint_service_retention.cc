@@ -52,7 +52,7 @@ absl::StatusOr<RetentionPlan> CheckpointService::CollectGarbage(
                    catalog_->ListShards(job));
   RetentionPolicy rules = policy;
   rules.peer_tier = replicator_ != nullptr;
-  rules.pinned = PinnedBases(job);
+  rules.pinned = bases_.Pinned(job);
   ASSIGN_OR_RETURN(absl::optional<uint64_t> resume,
                    coordinator_->ResumeStep(job));
   if (resume.has_value()) rules.resume_steps.insert(*resume);
@@ -157,11 +157,11 @@ std::pair<size_t, absl::Status> CheckpointService::ApplyDrops(
     std::vector<proto::ShardRecord> put, forget;
     // A file pinned as the base of a persist since the plan was made stays:
     // the check and the records' update are atomic against PinBase.
-    absl::MutexLock pins(&pin_mu_);
+    IncrementalBases::Freeze pins(bases_);
     for (size_t i = applied; i < end; ++i) {
       RetentionAction& a = actions[i];
       if (a.drop_file &&
-          PinnedNow(a.shard.job(), a.shard.rank(), a.shard.step())) {
+          pins.Pinned(a.shard.job(), a.shard.rank(), a.shard.step())) {
         a.drop_file = false;
       }
       proto::ShardRecord r = a.shard;

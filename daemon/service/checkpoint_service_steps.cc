@@ -161,13 +161,9 @@ absl::StatusOr<proto::RollbackRecord> CheckpointService::RollBack(
       (void)arena_->Release({job, r.step(), r.rank()});
     if (!r.shard_path().empty()) (void)fs_->Unlink(r.shard_path());
   }
-  ForgetBases(job);  // the next saves do not build on dropped steps
-  {
-    absl::MutexLock lock(&mu_);
-    JobHealth& h = health_[job];
-    h.last_step = step;  // the job's next save is not a restart
-    ++generation_;
-  }
+  bases_.Forget(job);  // the next saves do not build on dropped steps
+  health_.RolledBackTo(job, step);  // the job's next save is not a restart
+  changes_.Bump();
   CKPT_LOG_WARN("{}: {} newer step(s) {}", what, newer.size(),
                 record.archived_as().empty()
                     ? std::string("discarded")

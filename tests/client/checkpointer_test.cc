@@ -23,6 +23,7 @@
 #include "io/kill_point.h"
 #include "proto/daemon.grpc.pb.h"
 #include "snapshot/chunk_codec.h"
+#include "tests/client/connected_rank.h"
 #include "tests/client/daemon_process.h"
 #include "tests/daemon/etcd_process.h"
 #include "tests/test_util.h"
@@ -47,14 +48,8 @@ struct Trainer {
   Trainer(const std::string& socket, uint32_t rank, uint32_t world,
           int64_t n = 100000)
       : w(n) {
-    auto c = Checkpointer::Connect({"job", rank, world, socket});
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return;
-    ckpt = *std::move(c);
-    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
-                                     {n * world}, {n * rank}, {n})
-                    .ok());
-    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
+    ckpt = ConnectRank({"job", rank, world, socket},
+                       {w.data(), n * world, n * rank, n, &rng});
     Fill(0, rank);
   }
   void Fill(uint64_t step, uint32_t rank) {

@@ -16,6 +16,7 @@
 #include "client/daemon_admin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/client/connected_rank.h"
 #include "tests/client/daemon_process.h"
 #include "tests/test_util.h"
 #include "tests/tools/run_cli.h"
@@ -38,15 +39,9 @@ struct Rank {
 
   Rank(const std::string& socket, const std::string& job, uint32_t rank,
        uint32_t world) {
-    auto c = Checkpointer::Connect({job, rank, world, socket});
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return;
-    ckpt = *std::move(c);
-    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
-                                     {kFloats * world}, {kFloats * rank},
-                                     {kFloats})
-                    .ok());
-    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
+    ckpt =
+        ConnectRank({job, rank, world, socket},
+                    {w.data(), kFloats * world, kFloats * rank, kFloats, &rng});
   }
   static std::vector<float> Expected(const std::string& job, uint64_t step,
                                      uint32_t rank) {

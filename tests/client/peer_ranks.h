@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "gtest/gtest.h"
+#include "tests/client/connected_rank.h"
 #include "tests/daemon/etcd_process.h"
 
 namespace ckpt::client {
@@ -44,14 +45,8 @@ struct Rank {
         offset(global / world * rank),
         length(global / world),
         w(length) {
-    auto c = Checkpointer::Connect({job, rank, world, socket});
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return;
-    ckpt = *std::move(c);
-    EXPECT_TRUE(ckpt->RegisterTensor("model/w", proto::DTYPE_FLOAT32, w.data(),
-                                     {global}, {offset}, {length})
-                    .ok());
-    EXPECT_TRUE(ckpt->RegisterBytes("rng", &rng).ok());
+    ckpt = ConnectRank({job, rank, world, socket},
+                       {w.data(), global, offset, length, &rng});
   }
   void Fill(uint64_t step) {
     for (int64_t i = 0; i < length; ++i) w[i] = Value(step, offset + i);

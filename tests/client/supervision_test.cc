@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/daemon.grpc.pb.h"
+#include "tests/client/connected_rank.h"
 #include "tests/client/daemon_process.h"
 
 namespace ckpt::client {
@@ -92,14 +93,12 @@ struct Rank {
   Rank(const std::string& socket, size_t n) : w(n) {
     std::mt19937 rng(7);
     for (uint32_t& x : w) x = rng();
-    auto c = Checkpointer::Connect({"job", 0, 1, socket});
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok()) return;
-    ckpt = *std::move(c);
     const int64_t len = static_cast<int64_t>(n);
-    EXPECT_TRUE(ckpt->RegisterTensor("w", proto::DTYPE_FLOAT32, w.data(), {len},
-                                     {0}, {len})
-                    .ok());
+    ckpt = ConnectRank({"job", 0, 1, socket},
+                       {.w = reinterpret_cast<float*>(w.data()),
+                        .global = len,
+                        .length = len,
+                        .tensor = "w"});
   }
 };
 

@@ -17,11 +17,7 @@
 namespace ckpt::io {
 namespace {
 
-AlignedBuffer Text(absl::string_view s) {
-  AlignedBuffer b(s.size());
-  std::memcpy(b.data(), s.data(), s.size());
-  return b;
-}
+using ::ckpt::testing::Text;
 
 class UnsyncedJournalTest : public ::testing::Test {
  protected:

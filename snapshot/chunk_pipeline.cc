@@ -1,0 +1,135 @@
+#include "snapshot/chunk_pipeline.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "snapshot/format.h"
+
+namespace ckpt::snapshot {
+
+// A chunk on its way: encoded on a pool thread, taken in order by Next.
+struct ChunkPipeline::Task {
+  Chunk chunk;
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  Result result ABSL_GUARDED_BY(mu);
+};
+
+ChunkPipeline::ChunkPipeline(std::vector<Chunk> chunks,
+                             const CodecOptions& codec, CodecGovernor* governor,
+                             io::ThreadPool* pool, int encode_threads,
+                             size_t chunk_size)
+    : codec_(codec),
+      governor_(codec.codec == proto::CODEC_NONE ? nullptr : governor),
+      pool_(pool) {
+  if (pool_ == nullptr) {
+    own_pool_ = std::make_unique<io::ThreadPool>(encode_threads);
+    pool_ = own_pool_.get();
+  }
+  window_ = static_cast<size_t>(2 * pool_->size() + 2);
+  buffers_ =
+      std::make_unique<io::BufferPool>(MaxEncodedSize(chunk_size), window_ + 8);
+  tasks_.reserve(chunks.size());
+  for (Chunk& c : chunks) {
+    tasks_.push_back(std::make_unique<Task>());
+    tasks_.back()->chunk = std::move(c);
+  }
+  while (scheduled_ < std::min(window_, tasks_.size())) {
+    Schedule(tasks_[scheduled_++].get());
+  }
+  last_handed_ = std::chrono::steady_clock::now();
+}
+
+ChunkPipeline::~ChunkPipeline() {
+  // The pool's threads write into the tasks and read the chunks' memory.
+  for (size_t t = next_; t < scheduled_; ++t) {
+    Task& task = *tasks_[t];
+    absl::MutexLock l(&task.mu);
+    task.mu.Await(absl::Condition(&task.done));
+  }
+}
+
+uint64_t ChunkPipeline::SpaceBound() const {
+  uint64_t bound = 0;
+  for (const auto& task : tasks_) {
+    // A chunk that may be unchanged is not reserved for (on a nearly full
+    // disk an increment must not fail for the space of a full save).
+    if (task->chunk.base_chunk == nullptr)
+      bound += ChunkFootprint(kAlignment, task->chunk.raw.size());
+  }
+  return bound;
+}
+
+void ChunkPipeline::Schedule(Task* task) {
+  pool_->Schedule([this, task] {
+    const Chunk& chunk = task->chunk;
+    Result result;
+    result.chunk = &chunk;
+    result.header = chunk.header;
+    std::optional<uint64_t> hash = chunk.known_xxh3;
+    if (chunk.base_chunk != nullptr) {
+      if (!hash.has_value()) hash = Checksum(chunk.raw);
+      result.unchanged = *hash == chunk.base_chunk->raw_xxh3();
+    }
+    if (result.unchanged) {
+      result.encoded = EncodedChunk();
+    } else {
+      CodecOptions chunk_codec = codec_;
+      if (governor_ != nullptr) {
+        result.choice = governor_->Choose(chunk.raw.size());
+        if (!result.choice->compress) chunk_codec.codec = proto::CODEC_NONE;
+        chunk_codec.zstd_level = result.choice->level;
+      }
+      result.encoded =
+          EncodeChunk(chunk.raw, result.header.element_width, chunk_codec,
+                      buffers_.get(), &result.header, hash);
+    }
+    absl::MutexLock l(&task->mu);
+    task->result = std::move(result);
+    task->done = true;
+  });
+}
+
+std::optional<ChunkPipeline::Result> ChunkPipeline::Next() {
+  if (next_ == tasks_.size()) return std::nullopt;
+  Task& task = *tasks_[next_++];
+  Result result;
+  {
+    absl::MutexLock l(&task.mu);
+    task.mu.Await(absl::Condition(&task.done));
+    result = std::move(task.result);
+  }
+  if (result.encoded.ok() && scheduled_ < tasks_.size()) {
+    Schedule(tasks_[scheduled_++].get());
+  }
+  return result;
+}
+
+double ChunkPipeline::SecondsSinceLastHanded() {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - last_handed_).count();
+  last_handed_ = now;
+  return s;
+}
+
+void ChunkPipeline::Handed(const Result& result) {
+  const double seconds = SecondsSinceLastHanded();
+  // What a hash costs is not the codec's.
+  if (result.unchanged || governor_ == nullptr || !result.choice.has_value())
+    return;
+  if (unreported_.has_value()) {
+    governor_->Written(unreported_->choice, unreported_->raw_bytes,
+                       unreported_->seconds);
+  }
+  unreported_ = Report{*result.choice, result.header.raw_size, seconds};
+}
+
+void ChunkPipeline::Drained() {
+  if (!unreported_.has_value()) return;
+  governor_->Written(unreported_->choice, unreported_->raw_bytes,
+                     unreported_->seconds + SecondsSinceLastHanded());
+  unreported_.reset();
+}
+
+}  // namespace ckpt::snapshot
