@@ -8,8 +8,8 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "client/checkpointer_internal.h"
+#include "client/save_stager.h"
 #include "io/errno_status.h"
 #include "io/host.h"
 #include "io/logging.h"
@@ -27,16 +27,12 @@ std::string DefaultSocketPath() {
 }
 
 Checkpointer::Checkpointer(const CheckpointerOptions& options)
-    : options_(options),
-      host_snapshot_(options.host_snapshot),
-      device_(kernels::NewCpuDevice()),
-      handover_(std::make_unique<io::ThreadPool>(1)) {}
+    : options_(options), device_(kernels::NewCpuDevice()) {}
 
 Checkpointer::~Checkpointer() {
   stop_watching_ = true;
   if (watcher_.joinable()) watcher_.join();
-  if (copier_.joinable()) copier_.join();
-  handover_.reset();  // finishes the hand-overs still queued
+  saves_.reset();  // the copy in flight, and the hand-overs still queued
 }
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
@@ -123,6 +119,9 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
                                 grpc::InsecureChannelCredentials(), args);
   ckpt->rpc_ =
       std::make_shared<Rpc>(channel, options.rpc_timeout, options.socket_path);
+  ckpt->saves_ = std::make_unique<SaveStager>(
+      SaveStager::Context{ckpt->options_, ckpt->rpc_, *ckpt->device_,
+                          ckpt->stager_.get(), ckpt->items_, ckpt->failures_});
   // A first call proves the daemon accepted us (it drops connections of other
   // uids).
   proto::LatestCommittedRequest probe;
@@ -138,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Connect(
 
 absl::Status Checkpointer::CheckNewName(const std::string& name) const {
   RETURN_IF_ERROR(snapshot::ValidateItemName(name));
-  for (const Registered& other : items_) {
+  for (const RegisteredItem& other : items_) {
     if (other.item.name() == name) {
       return absl::AlreadyExistsError(
           absl::StrCat("\"", name, "\" is already registered"));
@@ -152,7 +151,7 @@ absl::Status Checkpointer::RegisterTensor(const std::string& name,
                                           std::vector<int64_t> global_shape,
                                           std::vector<int64_t> box_offset,
                                           std::vector<int64_t> box_length) {
-  Registered r;
+  RegisteredItem r;
   r.item.set_name(name);
   r.item.set_kind(proto::ITEM_KIND_TENSOR);
   r.item.set_dtype(dtype);
@@ -163,12 +162,12 @@ absl::Status Checkpointer::RegisterTensor(const std::string& name,
   r.item.set_raw_size(size);
   r.tensor = data;
   RETURN_IF_ERROR(CheckNewName(name));
-  if (device_->host_resident() && host_snapshot_ == HostSnapshot::kFork &&
-      data != nullptr) {
+  if (device_->host_resident() &&
+      options_.host_snapshot == HostSnapshot::kFork && data != nullptr) {
     AdviseHugePages(data, size);
   }
   items_.push_back(std::move(r));
-  inspected_ = false;
+  saves_->Registered();
   Attach();
   return absl::OkStatus();
 }
@@ -183,7 +182,7 @@ void Checkpointer::Attach() {
 absl::Status Checkpointer::RegisterBytes(const std::string& name,
                                          std::string* value) {
   RETURN_IF_ERROR(CheckNewName(name));
-  Registered r;
+  RegisteredItem r;
   r.item.set_name(name);
   r.item.set_kind(proto::ITEM_KIND_BYTES);
   r.bytes = value;
@@ -194,10 +193,12 @@ absl::Status Checkpointer::RegisterBytes(const std::string& name,
 
 absl::Status Checkpointer::LastSaveError() { return failures_->Take(); }
 
-CheckpointerStats Checkpointer::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
+    uint64_t step) {
+  return saves_->Save(step);
 }
+
+CheckpointerStats Checkpointer::stats() const { return saves_->stats(); }
 
 absl::StatusOr<absl::optional<uint64_t>> Checkpointer::LatestCommitted(
     proto::Tier tier) {
@@ -235,13 +236,6 @@ absl::StatusOr<proto::ShardRecord> Checkpointer::DescribeShard(uint64_t step) {
   RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
                              absl::StrCat("shard of step ", step)));
   return resp.shard();
-}
-
-void Checkpointer::DrainHandovers() {
-  if (copier_.joinable()) copier_.join();
-  absl::Notification drained;
-  handover_->Schedule([&drained] { drained.Notify(); });
-  drained.WaitForNotification();
 }
 
 absl::Status Checkpointer::WatchFailures(FailureCallback callback) {

@@ -37,12 +37,9 @@
 #include "client/daemon_session.h"
 #include "client/device_stager.h"
 #include "client/fork_snapshot.h"
-#include "io/thread_pool.h"
+#include "client/restore_context.h"
 #include "kernels/device.h"
 #include "proto/catalog.pb.h"
-#include "proto/daemon.pb.h"
-#include "snapshot/box.h"
-#include "snapshot/shard_reader.h"
 
 namespace ckpt::client {
 
@@ -137,8 +134,10 @@ struct CheckpointerStats {
   double huge_page_share = 0;
 };
 
-// The connection to ckptd (defined in checkpointer.cc).
+// The connection to ckptd (defined in checkpointer_internal.h).
 class CheckpointerRpc;
+// Runs a Checkpointer's saves (client/save_stager.h).
+class SaveStager;
 
 // The most recent failure of a save, shared by a Checkpointer and its
 // SaveHandles (which may outlive it).
@@ -182,7 +181,7 @@ class SaveHandle {
                              absl::Duration timeout = absl::Minutes(10));
 
  private:
-  friend class Checkpointer;
+  friend class SaveStager;
   SaveHandle(std::shared_ptr<CheckpointerRpc> rpc,
              std::shared_ptr<FailureLog> failures, std::string job,
              uint64_t step)
@@ -278,202 +277,40 @@ class Checkpointer {
   CheckpointerStats stats() const;
 
  private:
-  friend class SaveHandle;
-  struct Registered;
-  struct MappedSlot;
-  struct SavedRank;
   using Rpc = CheckpointerRpc;
   explicit Checkpointer(const CheckpointerOptions& options);
-  // Tells the daemon that the copy of `step` is done (StageComplete) or
-  // failed (AbortStage), and finishes the handle. Runs on `handover_`.
-  void HandOver(const std::shared_ptr<SaveHandle>& handle, uint64_t step,
-                const std::vector<proto::StagedItem>& layout,
-                absl::Status status);
-  // Restore from a slot: copies every registered item (`sources`: their
-  // places in the slot) chunk by chunk on several threads, checking each
-  // chunk where it landed (host memory, or for device tensors the pinned
-  // buffer they then leave for the device from; client/device_upload.h)
-  // against the raw checksum of the persisted manifest (`reader`), or when it
-  // is null (not persisted yet) against the hashes the saving client took
-  // (StagedItem.chunk_xxh3).
-  absl::Status CopyAndVerify(
-      const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
-      const snapshot::ShardReader* reader);
-  // Checks the slot's items against the raw chunk checksums of the persisted
-  // manifest (`reader`), or when it is null (not persisted yet) against the
-  // hashes the saving client took of the slot (items without: not
-  // checked).
-  absl::Status VerifySlot(const uint8_t* slot,
-                          const std::vector<const proto::StagedItem*>& sources,
-                          const snapshot::ShardReader* reader) const;
   // Restore minus the report to the daemon.
   absl::Status RestoreFrom(uint64_t step);
-  // RestoreFrom's restore of this rank's own shard, as saved, from the copies
-  // ckptd names; `vanished` when they were gone by the time they were read.
-  absl::Status RestoreShard(uint64_t step, uint32_t saved_world,
-                            const std::string& what, bool* vanished);
-  // RestoreShard's steps (checkpointer_restore.cc). The registered items'
-  // places in the saved shard, each described alike; nullopt when the same
-  // tensors were saved with other boxes (a reshard).
-  absl::StatusOr<std::optional<std::vector<const proto::StagedItem*>>>
-  MatchSaved(const proto::ShardRecord& shard, const std::string& what) const;
-  // The shard's file, opened (its manifest read), or why not.
-  struct ShardFile {
-    std::unique_ptr<snapshot::ShardReader> reader;
-    absl::Status status = absl::NotFoundError("no shard file");
-  };
-  static ShardFile OpenShardFile(const proto::ShardRecord& shard);
-  // From the shard's slot, verified against `reader`'s checksums (null: the
-  // saving client's hashes).
-  absl::Status RestoreFromSlot(
-      const proto::ShardRecord& shard,
-      const std::vector<const proto::StagedItem*>& sources,
-      const snapshot::ShardReader* reader);
-  absl::Status RestoreFromShardFile(const proto::ShardRecord& shard,
-                                    const ShardFile& file,
-                                    const std::string& what, bool* vanished);
-  // This rank's copy is `lost`: from other ranks that saved the same boxes.
-  absl::Status RestoreFromOtherRanks(uint64_t step, uint32_t saved_world,
-                                     const std::string& what,
-                                     const absl::Status& lost);
-  // Restores a shard on no tier of this node, as saved (same boxes), by
-  // streaming its file from a peer straight into the registered memory
-  // (proto PeerShardOffer); FailedPrecondition or NotFound when that does not
-  // apply. A failure may leave the registered memory half written.
-  absl::Status RestoreFromPeerStream(uint64_t step, const std::string& what);
-  // Restore onto a layout other than the saved one (`saved_world` ranks).
-  absl::Status RestoreResharded(uint64_t step, uint32_t saved_world,
-                                const std::string& what);
-  // RestoreResharded's steps (checkpointer_reshard.cc): every saved rank's
-  // shard described; the pinned halves for device tensors; a byte item from
-  // the saved rank of this number (else another); a tensor's overlapping
-  // saved boxes, each assembled from one of its replicas, on the host or in
-  // slabs through the halves to the device.
-  struct Reshard;
-  struct SavedBox;
-  absl::StatusOr<std::vector<SavedRank>> DescribeSavedRanks(
-      uint64_t step, uint32_t saved_world, const std::string& what);
-  absl::Status PinReshardHalves(Reshard& reshard);
-  absl::Status RestoreBytesResharded(Registered& r, Reshard& reshard);
-  absl::StatusOr<std::vector<SavedBox>> SavedBoxesOf(const Registered& r,
-                                                     Reshard& reshard);
-  // Copies the overlap of saved `box` (`staged` in `from`) with `want`, laid
-  // out in `dst`; returns the elements copied.
-  absl::StatusOr<int64_t> CopyOverlap(const Registered& r,
-                                      const snapshot::Box& box, SavedRank& from,
-                                      const proto::StagedItem& staged,
-                                      const snapshot::Box& want,
-                                      absl::Span<uint8_t> dst,
-                                      Reshard& reshard);
-  // Fills `dst`, laid out over `part_box` (the rank's box or a slab of it
-  // starting at element `first`), from every saved box overlapping it.
-  absl::Status AssembleBox(const Registered& r,
-                           const std::vector<SavedBox>& boxes,
-                           const snapshot::Box& part_box, int64_t first,
-                           absl::Span<uint8_t> dst, Reshard& reshard);
-  absl::Status UploadResharded(Registered& r,
-                               const std::vector<SavedBox>& boxes,
-                               Reshard& reshard);
-  // Opens a saved rank's bytes: its slot if it verifies (or is not persisted
-  // yet), else its shard file.
-  absl::Status OpenSavedRank(SavedRank& saved, const std::string& what);
-  absl::Status OpenSavedRankOnce(SavedRank& saved, const std::string& what);
-  // Gives back the slot of a save that failed before its copy started (the
-  // abort is queued behind earlier hand-overs); returns the error to report.
-  absl::Status Abandon(uint64_t step, absl::Status status);
+  // What a restore's collaborators work on (the items, ckptd, the device,
+  // the report).
+  RestoreContext Restoring();
   // The name is valid and not registered yet.
   absl::Status CheckNewName(const std::string& name) const;
-  // Waits for the copy in flight and every queued hand-over.
-  void DrainHandovers();
-  // The mapping of the slot file at `path` (`bytes` long): the cached one
-  // when the daemon handed out a slot file this process mapped before, else a
-  // fresh mapping, pinned for the device.
-  absl::StatusOr<std::shared_ptr<MappedSlot>> MapSlot(const std::string& path,
-                                                      uint64_t bytes);
-
-  // Whether this save's host tensors (`regions`) are captured by a fork;
-  // records why not in stats_.fork_refused.
-  bool ShouldFork(const std::vector<HostRegion>& regions);
-
-  // SaveAsync's steps (checkpointer_save.cc). The slot layout with the byte
-  // items sized as they are now, and the slot size it needs.
-  struct PendingSave;
-  std::vector<proto::StagedItem> SizedLayout();
-  static uint64_t SlotBytes(const std::vector<proto::StagedItem>& layout);
-  // Asks ckptd for the slot.
-  absl::StatusOr<proto::BeginStageResponse> BeginStage(uint64_t step,
-                                                       uint64_t bytes);
-  // Opens the slot: for a fork, a descriptor to write it; else mapped.
-  absl::Status OpenSlot(PendingSave& save,
-                        const proto::BeginStageResponse& slot);
-  // Copies the byte items into the slot now (the caller may change them as
-  // soon as SaveAsync returns).
-  absl::Status CaptureByteItems(PendingSave& save);
-  // Copies the tensors into the slot at `base`: on host threads, or queued
-  // on the device's stream.
-  absl::Status CopyTensors(const std::vector<proto::StagedItem>& layout,
-                           uint8_t* base);
-  // A device with streams: queues the tensors' copies and chunk hashes, and
-  // the event the compute stream and the handle wait for.
-  absl::Status QueueDeviceCopies(PendingSave& save);
-  // On the copier thread: the copy (a fork, host threads, or waiting for the
-  // device), the slot's hashes, the stats, then the hand-over queued.
-  void FinishCopy(const std::shared_ptr<PendingSave>& save);
-  absl::Status CopyByFork(PendingSave& save, bool* forked);
-  absl::Status CopyInProcess(PendingSave& save);
-  void CountSave(const PendingSave& save, const absl::Status& status,
-                 bool forked);
+  // Tells ckptd this trainer is attached (its job is not idle), from the
+  // first registration on: a Checkpointer that only asks questions (tools,
+  // polls) is no trainer.
+  void Attach();
 
   const CheckpointerOptions options_;
-  HostSnapshot host_snapshot_;  // the option, or CKPT_HOST_SNAPSHOT
-  // kFork: the mappings under the registered tensors
-  // (client/fork_snapshot.h), inspected at the first save after a
-  // registration. Touched only by the thread driving saves.
-  bool inspected_ = false;
-  ForkInspection inspection_;
   std::shared_ptr<Rpc> rpc_;
   std::unique_ptr<kernels::Device> device_;
   // A device with streams: queues the copies of a save's tensors and their
   // chunk hashes (kCuda, kCpuQueued; null otherwise).
   std::unique_ptr<DeviceStager> stager_;
-  // The slot layout of a save: gathered device tensors first, together (see
-  // DeviceStager::Gathers), then every other item in registration order.
-  std::vector<proto::StagedItem> SlotLayout();
-  // The registered tensors with bytes, as the stager sees them.
-  std::vector<DeviceStager::Tensor> StagedTensors(
-      const std::vector<proto::StagedItem>& layout,
-      std::vector<size_t>* items) const;
-  // Queues the stager's hashes of every tensor in `layout`, in runs of
-  // `chunk_size`; `at[i]` is where item i's begin in stager_->hashes() (-1:
-  // not hashed there).
-  absl::Status QueueDeviceHashes(const std::vector<proto::StagedItem>& layout,
-                                 uint32_t chunk_size, std::vector<int64_t>* at);
-  std::vector<Registered> items_;
-  std::thread copier_;  // the copy of the save in flight
-  // One thread: StageComplete/AbortStage calls, in save order.
-  std::unique_ptr<io::ThreadPool> handover_;
-  // Most recently used first; touched only by the thread driving the
-  // Checkpointer (the copier holds its own reference to the slot it fills).
-  std::vector<std::shared_ptr<MappedSlot>> mapped_;
+  std::vector<RegisteredItem> items_;
+  const std::shared_ptr<FailureLog> failures_ = std::make_shared<FailureLog>();
+  // Runs the saves (client/save_stager.h): made by Connect, reset first by
+  // the destructor.
+  std::unique_ptr<SaveStager> saves_;
   // What the restore in progress read, reported to ckptd when it succeeds.
-  struct RestoreReport {
-    uint64_t memory_bytes = 0, disk_bytes = 0, peer_bytes = 0;
-    uint32_t mismatches = 0, fallbacks = 0;
-  };
   RestoreReport report_;  // touched only by the thread calling Restore
-  // Tells ckptd this trainer is attached (its job is not idle), from the
-  // first registration on: a Checkpointer that only asks questions (tools,
-  // polls) is no trainer.
-  void Attach();
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<DaemonSession> session_;
   // The failure watcher (WatchFailures).
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
-  std::vector<std::string> lost_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex mu_;
-  const std::shared_ptr<FailureLog> failures_ = std::make_shared<FailureLog>();
-  CheckpointerStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> lost_ ABSL_GUARDED_BY(mu_);
 };
 
 // ckptd's default socket: $CKPT_SOCKET when set, else the calling uid's

@@ -8,7 +8,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/random.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -26,6 +25,7 @@
 #include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
+#include "io/secure_random.h"
 #include "io/status_macros.h"
 
 namespace ckpt::io {
@@ -43,6 +43,34 @@ void SetTimeouts(int fd, int seconds) {
   timeval tv{.tv_sec = seconds, .tv_usec = 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+// Connects `fd` within `timeout`; returns 0, or the errno it failed with. A
+// connect interrupted by a signal (EINTR), or cut short by the socket's send
+// timeout (EINPROGRESS), goes on in the kernel: its outcome is waited for
+// and read from SO_ERROR.
+int Connect(int fd, const sockaddr_storage& addr, socklen_t len,
+            absl::Duration timeout) {
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
+    return 0;
+  }
+  if (errno != EINTR && errno != EINPROGRESS) return errno;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    pollfd p{.fd = fd, .events = POLLOUT, .revents = 0};
+    const int64_t left_ms = std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(deadline - absl::Now()), 0, 1 << 30);
+    const int ready = ::poll(&p, 1, static_cast<int>(left_ms));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return errno;
+    if (ready == 0) return ETIMEDOUT;
+    int error = 0;
+    socklen_t size = sizeof error;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) {
+      return errno;
+    }
+    return error;
+  }
 }
 
 // Sends or receives exactly `n` bytes; false (errno set) when the peer went
@@ -98,24 +126,6 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port,
   *len = found->ai_addrlen;
   ::freeaddrinfo(found);
   return addr;
-}
-
-// 16 bytes from the kernel's CSPRNG: a ticket is all that lets a connection
-// take the file it stands for.
-std::string RandomToken(size_t bytes) {
-  std::string token(bytes, '\0');
-  for (size_t at = 0; at < bytes;) {
-    const ssize_t got = ::getrandom(token.data() + at, bytes - at, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      // A kernel without getrandom, or a seccomp filter: a ticket must
-      // never be predictable, so no weaker fallback.
-      CKPT_LOG_ERROR("bulk transfers: getrandom: {}", std::strerror(errno));
-      std::abort();
-    }
-    at += static_cast<size_t>(got);
-  }
-  return token;
 }
 
 }  // namespace
@@ -206,7 +216,7 @@ absl::Status BulkServer::RoomForTicket() {
 BulkServer::Ticket BulkServer::Issue(Offered offered) {
   Ticket t;
   t.bytes = offered.bytes;
-  t.token = RandomToken(kTicketBytes);
+  t.token = SecureRandomBytes(kTicketBytes);
   absl::MutexLock lock(&mu_);
   Expire();
   tickets_[t.token] = std::move(offered);
@@ -344,8 +354,8 @@ absl::StatusOr<std::unique_ptr<BulkStream>> BulkStream::Open(
   SetTimeouts(fd, static_cast<int>(
                       std::max<int64_t>(1, absl::ToInt64Seconds(timeout))));
   uint8_t header[8];
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&*addr), len) != 0) {
-    return io::ErrnoToStatus(errno, where + ": connect");
+  if (const int error = Connect(fd, *addr, len, timeout); error != 0) {
+    return io::ErrnoToStatus(error, where + ": connect");
   }
   if (!SendAll(fd, ticket.data(), ticket.size()) ||
       !RecvAll(fd, header, sizeof header)) {

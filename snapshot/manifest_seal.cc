@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "io/status_macros.h"
+#include "proto/manifest.pb.h"
 
 namespace ckpt::snapshot {
 namespace {
@@ -87,8 +88,10 @@ SealKeys::Key SealKeys::MakeKey(std::string bytes) {
 }
 
 absl::StatusOr<std::shared_ptr<const SealKeys>> SealKeys::FromBytes(
-    const std::string& current, const std::vector<std::string>& old) {
+    const std::string& current, const std::vector<std::string>& old,
+    UnsealedThrough unsealed_through) {
   auto keys = std::shared_ptr<SealKeys>(new SealKeys());
+  keys->unsealed_through_ = std::move(unsealed_through);
   keys->keys_.push_back(MakeKey(current));
   for (const std::string& k : old) {
     keys->keys_.push_back(MakeKey(k));
@@ -131,9 +134,10 @@ absl::Status SealKeys::Check(absl::string_view manifest) const {
           kSealTag ||
       static_cast<uint8_t>(manifest[manifest.size() - kSealFieldBytes + 1]) !=
           kIdBytes + kMacBytes) {
+    if (SavedBeforeTheKey(manifest)) return absl::OkStatus();
     return absl::PermissionDeniedError(
         "manifest is not sealed: it was written without the cluster key (by "
-        "a node without --cluster-key, or forged)");
+        "a node started with --cluster-key none, or forged)");
   }
   const absl::string_view covered =
       manifest.substr(0, manifest.size() - kSealFieldBytes);
@@ -154,6 +158,17 @@ absl::Status SealKeys::Check(absl::string_view manifest) const {
       absl::StrCat("manifest is sealed with cluster key ", Hex(id, kIdBytes),
                    ", which this node does not hold (give it as "
                    "--cluster-key-old during a rotation)"));
+}
+
+bool SealKeys::SavedBeforeTheKey(absl::string_view manifest) const {
+  if (unsealed_through_.empty()) return false;
+  proto::ShardManifest parsed;
+  if (!parsed.ParseFromArray(manifest.data(),
+                             static_cast<int>(manifest.size()))) {
+    return false;
+  }
+  auto it = unsealed_through_.find(parsed.job());
+  return it != unsealed_through_.end() && parsed.step() <= it->second;
 }
 
 std::string SealKeys::current_id() const {

@@ -17,12 +17,19 @@
 // one of the keys checks, else it is refused with PermissionDenied naming
 // what is wrong. Without keys, nothing is sealed or checked.
 //
+// A cluster that turns keys on over checkpoints saved without one (ckptd's
+// default key, agreed at its first start after an upgrade) keeps those
+// readable: the keys then carry, per job, the newest step saved before the
+// key existed, and an unsealed manifest of such a step still checks. Every
+// later step must be sealed.
+//
 // Thread-safety: SealKeys is immutable; installing is thread-safe.
 #ifndef CKPT_SNAPSHOT_MANIFEST_SEAL_H_
 #define CKPT_SNAPSHOT_MANIFEST_SEAL_H_
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,10 +47,15 @@ class SealKeys {
   // The field as it is appended: tag, length, id, MAC.
   static constexpr size_t kSealFieldBytes = 2 + kIdBytes + kMacBytes;
 
+  // Per job, the newest step whose shards were saved before the cluster had
+  // a key (and may stay unsealed).
+  using UnsealedThrough = std::map<std::string, uint64_t>;
+
   // From key material (at least 32 bytes): `current` seals and checks,
   // `old` only check.
   static absl::StatusOr<std::shared_ptr<const SealKeys>> FromBytes(
-      const std::string& current, const std::vector<std::string>& old = {});
+      const std::string& current, const std::vector<std::string>& old = {},
+      UnsealedThrough unsealed_through = {});
   // From key files (their whole content, a trailing newline dropped): each
   // must be a regular file of this uid that no other user may read.
   static absl::StatusOr<std::shared_ptr<const SealKeys>> Load(
@@ -53,7 +65,8 @@ class SealKeys {
   // The bytes to append to `manifest` (its serialized form without a seal).
   std::string Seal(absl::string_view manifest) const;
   // Checks that `manifest` (as the file holds it) ends with a seal one of
-  // the keys made over the bytes before it.
+  // the keys made over the bytes before it, or is an unsealed manifest of a
+  // step saved before the key existed.
   absl::Status Check(absl::string_view manifest) const;
 
   // The current key's id, in hex (logs, errors).
@@ -65,7 +78,11 @@ class SealKeys {
     std::array<uint8_t, kIdBytes> id;
   };
   static Key MakeKey(std::string bytes);
+  // Whether an unsealed `manifest` is of a step saved before the key.
+  bool SavedBeforeTheKey(absl::string_view manifest) const;
+
   std::vector<Key> keys_;  // current first
+  UnsealedThrough unsealed_through_;
 };
 
 // The process's keys (null: none). Installed once at start by ckptd; tests

@@ -62,6 +62,15 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
   }
   auto view = ckpt::tools::DataDirView::Open(data_dir);
   if (!view.ok()) return Fail("verify", view.status());
+  // Without --cluster-key, the key a single node's ckptd made for itself.
+  std::string sealed_by;
+  if (snapshot::InstalledSealKeys() == nullptr) {
+    auto id = (*view)->InstallClusterKey();
+    if (!id.ok()) return Fail("verify", id.status());
+    if (id->has_value()) sealed_by = **id;
+  } else {
+    sealed_by = snapshot::InstalledSealKeys()->current_id();
+  }
   auto shards =
       step.has_value() ? (*view)->StepShards(job, *step) : (*view)->Shards(job);
   // The replicas this node holds for its peers, and the shared tier: a node
@@ -117,16 +126,21 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
     j["job"] = job;
     if (step.has_value()) j["step"] = *step;
     j["ok"] = problems == 0;
+    j["seals_checked"] = !sealed_by.empty();
     j["copies"] = out;
     std::cout << j.dump(2) << "\n";
   } else if (problems == 0) {
     std::printf(
-        "OK  job %s%s: %d shard copies, %lu chunks verified%s\n", job.c_str(),
+        "OK  job %s%s: %d shard copies, %lu chunks verified%s%s\n", job.c_str(),
         step.has_value() ? absl::StrCat(" step ", *step).c_str() : "", copies,
         static_cast<unsigned long>(chunks),
         parity_blocks == 0
             ? ""
-            : absl::StrCat(", ", parity_blocks, " parity blocks").c_str());
+            : absl::StrCat(", ", parity_blocks, " parity blocks").c_str(),
+        sealed_by.empty()
+            ? "; seals not checked (no cluster key here: give --cluster-key)"
+            : absl::StrCat("; seals checked with cluster key ", sealed_by)
+                  .c_str());
   } else {
     std::printf("%d problem(s) in job %s\n", problems, job.c_str());
   }

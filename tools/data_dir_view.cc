@@ -11,6 +11,7 @@
 #include "io/file_system.h"
 #include "io/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/names.h"
 #include "snapshot/shard_reader.h"
 
@@ -123,6 +124,21 @@ absl::StatusOr<std::vector<proto::ShardRecord>> DataDirView::Shards(
     const std::string& job) {
   RETURN_IF_ERROR(Job(job).status());
   return reader_->Shards(job);
+}
+
+absl::StatusOr<absl::optional<std::string>> DataDirView::InstallClusterKey() {
+  ASSIGN_OR_RETURN(absl::optional<proto::ClusterKeyRecord> record,
+                   reader_->ClusterKey());
+  if (!record.has_value()) return absl::optional<std::string>();
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<const snapshot::SealKeys> keys,
+      snapshot::SealKeys::FromBytes(record->key(), {},
+                                    snapshot::SealKeys::UnsealedThrough(
+                                        record->unsealed_through().begin(),
+                                        record->unsealed_through().end())));
+  std::string id = keys->current_id();
+  snapshot::InstallSealKeys(std::move(keys));
+  return absl::optional<std::string>(std::move(id));
 }
 
 absl::StatusOr<std::vector<proto::CommitRecord>> DataDirView::Commits(

@@ -78,6 +78,11 @@ class DataDirView {
       const std::string& job);
   absl::StatusOr<std::vector<proto::CommitRecord>> Commits(
       const std::string& job);
+  // Installs for this process the cluster key this data directory's
+  // embedded coordinator keeps (the key a single node's ckptd made, started
+  // without --cluster-key), so that every manifest read is checked against
+  // it; returns its id, or nullopt when there is none.
+  absl::StatusOr<absl::optional<std::string>> InstallClusterKey();
   // The steps of `job` this node has shards or commit records of; `commits`,
   // when given, replaces the data directory's commit records (those of a
   // running ckptd's coordinator, etcd's for a node of a cluster).

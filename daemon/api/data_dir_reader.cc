@@ -56,6 +56,11 @@ absl::StatusOr<std::vector<proto::CommitRecord>> DataDirReader::Commits(
   return coordinator_->ListCommits(job);
 }
 
+absl::StatusOr<absl::optional<proto::ClusterKeyRecord>>
+DataDirReader::ClusterKey() {
+  return coordinator_->GetClusterKey();
+}
+
 std::vector<proto::DroppedCopy> PlanCollection(
     const std::vector<proto::CommitRecord>& commits,
     const std::vector<proto::ShardRecord>& shards, int keep_disk,

@@ -49,6 +49,9 @@ class DataDirReader {
   // The commit records of the embedded coordinator (a single node's).
   absl::StatusOr<std::vector<proto::CommitRecord>> Commits(
       const std::string& job);
+  // The cluster key the embedded coordinator keeps (a single node's ckptd
+  // started without --cluster-key); nullopt: none there.
+  absl::StatusOr<absl::optional<proto::ClusterKeyRecord>> ClusterKey();
 
  private:
   explicit DataDirReader(std::unique_ptr<KvStore> store);

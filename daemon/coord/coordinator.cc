@@ -359,4 +359,66 @@ absl::StatusOr<std::vector<proto::ParityPlan>> Coordinator::ListParityPlans() {
   return plans;
 }
 
+namespace {
+
+constexpr char kClusterKeyKey[] = "/ckpt/cluster/seal-key";
+
+}  // namespace
+
+absl::StatusOr<proto::ClusterKeyRecord> Coordinator::AgreeClusterKey(
+    const std::string& fresh_key, const std::string& node) {
+  ASSIGN_OR_RETURN(absl::optional<proto::ClusterKeyRecord> kept,
+                   GetClusterKey());
+  if (kept.has_value()) return *std::move(kept);
+  proto::ClusterKeyRecord fresh;
+  fresh.set_key(fresh_key);
+  fresh.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+  fresh.set_created_by(node);
+  ASSIGN_OR_RETURN(auto newest, NewestStepOfEachJob());
+  fresh.mutable_unsealed_through()->insert(newest.begin(), newest.end());
+  ASSIGN_OR_RETURN(bool created,
+                   StoreCreate(kClusterKeyKey, fresh.SerializeAsString()));
+  if (created) return fresh;
+  ASSIGN_OR_RETURN(kept, GetClusterKey());  // another node's, kept first
+  if (!kept.has_value()) {
+    return absl::UnavailableError(
+        absl::StrCat(kClusterKeyKey, " was neither kept nor found; try again"));
+  }
+  return *std::move(kept);
+}
+
+absl::StatusOr<absl::optional<proto::ClusterKeyRecord>>
+Coordinator::GetClusterKey() {
+  ASSIGN_OR_RETURN(absl::optional<std::string> bytes, StoreGet(kClusterKeyKey));
+  if (!bytes.has_value()) return absl::optional<proto::ClusterKeyRecord>();
+  ASSIGN_OR_RETURN(
+      proto::ClusterKeyRecord kept,
+      ParseRecord<proto::ClusterKeyRecord>(kClusterKeyKey, *bytes));
+  if (kept.key().size() < 32) {
+    return absl::DataLossError(absl::StrCat(
+        kClusterKeyKey, " holds a key of ", kept.key().size(),
+        " bytes; at least 32 are needed (deleting it makes a new key, and "
+        "shards sealed under the old one unreadable)"));
+  }
+  return absl::optional<proto::ClusterKeyRecord>(std::move(kept));
+}
+
+absl::StatusOr<std::map<std::string, uint64_t>>
+Coordinator::NewestStepOfEachJob() {
+  ASSIGN_OR_RETURN(std::vector<std::string> keys, StoreKeys("/ckpt/"));
+  std::map<std::string, uint64_t> newest;
+  for (const std::string& key : keys) {
+    // <job>/steps/<step:020>/...
+    const size_t at = key.find("/steps/");
+    uint64_t step = 0;
+    if (at == std::string::npos ||
+        !absl::SimpleAtoi(absl::string_view(key).substr(at + 7, 20), &step)) {
+      continue;
+    }
+    uint64_t& n = newest[key.substr(0, at)];
+    n = std::max(n, step);
+  }
+  return newest;
+}
+
 }  // namespace ckpt::daemon

@@ -6,6 +6,7 @@
 //   /ckpt/<job>/steps/<step:020>/votes/<rank:010>    VoteRecord
 //   /ckpt/<job>/steps/<step:020>/commit/<tier>       CommitRecord
 //   /ckpt/<job>/latest/<tier>                        the latest committed step
+//   /ckpt/cluster/seal-key                           ClusterKeyRecord
 // Backends: EmbeddedCoordinator (one node, in ckptd's RocksDB) and
 // EtcdCoordinator (many nodes; leases and fencing).
 //
@@ -14,6 +15,7 @@
 #define CKPT_DAEMON_COORD_COORDINATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -127,7 +129,21 @@ class Coordinator {
   // groups that lost data).
   absl::StatusOr<std::vector<proto::ParityPlan>> ListParityPlans();
 
+  // The cluster's key for sealing manifests, when ckptd is given none: the
+  // record kept first, so every node agrees. A node that finds none keeps
+  // `fresh_key` (random, at least 32 bytes), naming itself `node`, with the
+  // newest step of each job that has a vote or commit record now (those
+  // steps stay readable unsealed).
+  absl::StatusOr<proto::ClusterKeyRecord> AgreeClusterKey(
+      const std::string& fresh_key, const std::string& node);
+  // The cluster's key if one was made (what `ckpt verify` checks seals
+  // with).
+  absl::StatusOr<absl::optional<proto::ClusterKeyRecord>> GetClusterKey();
+
  protected:
+  // Per job, the newest step with any record.
+  absl::StatusOr<std::map<std::string, uint64_t>> NewestStepOfEachJob();
+
   // The few store operations the rendezvous needs, in each backend's store.
   virtual absl::StatusOr<absl::optional<std::string>> StoreGet(
       const std::string& key) = 0;

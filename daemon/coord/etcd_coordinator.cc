@@ -224,6 +224,20 @@ void EtcdCoordinator::RefreshToken() {
     CKPT_LOG_WARN("ckptd: renewing the etcd token: {}", s.ToString());
 }
 
+absl::Status EtcdCoordinator::Checked(const grpc::Status& s,
+                                      absl::string_view what) {
+  absl::Status status = EtcdError(s, what);
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+      !options_.user.empty() &&
+      absl::StrContains(s.error_message(), "invalid auth token")) {
+    if (absl::Status renewed = Authenticate(); !renewed.ok()) {
+      CKPT_LOG_WARN("ckptd: renewing the etcd token etcd forgot: {}",
+                    renewed.ToString());
+    }
+  }
+  return status;
+}
+
 void EtcdCoordinator::Authorize(grpc::ClientContext* context) const {
   absl::MutexLock lock(&mu_);
   if (!token_.empty()) context->AddMetadata("token", token_);
@@ -241,7 +255,7 @@ absl::Status EtcdCoordinator::Register() {
   grant.set_ttl(absl::ToInt64Seconds(options_.lease_ttl));
   etcdserverpb::LeaseGrantResponse granted;
   grpc::ClientContext c1;
-  RETURN_IF_ERROR(EtcdError(
+  RETURN_IF_ERROR(Checked(
       lease_stub_->LeaseGrant(Prepare(&c1), grant, &granted), "lease grant"));
   if (!granted.error().empty()) {
     return absl::UnavailableError("etcd lease grant: " + granted.error());
@@ -252,8 +266,8 @@ absl::Status EtcdCoordinator::Register() {
   put.set_lease(granted.id());
   etcdserverpb::PutResponse put_resp;
   grpc::ClientContext c2;
-  RETURN_IF_ERROR(EtcdError(kv_->Put(Prepare(&c2), put, &put_resp),
-                            "registering node " + options_.node_id));
+  RETURN_IF_ERROR(Checked(kv_->Put(Prepare(&c2), put, &put_resp),
+                          "registering node " + options_.node_id));
   absl::MutexLock lock(&mu_);
   lease_ = granted.id();
   return absl::OkStatus();
@@ -316,7 +330,7 @@ void EtcdCoordinator::KeepAliveLoop() {
       RefreshToken();
     }
     context.TryCancel();
-    (void)stream->Finish();
+    (void)Checked(stream->Finish(), "lease keep-alive");
     if (!nap(absl::Milliseconds(200))) return;
   }
 }
@@ -352,8 +366,8 @@ absl::StatusOr<etcdserverpb::RangeResponse> EtcdCoordinator::Range(
   if (prefix) req.set_range_end(PrefixEnd(key));
   etcdserverpb::RangeResponse resp;
   grpc::ClientContext context;
-  RETURN_IF_ERROR(EtcdError(kv_->Range(Prepare(&context), req, &resp),
-                            absl::StrCat("reading ", key)));
+  RETURN_IF_ERROR(Checked(kv_->Range(Prepare(&context), req, &resp),
+                          absl::StrCat("reading ", key)));
   return resp;
 }
 
@@ -361,7 +375,7 @@ absl::StatusOr<etcdserverpb::TxnResponse> EtcdCoordinator::Txn(
     const etcdserverpb::TxnRequest& request, const std::string& what) {
   etcdserverpb::TxnResponse resp;
   grpc::ClientContext context;
-  RETURN_IF_ERROR(EtcdError(kv_->Txn(Prepare(&context), request, &resp), what));
+  RETURN_IF_ERROR(Checked(kv_->Txn(Prepare(&context), request, &resp), what));
   return resp;
 }
 

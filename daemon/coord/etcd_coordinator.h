@@ -116,6 +116,10 @@ class EtcdCoordinator final : public Coordinator {
   absl::Status Authenticate();
   // Renews the token once it is older than options_.token_refresh.
   void RefreshToken();
+  // A call's outcome as an absl::Status naming `what`. etcd forgets its
+  // tokens when it restarts ("invalid auth token"): a new one is taken at
+  // once, for the caller's next try.
+  absl::Status Checked(const grpc::Status& s, absl::string_view what);
   // Adds the auth token (if any) to a call's metadata.
   void Authorize(grpc::ClientContext* context) const;
   // Authorize, and the deadline of options_.rpc_timeout.

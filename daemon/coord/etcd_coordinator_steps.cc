@@ -210,8 +210,7 @@ absl::StatusOr<std::set<uint64_t>> EtcdCoordinator::StepsVotedAt(
   req.set_range_end(PrefixEnd(StepsPrefix(job)));
   etcdserverpb::RangeResponse r;
   grpc::ClientContext context;
-  RETURN_IF_ERROR(
-      etcd_ops::EtcdError(kv_->Range(Prepare(&context), req, &r),
+  RETURN_IF_ERROR(Checked(kv_->Range(Prepare(&context), req, &r),
                           absl::StrCat("reading the votes of job ", job)));
   std::set<uint64_t> out;
   for (const etcdserverpb::KeyValue& kv : r.kvs()) {

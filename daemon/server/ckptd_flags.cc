@@ -196,11 +196,14 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                "path could forge votes and commits (only on a trusted "
                "network); warned at every start");
   app.add_option("--cluster-key", f.cluster_key,
-                 "a file (mode 0600) of at least 32 bytes of key material "
+                 "every shard's manifest is sealed with the cluster key (a "
+                 "keyed MAC), and shards whose seal it does not check are "
+                 "refused at every tier. Unset: the cluster's own key, made "
+                 "by the first ckptd and kept in the coordinator (etcd, or "
+                 "the embedded one). A file (mode 0600) of at least 32 bytes "
                  "shared by every node (tools/ckpt-certs cluster-key makes "
-                 "one): every shard's manifest is sealed with it (a keyed "
-                 "MAC), and shards whose seal it does not check are refused "
-                 "at every tier");
+                 "one): that key. \"none\": no seals (warned at every "
+                 "start)");
   app.add_option("--cluster-key-old", f.cluster_key_old,
                  "during a key rotation: a previous cluster key, accepted "
                  "for reading (repeatable)");
@@ -366,6 +369,8 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   options.keep_disk_steps = f.keep_disk;
   options.keep_memory_steps = f.keep_memory;
   options.full_every = f.full_every;
+  options.agree_cluster_key = f.cluster_key.empty();
+  options.node_id = f.node_id;
   options.idle_job_memory_ttl =
       f.idle_ttl_s > 0 ? absl::Seconds(f.idle_ttl_s) : absl::InfiniteDuration();
   options.persist_threads = f.persist_threads;

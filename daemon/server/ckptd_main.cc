@@ -80,6 +80,38 @@ void StopDeadline(absl::Duration timeout, std::atomic<bool>& cancel,
   std::_Exit(1);
 }
 
+// --cluster-key FILE (and its rotation's old keys), installed for the
+// process; "none" warns; unset leaves the key to the service, which agrees
+// on the cluster's own through the coordinator.
+absl::Status InstallClusterKeyFile(const ckpt::daemon::CkptdFlags& f) {
+  const bool file = !f.cluster_key.empty() && f.cluster_key != "none";
+  if (!f.cluster_key_old.empty() && !file) {
+    return absl::InvalidArgumentError(
+        "--cluster-key-old needs --cluster-key FILE");
+  }
+  if (f.cluster_key == "none") {
+    CKPT_LOG_WARN(
+        "ckptd: manifests are not sealed (--cluster-key none): whoever can "
+        "write a tier, or reach the peer port as a node of the cluster, can "
+        "forge shards");
+  }
+  if (!file) return absl::OkStatus();
+  auto keys = ckpt::snapshot::SealKeys::Load(f.cluster_key, f.cluster_key_old);
+  if (!keys.ok()) {
+    return absl::Status(
+        keys.status().code(),
+        absl::StrCat("--cluster-key: ", keys.status().message()));
+  }
+  CKPT_LOG_INFO("ckptd: manifests sealed with cluster key {}{}",
+                (*keys)->current_id(),
+                f.cluster_key_old.empty()
+                    ? ""
+                    : absl::StrCat(" (", f.cluster_key_old.size(),
+                                   " old keys accepted for reads)"));
+  ckpt::snapshot::InstallSealKeys(*std::move(keys));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,23 +162,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  if (!f.cluster_key.empty()) {
-    auto keys =
-        ckpt::snapshot::SealKeys::Load(f.cluster_key, f.cluster_key_old);
-    if (!keys.ok()) {
-      std::fprintf(stderr, "ckptd: --cluster-key: %s\n",
-                   std::string(keys.status().message()).c_str());
-      return 2;
-    }
-    CKPT_LOG_INFO("ckptd: manifests sealed with cluster key {}{}",
-                  (*keys)->current_id(),
-                  f.cluster_key_old.empty()
-                      ? ""
-                      : absl::StrCat(" (", f.cluster_key_old.size(),
-                                     " old keys accepted for reads)"));
-    ckpt::snapshot::InstallSealKeys(*std::move(keys));
-  } else if (!f.cluster_key_old.empty()) {
-    std::fprintf(stderr, "ckptd: --cluster-key-old needs --cluster-key\n");
+  if (absl::Status keys = InstallClusterKeyFile(f); !keys.ok()) {
+    std::fprintf(stderr, "ckptd: %s\n", std::string(keys.message()).c_str());
     return 2;
   }
   if (f.coordinator != "embedded") {

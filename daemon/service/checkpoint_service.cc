@@ -10,8 +10,10 @@
 #include "daemon/common/records.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
+#include "io/secure_random.h"
 #include "io/status_macros.h"
 #include "snapshot/format.h"
+#include "snapshot/manifest_seal.h"
 #include "snapshot/names.h"
 
 namespace ckpt::daemon {
@@ -124,6 +126,7 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
       o.coordinator != nullptr
           ? o.coordinator
           : std::make_shared<EmbeddedCoordinator>(service->store_.get());
+  RETURN_IF_ERROR(service->InstallAgreedClusterKey());
   ASSIGN_OR_RETURN(service->arena_,
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
   ASSIGN_OR_RETURN(
@@ -200,6 +203,34 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   service->housekeeper_ =
       std::thread([s = service.get()] { s->Housekeeping(); });
   return service;
+}
+
+absl::Status CheckpointService::InstallAgreedClusterKey() {
+  if (!options_.agree_cluster_key) return absl::OkStatus();
+  absl::StatusOr<proto::ClusterKeyRecord> agreed =
+      coordinator_->AgreeClusterKey(
+          io::SecureRandomBytes(snapshot::SealKeys::kMinKeyBytes),
+          options_.node_id);
+  if (!agreed.ok()) {
+    return absl::Status(agreed.status().code(),
+                        absl::StrCat("agreeing on the cluster key: ",
+                                     agreed.status().message()));
+  }
+  snapshot::SealKeys::UnsealedThrough unsealed(
+      agreed->unsealed_through().begin(), agreed->unsealed_through().end());
+  ASSIGN_OR_RETURN(std::shared_ptr<const snapshot::SealKeys> keys,
+                   snapshot::SealKeys::FromBytes(agreed->key(), {}, unsealed));
+  CKPT_LOG_INFO(
+      "ckptd: manifests sealed with cluster key {} (the cluster's own, made "
+      "by {} at {}{})",
+      keys->current_id(), agreed->created_by(),
+      absl::FormatTime(absl::FromUnixMicros(agreed->created_unix_micros())),
+      unsealed.empty() ? ""
+                       : absl::StrCat("; steps of ", unsealed.size(),
+                                      " jobs saved before it stay readable "
+                                      "unsealed"));
+  snapshot::InstallSealKeys(std::move(keys));
+  return absl::OkStatus();
 }
 
 CheckpointService::~CheckpointService() {

@@ -100,6 +100,14 @@ struct ServiceOptions {
   // every save is full. Copies that leave the node are self-contained. Only
   // with the embedded coordinator (see PinBase).
   int full_every = 10;
+  // ckptd's default when it is given no --cluster-key: at start, the
+  // cluster's key for sealing manifests is made or read through the
+  // coordinator (Coordinator::AgreeClusterKey) and installed for the whole
+  // process (snapshot::InstallSealKeys). False: the process's keys are left
+  // as they are (a --cluster-key file, or none).
+  bool agree_cluster_key = false;
+  // Names this node in the key's record.
+  std::string node_id;
 };
 
 class CheckpointService {
@@ -226,6 +234,9 @@ class CheckpointService {
   absl::Status SealedForRestore(proto::ShardRecord& r) const;
   explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
   absl::Status Recover();
+  // With options_.agree_cluster_key: the cluster's key, made or read through
+  // the coordinator, installed for the process.
+  absl::Status InstallAgreedClusterKey();
   // Queues a staged shard for the persist threads.
   void Enqueue(const SlotId& id);
   // Persist threads take queued shards first, then garbage collection asked

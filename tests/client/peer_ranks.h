@@ -1,7 +1,8 @@
 // Helpers of the tests of the peer tier (replicas and parity) across real
 // ckptd processes: ranks that save a float vector whose values are a function
 // of the step and the global index (so any sharding of a step holds the same
-// numbers), the arguments of a node on etcd, and saving a step on every rank.
+// numbers), the arguments of a node on etcd, saving a step on every rank,
+// and a forged shard file.
 #ifndef CKPT_TESTS_CLIENT_PEER_RANKS_H_
 #define CKPT_TESTS_CLIENT_PEER_RANKS_H_
 
@@ -14,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "gtest/gtest.h"
+#include "io/file_system.h"
+#include "snapshot/shard_writer.h"
 #include "tests/client/connected_rank.h"
 #include "tests/daemon/etcd_process.h"
 
@@ -93,6 +96,31 @@ inline absl::Status SaveAll(std::vector<Rank*> ranks, uint64_t step,
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+// A forged shard of `job`'s step `step`, rank 0 of 1, laid out as a Rank of
+// `global` floats saves it (all `value`), written by a process without the
+// cluster key: every checksum holds, no seal.
+inline absl::Status WriteForged(const std::string& path, const std::string& job,
+                                uint64_t step, int64_t global, float value) {
+  std::vector<float> w(global, value);
+  const std::string rng = "forged";
+  snapshot::ShardWriter writer(io::DefaultFileSystem(), path, {job, step, 0, 1},
+                               {});
+  absl::Status s = writer.AddTensor(
+      {"model/w",
+       proto::DTYPE_FLOAT32,
+       {global},
+       {0},
+       {global},
+       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(w.data()),
+                           w.size() * sizeof(float))});
+  if (s.ok()) {
+    s = writer.AddBytes(
+        "rng", absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(rng.data()),
+                                   rng.size()));
+  }
+  return s.ok() ? writer.Commit().status() : s;
 }
 
 }  // namespace ckpt::client

@@ -661,31 +661,6 @@ TEST(ReplicationTest, APushThatStallsIsCancelledAndReleasesItsRoom) {
       << again.error_message();
 }
 
-// A forged shard of `job`'s step `step`, rank 0 of 1, laid out as a Rank of
-// `global` floats saves it (all `value`), written by a process without the
-// cluster key: every checksum holds, no seal.
-absl::Status WriteForged(const std::string& path, const std::string& job,
-                         uint64_t step, int64_t global, float value) {
-  std::vector<float> w(global, value);
-  const std::string rng = "forged";
-  snapshot::ShardWriter writer(io::DefaultFileSystem(), path, {job, step, 0, 1},
-                               {});
-  absl::Status s = writer.AddTensor(
-      {"model/w",
-       proto::DTYPE_FLOAT32,
-       {global},
-       {0},
-       {global},
-       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(w.data()),
-                           w.size() * sizeof(float))});
-  if (s.ok()) {
-    s = writer.AddBytes(
-        "rng", absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(rng.data()),
-                                   rng.size()));
-  }
-  return s.ok() ? writer.Commit().status() : s;
-}
-
 // With a cluster key, a shard whose manifest the key did not seal is refused
 // wherever it shows up: a forged replica pushed by a client (its checksums
 // right) is never held, and a node's own file altered on disk is not read by

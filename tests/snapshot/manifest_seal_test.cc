@@ -105,6 +105,36 @@ TEST_F(ManifestSealTest,
                                      ": the shard was altered or forged")));
 }
 
+// Keys turned on over checkpoints saved without one: the steps saved before
+// (per job) stay readable unsealed; a later step, or another job's, must be
+// sealed; a sealed one checks as always.
+TEST_F(ManifestSealTest, StepsSavedBeforeTheKeyExistedStayReadableUnsealed) {
+  const std::string old_step = dir_.File(ShardFileName(1, 0, ".shard"));
+  const std::string new_step = dir_.File(ShardFileName(2, 0, ".shard"));
+  ASSERT_TRUE(Write(old_step, 1).ok());  // no key yet
+  ASSERT_TRUE(Write(new_step, 2).ok());
+  auto keys = SealKeys::FromBytes(std::string(32, 'a'), {}, {{"job", 1}});
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  InstallSealKeys(*keys);
+  absl::Status s = Check(old_step);
+  EXPECT_TRUE(s.ok()) << s;
+  s = Check(new_step);
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("manifest is not sealed"));
+  // Another job's step 1 was not saved before the key.
+  keys = SealKeys::FromBytes(std::string(32, 'a'), {}, {{"other", 5}});
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  InstallSealKeys(*keys);
+  s = Check(old_step);
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  // A step written now is sealed and checks.
+  InstallSealKeys(Keys('a'));
+  ASSERT_TRUE(Write(new_step, 2).ok());
+  InstallSealKeys(*keys);
+  s = Check(new_step);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_F(ManifestSealTest, SelfContainedCopiesOfIncrementalShardsAreSealedAnew) {
   InstallSealKeys(Keys('a'));
   const std::string base = dir_.File(ShardFileName(1, 0, ".shard"));

@@ -14,6 +14,7 @@
 #include "client/checkpointer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "tests/client/daemon_process.h"
 #include "tests/test_util.h"
@@ -200,6 +201,9 @@ TEST_F(CliDataTest, VerifyChecksDiskAndMemoryTiersAndNamesWhatIsBad) {
   Result ok = RunCli(Cli("verify job"));
   ASSERT_EQ(ok.exit_code, 0) << ok.out;
   EXPECT_THAT(ok.out, HasSubstr("OK"));
+  // The ckptd made its own cluster key; verify found it in the data
+  // directory and checked every seal with it.
+  EXPECT_THAT(ok.out, HasSubstr("seals checked with cluster key"));
   nlohmann::json j = Json("inspect job 3 --json");
   const std::string file = j["ranks"][1]["shard_path"];
   const std::string slot = j["ranks"][0]["slot_path"];
@@ -217,6 +221,7 @@ TEST_F(CliDataTest, VerifyChecksDiskAndMemoryTiersAndNamesWhatIsBad) {
   EXPECT_EQ(memory.exit_code, 1) << memory.out;
   nlohmann::json mj = nlohmann::json::parse(memory.out);
   EXPECT_FALSE(mj["ok"].get<bool>());
+  EXPECT_TRUE(mj["seals_checked"].get<bool>());
   int bad = 0;
   for (const nlohmann::json& c : mj["copies"]) {
     if (c["problems"].empty()) continue;

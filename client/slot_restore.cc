@@ -1,12 +1,11 @@
-// Checkpointer: restoring from a memory-tier slot. The slot is the daemon's,
-// so what is copied out of it is checked against the persisted manifest's
-// chunk checksums, or the hashes the saving client took, on several threads.
+#include "client/slot_restore.h"
+
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
-#include "client/checkpointer_internal.h"
 #include "client/device_upload.h"
 #include "client/parallel_copy.h"
 #include "io/status_macros.h"
@@ -26,9 +25,9 @@ bool HasChunkHashes(const proto::StagedItem& staged) {
 
 }  // namespace
 
-absl::Status Checkpointer::CopyAndVerify(
-    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
-    const snapshot::ShardReader* reader) {
+absl::Status CopyAndVerify(const RestoreContext& ctx, const uint8_t* slot,
+                           const std::vector<const proto::StagedItem*>& sources,
+                           const snapshot::ShardReader* reader) {
   // What each copied run must hash to: the persisted manifest's chunk
   // checksum, else the hash the saving client took of the run in the slot
   // (StagedItem.chunk_xxh3). Neither (a save that took no hashes, not
@@ -44,7 +43,7 @@ absl::Status Checkpointer::CopyAndVerify(
   };
   std::vector<Unit> units;
   uint64_t total = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
+  for (size_t i = 0; i < ctx.items.size(); ++i) {
     const proto::StagedItem& staged = *sources[i];
     const uint8_t* src = slot + staged.slot_offset();
     const uint64_t n = staged.item().raw_size();
@@ -58,13 +57,14 @@ absl::Status Checkpointer::CopyAndVerify(
       }
     }
     uint8_t* dst;
-    const bool on_device = items_[i].is_tensor() && !device_->host_resident();
-    if (items_[i].is_tensor()) {
-      dst = static_cast<uint8_t*>(items_[i].tensor);
+    const bool on_device =
+        ctx.items[i].is_tensor() && !ctx.device.host_resident();
+    if (ctx.items[i].is_tensor()) {
+      dst = static_cast<uint8_t*>(ctx.items[i].tensor);
       total += n;
     } else {
-      items_[i].bytes->resize(n);
-      dst = reinterpret_cast<uint8_t*>(items_[i].bytes->data());
+      ctx.items[i].bytes->resize(n);
+      dst = reinterpret_cast<uint8_t*>(ctx.items[i].bytes->data());
     }
     if (item != nullptr) {
       for (int c = 0; c < item->chunks_size(); ++c) {
@@ -125,17 +125,17 @@ absl::Status Checkpointer::CopyAndVerify(
   }
   if (to_device.empty()) return absl::OkStatus();
   return UploadFromHost(
-      device_.get(), to_device,
+      &ctx.device, to_device,
       [&](size_t i, absl::Span<const uint8_t> landed) {
         return good(*device_units[i], landed) ? absl::OkStatus()
                                               : mismatch(*device_units[i]);
       },
-      options_.restore_buffer_bytes);
+      ctx.options.restore_buffer_bytes);
 }
 
-absl::Status Checkpointer::VerifySlot(
-    const uint8_t* slot, const std::vector<const proto::StagedItem*>& sources,
-    const snapshot::ShardReader* reader) const {
+absl::Status VerifySlot(const uint8_t* slot,
+                        const std::vector<const proto::StagedItem*>& sources,
+                        const snapshot::ShardReader* reader) {
   // Items are checked on several threads: hashing a large slot on one core
   // would be most of a restore from memory.
   std::vector<absl::Status> results(sources.size());

@@ -1,10 +1,10 @@
-// The save path of Checkpointer: the slot layout, the copy into the staging
-// slot (by the copier thread, a fork, or the device's stream) and the
-// hand-over to ckptd, in save order. See client/checkpointer.h.
+#include "client/save_stager.h"
+
 #include <cstring>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
 #include "client/parallel_copy.h"
@@ -123,9 +123,9 @@ absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
   return s;
 }
 
-bool Checkpointer::ShouldFork(const std::vector<HostRegion>& regions) {
-  if (host_snapshot_ != HostSnapshot::kFork || regions.empty() ||
-      !device_->host_resident() || device_->queues_copies()) {
+bool SaveStager::ShouldFork(const std::vector<HostRegion>& regions) {
+  if (ctx_.options.host_snapshot != HostSnapshot::kFork || regions.empty() ||
+      !ctx_.device.host_resident() || ctx_.device.queues_copies()) {
     return false;
   }
   if (!inspected_) {
@@ -144,43 +144,45 @@ bool Checkpointer::ShouldFork(const std::vector<HostRegion>& regions) {
   return inspection_.unsafe.empty();
 }
 
-std::vector<proto::StagedItem> Checkpointer::SlotLayout() {
-  std::vector<proto::StagedItem> layout(items_.size());
+std::vector<proto::StagedItem> SaveStager::SlotLayout() {
+  std::vector<proto::StagedItem> layout(ctx_.items.size());
   uint64_t offset = 0;
   auto place = [&](size_t i) {
-    const proto::Item& item = items_[i].item;
+    const proto::Item& item = ctx_.items[i].item;
     *layout[i].mutable_item() = item;
     offset = io::AlignUp(offset, ItemAlignment(item.raw_size()));
     layout[i].set_slot_offset(offset);
     offset = io::AlignUp(offset + item.raw_size(), kItemAlignment);
   };
-  std::vector<bool> placed(items_.size(), false);
-  for (size_t i = 0; stager_ != nullptr && i < items_.size(); ++i) {
-    if (items_[i].is_tensor() && stager_->Gathers(items_[i].item.raw_size())) {
+  std::vector<bool> placed(ctx_.items.size(), false);
+  for (size_t i = 0; ctx_.stager != nullptr && i < ctx_.items.size(); ++i) {
+    if (ctx_.items[i].is_tensor() &&
+        ctx_.stager->Gathers(ctx_.items[i].item.raw_size())) {
       place(i);
       placed[i] = true;
     }
   }
-  for (size_t i = 0; i < items_.size(); ++i) {
+  for (size_t i = 0; i < ctx_.items.size(); ++i) {
     if (!placed[i]) place(i);
   }
   return layout;
 }
 
-std::vector<DeviceStager::Tensor> Checkpointer::StagedTensors(
+std::vector<DeviceStager::Tensor> SaveStager::StagedTensors(
     const std::vector<proto::StagedItem>& layout,
     std::vector<size_t>* items) const {
   std::vector<DeviceStager::Tensor> tensors;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (!items_[i].is_tensor() || layout[i].item().raw_size() == 0) continue;
-    tensors.push_back({items_[i].tensor, layout[i].item().raw_size(),
+  for (size_t i = 0; i < ctx_.items.size(); ++i) {
+    if (!ctx_.items[i].is_tensor() || layout[i].item().raw_size() == 0)
+      continue;
+    tensors.push_back({ctx_.items[i].tensor, layout[i].item().raw_size(),
                        layout[i].slot_offset()});
     if (items != nullptr) items->push_back(i);
   }
   return tensors;
 }
 
-absl::Status Checkpointer::QueueDeviceHashes(
+absl::Status SaveStager::QueueDeviceHashes(
     const std::vector<proto::StagedItem>& layout, uint32_t chunk_size,
     std::vector<int64_t>* at) {
   std::vector<size_t> items;
@@ -188,15 +190,34 @@ absl::Status Checkpointer::QueueDeviceHashes(
       StagedTensors(layout, &items);
   if (tensors.empty()) return absl::OkStatus();
   std::vector<uint64_t> first;
-  RETURN_IF_ERROR(stager_->QueueHashes(tensors, chunk_size, &first));
+  RETURN_IF_ERROR(ctx_.stager->QueueHashes(tensors, chunk_size, &first));
   for (size_t j = 0; j < items.size(); ++j) {
     (*at)[items[j]] = static_cast<int64_t>(first[j]);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
-    uint64_t step) {
+SaveStager::SaveStager(Context ctx)
+    : ctx_(std::move(ctx)), handover_(std::make_unique<io::ThreadPool>(1)) {}
+
+SaveStager::~SaveStager() {
+  if (copier_.joinable()) copier_.join();
+  handover_.reset();  // finishes the hand-overs still queued
+}
+
+void SaveStager::Drain() {
+  if (copier_.joinable()) copier_.join();
+  absl::Notification drained;
+  handover_->Schedule([&drained] { drained.Notify(); });
+  drained.WaitForNotification();
+}
+
+CheckpointerStats SaveStager::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::StatusOr<std::shared_ptr<SaveHandle>> SaveStager::Save(uint64_t step) {
   if (copier_.joinable())
     copier_.join();  // one copy at a time: slots are filled in order
   auto save = std::make_shared<PendingSave>();
@@ -213,18 +234,18 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   // A device with streams gets its copies queued here, before SaveAsync
   // returns, so that the trainer's next kernels can be ordered after them;
   // the copier thread only waits. The CPU device copies on the copier thread.
-  if (device_->queues_copies()) {
+  if (ctx_.device.queues_copies()) {
     if (absl::Status s = QueueDeviceCopies(*save); !s.ok()) {
       // Copies already queued may still be writing into the slot: let them
       // finish before the daemon gets it back.
-      (void)device_->Synchronize();
+      (void)ctx_.device.Synchronize();
       return Abandon(step, s);
     }
   }
   save->handle = std::shared_ptr<SaveHandle>(
-      new SaveHandle(rpc_, failures_, options_.job, step));
+      new SaveHandle(ctx_.rpc, ctx_.failures, ctx_.options.job, step));
   if (save->copied != nullptr) {
-    save->handle->device_ = device_.get();
+    save->handle->device_ = &ctx_.device;
     save->handle->copied_event_ = save->copied;
   }
   std::shared_ptr<SaveHandle> handle = save->handle;
@@ -239,15 +260,15 @@ absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(
   return handle;
 }
 
-std::vector<proto::StagedItem> Checkpointer::SizedLayout() {
+std::vector<proto::StagedItem> SaveStager::SizedLayout() {
   // Byte items are sized now (see ItemAlignment).
-  for (Registered& r : items_) {
+  for (RegisteredItem& r : ctx_.items) {
     if (r.bytes != nullptr) r.item.set_raw_size(r.bytes->size());
   }
   return SlotLayout();
 }
 
-uint64_t Checkpointer::SlotBytes(const std::vector<proto::StagedItem>& layout) {
+uint64_t SaveStager::SlotBytes(const std::vector<proto::StagedItem>& layout) {
   uint64_t end = 0;
   for (const proto::StagedItem& staged : layout) {
     end = std::max(end,
@@ -257,29 +278,30 @@ uint64_t Checkpointer::SlotBytes(const std::vector<proto::StagedItem>& layout) {
   return end;
 }
 
-absl::StatusOr<proto::BeginStageResponse> Checkpointer::BeginStage(
+absl::StatusOr<proto::BeginStageResponse> SaveStager::BeginStage(
     uint64_t step, uint64_t bytes) {
   proto::BeginStageRequest req;
-  req.mutable_shard()->set_job(options_.job);
+  req.mutable_shard()->set_job(ctx_.options.job);
   req.mutable_shard()->set_step(step);
-  req.mutable_shard()->set_rank(options_.rank);
-  req.set_world_size(options_.world_size);
+  req.mutable_shard()->set_rank(ctx_.options.rank);
+  req.set_world_size(ctx_.options.world_size);
   req.set_bytes(bytes);
   proto::BeginStageResponse resp;
-  absl::Status s = rpc_->Call(&proto::CkptDaemon::Stub::BeginStage, req, &resp,
-                              absl::StrCat("saving step ", step));
+  absl::Status s = ctx_.rpc->Call(&proto::CkptDaemon::Stub::BeginStage, req,
+                                  &resp, absl::StrCat("saving step ", step));
   if (!s.ok()) {
-    failures_->Record(s);
+    ctx_.failures->Record(s);
     return s;
   }
   return resp;
 }
 
-absl::Status Checkpointer::OpenSlot(PendingSave& save,
-                                    const proto::BeginStageResponse& slot) {
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
-    save.regions.push_back({items_[i].tensor, items_[i].item.raw_size(),
+absl::Status SaveStager::OpenSlot(PendingSave& save,
+                                  const proto::BeginStageResponse& slot) {
+  for (size_t i = 0; i < ctx_.items.size(); ++i) {
+    if (!ctx_.items[i].is_tensor() || ctx_.items[i].item.raw_size() == 0)
+      continue;
+    save.regions.push_back({ctx_.items[i].tensor, ctx_.items[i].item.raw_size(),
                             save.layout[i].slot_offset()});
   }
   // A fork writes the slot file through a descriptor: the slot is not mapped
@@ -294,24 +316,24 @@ absl::Status Checkpointer::OpenSlot(PendingSave& save,
   }
   // The chunk size of ckptd's shards: what the slot is hashed in runs of.
   save.chunk_size =
-      options_.hash_staged_chunks && !save.fork ? slot.chunk_size() : 0;
+      ctx_.options.hash_staged_chunks && !save.fork ? slot.chunk_size() : 0;
   save.device_at.assign(save.layout.size(), -1);
   return absl::OkStatus();
 }
 
-absl::Status Checkpointer::CaptureByteItems(PendingSave& save) {
+absl::Status SaveStager::CaptureByteItems(PendingSave& save) {
   // Byte items are captured now: the caller may change them as soon as
   // SaveAsync returns.
   std::vector<HostRegion> byte_items;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (items_[i].bytes == nullptr) continue;
+  for (size_t i = 0; i < ctx_.items.size(); ++i) {
+    if (ctx_.items[i].bytes == nullptr) continue;
     const uint64_t at = save.layout[i].slot_offset();
     if (save.fork) {
       byte_items.push_back(
-          {items_[i].bytes->data(), items_[i].bytes->size(), at});
+          {ctx_.items[i].bytes->data(), ctx_.items[i].bytes->size(), at});
     } else {
-      std::memcpy(save.base + at, items_[i].bytes->data(),
-                  items_[i].bytes->size());
+      std::memcpy(save.base + at, ctx_.items[i].bytes->data(),
+                  ctx_.items[i].bytes->size());
     }
   }
   if (!save.fork) return absl::OkStatus();
@@ -319,17 +341,18 @@ absl::Status Checkpointer::CaptureByteItems(PendingSave& save) {
   return err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, save.slot_path);
 }
 
-absl::Status Checkpointer::CopyTensors(
+absl::Status SaveStager::CopyTensors(
     const std::vector<proto::StagedItem>& layout, uint8_t* base) {
-  if (device_->host_resident() && !device_->queues_copies()) {
+  if (ctx_.device.host_resident() && !ctx_.device.queues_copies()) {
     // Host tensors: plain memory copies, spread over several threads.
     std::vector<CopyRegion> copies;
     size_t total = 0;
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (!items_[i].is_tensor() || items_[i].item.raw_size() == 0) continue;
-      copies.push_back({items_[i].tensor, base + layout[i].slot_offset(),
-                        items_[i].item.raw_size()});
-      total += items_[i].item.raw_size();
+    for (size_t i = 0; i < ctx_.items.size(); ++i) {
+      if (!ctx_.items[i].is_tensor() || ctx_.items[i].item.raw_size() == 0)
+        continue;
+      copies.push_back({ctx_.items[i].tensor, base + layout[i].slot_offset(),
+                        ctx_.items[i].item.raw_size()});
+      total += ctx_.items[i].item.raw_size();
     }
     ParallelHostCopy(copies, CopyThreadsFor(total));
     for (size_t i = 0; i < copies.size(); ++i) {
@@ -338,8 +361,8 @@ absl::Status Checkpointer::CopyTensors(
     return absl::OkStatus();
   }
   absl::Status queued =
-      stager_->QueueCopies(StagedTensors(layout, nullptr), base);
-  const DeviceStager::Stats& stats = stager_->stats();
+      ctx_.stager->QueueCopies(StagedTensors(layout, nullptr), base);
+  const DeviceStager::Stats& stats = ctx_.stager->stats();
   absl::MutexLock lock(&mu_);
   stats_.tensors_gathered = stats.tensors_gathered;
   stats_.gather_launches = stats.gather_launches;
@@ -347,8 +370,8 @@ absl::Status Checkpointer::CopyTensors(
   return queued;
 }
 
-absl::Status Checkpointer::QueueDeviceCopies(PendingSave& save) {
-  RETURN_IF_ERROR(device_->WaitForStream(options_.compute_stream));
+absl::Status SaveStager::QueueDeviceCopies(PendingSave& save) {
+  RETURN_IF_ERROR(ctx_.device.WaitForStream(ctx_.options.compute_stream));
   RETURN_IF_ERROR(CopyTensors(save.layout, save.base));
   // The tensors' chunk hashes, taken on the device behind their copies (of
   // the bytes copied), so the host hashes only the byte items.
@@ -356,7 +379,7 @@ absl::Status Checkpointer::QueueDeviceCopies(PendingSave& save) {
     absl::Status hashed =
         QueueDeviceHashes(save.layout, save.chunk_size, &save.device_at);
     if (hashed.ok()) {
-      save.device_hashes = stager_->hashes();
+      save.device_hashes = ctx_.stager->hashes();
     } else {
       CKPT_LOG_WARN("saving step {}: the host hashes the slot instead: {}",
                     save.step, hashed.ToString());
@@ -364,15 +387,16 @@ absl::Status Checkpointer::QueueDeviceCopies(PendingSave& save) {
     }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Event> event,
-                   device_->RecordEvent());
-  if (options_.order_compute_stream) {
-    RETURN_IF_ERROR(device_->StreamWaitEvent(options_.compute_stream, *event));
+                   ctx_.device.RecordEvent());
+  if (ctx_.options.order_compute_stream) {
+    RETURN_IF_ERROR(
+        ctx_.device.StreamWaitEvent(ctx_.options.compute_stream, *event));
   }
   save.copied = std::move(event);
   return absl::OkStatus();
 }
 
-void Checkpointer::FinishCopy(const std::shared_ptr<PendingSave>& save) {
+void SaveStager::FinishCopy(const std::shared_ptr<PendingSave>& save) {
   bool forked = false;
   absl::Status status =
       save->fork ? CopyByFork(*save, &forked) : CopyInProcess(*save);
@@ -384,7 +408,7 @@ void Checkpointer::FinishCopy(const std::shared_ptr<PendingSave>& save) {
   });
 }
 
-absl::Status Checkpointer::CopyByFork(PendingSave& save, bool* forked) {
+absl::Status SaveStager::CopyByFork(PendingSave& save, bool* forked) {
   // The fork runs on the copier thread: the child dies with the thread that
   // forked it, and this one lives until the child is done.
   absl::StatusOr<std::unique_ptr<ForkedCopy>> child =
@@ -409,7 +433,7 @@ absl::Status Checkpointer::CopyByFork(PendingSave& save, bool* forked) {
   return status;
 }
 
-absl::Status Checkpointer::CopyInProcess(PendingSave& save) {
+absl::Status SaveStager::CopyInProcess(PendingSave& save) {
   absl::Status status = save.copied != nullptr
                             ? save.copied->Wait()
                             : CopyTensors(save.layout, save.base);
@@ -423,8 +447,8 @@ absl::Status Checkpointer::CopyInProcess(PendingSave& save) {
   return status;
 }
 
-void Checkpointer::CountSave(const PendingSave& save,
-                             const absl::Status& status, bool forked) {
+void SaveStager::CountSave(const PendingSave& save, const absl::Status& status,
+                           bool forked) {
   absl::MutexLock lock(&mu_);
   if (save.copied == nullptr && !save.regions.empty()) {
     ++(forked ? stats_.saves_forked : stats_.saves_copied);
@@ -436,46 +460,46 @@ void Checkpointer::CountSave(const PendingSave& save,
   }
 }
 
-void Checkpointer::HandOver(const std::shared_ptr<SaveHandle>& handle,
-                            uint64_t step,
-                            const std::vector<proto::StagedItem>& layout,
-                            absl::Status status) {
+void SaveStager::HandOver(const std::shared_ptr<SaveHandle>& handle,
+                          uint64_t step,
+                          const std::vector<proto::StagedItem>& layout,
+                          absl::Status status) {
   proto::ShardKey key;
-  key.set_job(options_.job);
+  key.set_job(ctx_.options.job);
   key.set_step(step);
-  key.set_rank(options_.rank);
+  key.set_rank(ctx_.options.rank);
   CKPT_KILL_POINT("client.before_stage_complete");
   if (status.ok()) {
     proto::StageCompleteRequest done;
     *done.mutable_shard() = key;
     for (const auto& staged : layout) *done.add_items() = staged;
     proto::StageCompleteResponse ok;
-    status = rpc_->Call(&proto::CkptDaemon::Stub::StageComplete, done, &ok,
-                        absl::StrCat("staging step ", step));
+    status = ctx_.rpc->Call(&proto::CkptDaemon::Stub::StageComplete, done, &ok,
+                            absl::StrCat("staging step ", step));
   } else {
     proto::AbortStageRequest abort;
     *abort.mutable_shard() = key;
     proto::AbortStageResponse ignored;
-    (void)rpc_->Call(&proto::CkptDaemon::Stub::AbortStage, abort, &ignored,
-                     "abort");
+    (void)ctx_.rpc->Call(&proto::CkptDaemon::Stub::AbortStage, abort, &ignored,
+                         "abort");
   }
   CKPT_KILL_POINT("client.after_stage_complete");
-  if (!status.ok()) failures_->Record(status);
+  if (!status.ok()) ctx_.failures->Record(status);
   handle->Finish(status);
 }
 
-absl::Status Checkpointer::Abandon(uint64_t step, absl::Status status) {
+absl::Status SaveStager::Abandon(uint64_t step, absl::Status status) {
   status = absl::Status(status.code(), absl::StrCat("saving step ", step, ": ",
                                                     status.message()));
   // In save order with the hand-overs before it; the abort gives the slot back.
   auto handle = std::shared_ptr<SaveHandle>(
-      new SaveHandle(rpc_, failures_, options_.job, step));
+      new SaveHandle(ctx_.rpc, ctx_.failures, ctx_.options.job, step));
   handover_->Schedule(
       [this, handle, step, status] { HandOver(handle, step, {}, status); });
   return status;
 }
 
-absl::StatusOr<std::shared_ptr<Checkpointer::MappedSlot>> Checkpointer::MapSlot(
+absl::StatusOr<std::shared_ptr<SaveStager::MappedSlot>> SaveStager::MapSlot(
     const std::string& path, uint64_t bytes) {
   io::FileSystem* fs = io::DefaultFileSystem();
   ASSIGN_OR_RETURN(io::FileId id, fs->GetFileId(path));
@@ -507,14 +531,14 @@ absl::StatusOr<std::shared_ptr<Checkpointer::MappedSlot>> Checkpointer::MapSlot(
                        slot->file->size(), " bytes, expected ", bytes, ")"));
     }
     ASSIGN_OR_RETURN(slot->pin,
-                     device_->RegisterHost(slot->file->data(), bytes));
+                     ctx_.device.RegisterHost(slot->file->data(), bytes));
     found = std::move(slot);
     absl::MutexLock lock(&mu_);
     ++stats_.slots_mapped;
   }
   mapped_.insert(mapped_.begin(), found);
-  if (mapped_.size() > static_cast<size_t>(options_.mapped_slots)) {
-    mapped_.resize(options_.mapped_slots);
+  if (mapped_.size() > static_cast<size_t>(ctx_.options.mapped_slots)) {
+    mapped_.resize(ctx_.options.mapped_slots);
   }
   return found;
 }
