@@ -273,157 +273,215 @@ bool operator==(const ChunkHeader& a, const ChunkHeader& b) {
          a.raw_xxh3 == b.raw_xxh3 && a.stored_xxh3 == b.stored_xxh3;
 }
 
-absl::Status ValidateManifest(const proto::ShardManifest& m,
-                              uint64_t manifest_offset) {
-  auto bad = [](auto&&... parts) {
-    return absl::DataLossError(absl::StrCat(parts...));
-  };
+namespace {
+
+template <typename... Parts>
+absl::Status Bad(const Parts&... parts) {
+  return absl::DataLossError(absl::StrCat("manifest: ", parts...));
+}
+
+// Version, rank, alignment, chunk size and where the data ends.
+absl::Status ValidateShardFields(const proto::ShardManifest& m,
+                                 uint64_t manifest_offset) {
   if (m.format_version() < kOldestFormatVersion ||
       m.format_version() > kFormatVersion) {
-    return bad("manifest: format version ", m.format_version(),
-               " is not supported");
+    return Bad("format version ", m.format_version(), " is not supported");
   }
   if (!m.job().empty()) RETURN_IF_ERROR(ValidateJobId(m.job()));
   if (m.world_size() == 0 || m.rank() >= m.world_size()) {
-    return bad("manifest: rank ", m.rank(), " is outside world size ",
-               m.world_size());
+    return Bad("rank ", m.rank(), " is outside world size ", m.world_size());
   }
-  if (m.alignment() != kAlignment)
-    return bad("manifest: alignment ", m.alignment());
+  if (m.alignment() != kAlignment) return Bad("alignment ", m.alignment());
   if (m.chunk_size() == 0 || m.chunk_size() > kMaxChunkSize ||
       m.chunk_size() % 8 != 0) {
-    return bad("manifest: chunk size ", m.chunk_size(), " is outside (0, ",
-               kMaxChunkSize, "] or not a multiple of 8");
+    return Bad("chunk size ", m.chunk_size(), " is outside (0, ", kMaxChunkSize,
+               "] or not a multiple of 8");
   }
   if (m.data_size() != manifest_offset) {
-    return bad("manifest: data size ", m.data_size(),
-               " does not match manifest offset ", manifest_offset);
+    return Bad("data size ", m.data_size(), " does not match manifest offset ",
+               manifest_offset);
   }
+  return absl::OkStatus();
+}
+
+// Base shards: only in an incremental format, with increments counted, each
+// an earlier step named once.
+absl::Status ValidateBases(const proto::ShardManifest& m) {
   if (m.format_version() < kIncrementalFormatVersion &&
-      (m.bases_size() > 0 || m.increments() > 0))
-    return bad("manifest: base shards in format ", m.format_version());
+      (m.bases_size() > 0 || m.increments() > 0)) {
+    return Bad("base shards in format ", m.format_version());
+  }
   if ((m.bases_size() > 0) != (m.increments() > 0)) {
-    return bad("manifest: ", m.bases_size(), " base shards but ",
-               m.increments(), " increments since a full save");
+    return Bad(m.bases_size(), " base shards but ", m.increments(),
+               " increments since a full save");
   }
   std::set<uint64_t> base_steps;
   for (const proto::BaseShard& b : m.bases()) {
     if (b.step() >= m.step() || !base_steps.insert(b.step()).second) {
-      return bad("manifest: base shard step ", b.step(),
+      return Bad("base shard step ", b.step(),
                  " is not an earlier step named once (this is step ", m.step(),
                  ")");
     }
   }
+  return absl::OkStatus();
+}
+
+// The item's kind and box; returns its element width.
+absl::StatusOr<uint32_t> ValidateItemKind(const proto::Item& item) {
+  if (item.kind() == proto::ITEM_KIND_TENSOR) {
+    absl::StatusOr<uint64_t> size = ValidateTensorBox(item);
+    if (!size.ok()) return Bad(size.status().message());
+    if (*size != item.raw_size()) {
+      return Bad("tensor \"", item.name(), "\" raw size ", item.raw_size(),
+                 " does not match its box (", *size, " bytes)");
+    }
+    return static_cast<uint32_t>(DTypeSize(item.dtype()));
+  }
+  if (item.kind() == proto::ITEM_KIND_BYTES) {
+    if (item.dtype() != proto::DTYPE_UNSPECIFIED ||
+        item.global_shape_size() != 0 || item.box_offset_size() != 0 ||
+        item.box_length_size() != 0) {
+      return Bad("byte item \"", item.name(), "\" has a dtype or shape");
+    }
+    return 1u;
+  }
+  return Bad("item \"", item.name(), "\" has unknown kind ", item.kind());
+}
+
+// How a chunk's bytes are coded: a known codec and filter, byte planes with
+// their filter and width, the element width of its item, stored sizes a
+// coder could produce.
+absl::Status ValidateCoding(const proto::ChunkInfo& chunk, uint32_t version,
+                            uint32_t width) {
+  if (!KnownCodec(chunk.codec(), version) || !KnownFilter(chunk.filter())) {
+    return absl::DataLossError(absl::StrCat("unknown codec ", chunk.codec(),
+                                            " or filter ", chunk.filter(),
+                                            " in format ", version));
+  }
+  if (chunk.codec() == proto::CODEC_ZSTD_PLANES &&
+      (chunk.filter() != proto::FILTER_BYTE_SHUFFLE ||
+       chunk.element_width() < kMinPlaneWidth ||
+       chunk.element_width() > kMaxPlaneWidth)) {
+    return absl::DataLossError(absl::StrCat(
+        "byte planes need the byte-shuffle filter and ", kMinPlaneWidth, " to ",
+        kMaxPlaneWidth, "-byte elements (filter ", chunk.filter(), ", width ",
+        chunk.element_width(), ")"));
+  }
+  if (chunk.element_width() != width) {
+    return absl::DataLossError(absl::StrCat(
+        "element width ", chunk.element_width(), ", expected ", width));
+  }
+  if (chunk.codec() == proto::CODEC_NONE &&
+      chunk.stored_size() != chunk.raw_size()) {
+    return absl::DataLossError(absl::StrCat("uncompressed but stored size ",
+                                            chunk.stored_size(),
+                                            " != raw size ", chunk.raw_size()));
+  }
+  // zstd never needs more than its bound; anything larger is a lie.
+  const uint64_t bound = chunk.raw_size() + chunk.raw_size() / 128 + 1024;
+  if (chunk.stored_size() == 0 || chunk.stored_size() > bound) {
+    return absl::DataLossError(absl::StrCat("stored size ", chunk.stored_size(),
+                                            " is implausible for raw size ",
+                                            chunk.raw_size()));
+  }
+  return absl::OkStatus();
+}
+
+// Where a chunk lies: in this file at `file_pos`, or aligned in a base; its
+// stored offset valid in the format.
+absl::Status ValidatePlacement(const proto::ShardManifest& m,
+                               const proto::ChunkInfo& chunk,
+                               uint64_t file_pos) {
+  if (chunk.base() > static_cast<uint32_t>(m.bases_size())) {
+    return absl::DataLossError(absl::StrCat("base ", chunk.base(),
+                                            " but the manifest has ",
+                                            m.bases_size(), " base shards"));
+  }
+  if (chunk.base() > 0 ? chunk.file_offset() % kAlignment != 0
+                       : chunk.file_offset() != file_pos) {
+    return absl::DataLossError(
+        absl::StrCat("file offset ", chunk.file_offset(),
+                     chunk.base() > 0 ? " in its base is not aligned"
+                                      : absl::StrCat(", expected ", file_pos)));
+  }
+  const uint32_t stored_offset = chunk.stored_offset();
+  if (m.format_version() == 1
+          ? stored_offset != 0
+          : stored_offset != kChunkHeaderSize && stored_offset != kAlignment) {
+    return absl::DataLossError(absl::StrCat("stored offset ", stored_offset,
+                                            " is not valid in format ",
+                                            m.format_version()));
+  }
+  if (stored_offset == kAlignment && chunk.codec() != proto::CODEC_NONE) {
+    return absl::DataLossError("a compressed chunk stored at the alignment");
+  }
+  return absl::OkStatus();
+}
+
+// Chunk `c` of an item, the next `raw_pos` bytes of it.
+absl::Status ValidateChunk(const proto::ShardManifest& m,
+                           const proto::Item& item, int c, uint32_t width,
+                           uint64_t raw_pos, uint64_t file_pos) {
+  const proto::ChunkInfo& chunk = item.chunks(c);
+  if (chunk.raw_offset() != raw_pos) {
+    return absl::DataLossError(absl::StrCat("raw offset ", chunk.raw_offset(),
+                                            ", expected ", raw_pos));
+  }
+  if (chunk.raw_size() == 0 || chunk.raw_size() > m.chunk_size()) {
+    return absl::DataLossError(absl::StrCat(
+        "raw size ", chunk.raw_size(), " outside (0, ", m.chunk_size(), "]"));
+  }
+  if (c + 1 < item.chunks_size() && chunk.raw_size() != m.chunk_size()) {
+    return absl::DataLossError(
+        "only the last chunk may be smaller than the chunk size");
+  }
+  RETURN_IF_ERROR(ValidateCoding(chunk, m.format_version(), width));
+  return ValidatePlacement(m, chunk, file_pos);
+}
+
+// Item `i`: its name, kind and chunks, which cover it in order; advances
+// `file_pos` past the chunks stored in this file.
+absl::Status ValidateItem(const proto::ShardManifest& m, int i,
+                          std::set<std::string>* names, uint64_t* file_pos) {
+  const proto::Item& item = m.items(i);
+  absl::Status name_ok = ValidateItemName(item.name());
+  if (!name_ok.ok()) return Bad("item ", i, ": ", name_ok.message());
+  if (!names->insert(item.name()).second) {
+    return Bad("item name \"", item.name(), "\" appears twice");
+  }
+  ASSIGN_OR_RETURN(const uint32_t width, ValidateItemKind(item));
+  uint64_t raw_pos = 0;
+  for (int c = 0; c < item.chunks_size(); ++c) {
+    const proto::ChunkInfo& chunk = item.chunks(c);
+    absl::Status ok = ValidateChunk(m, item, c, width, raw_pos, *file_pos);
+    if (!ok.ok()) {
+      return Bad("item \"", item.name(), "\" chunk ", c, ": ", ok.message());
+    }
+    if (chunk.base() == 0) {
+      *file_pos += ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
+    }
+    raw_pos += chunk.raw_size();
+  }
+  if (raw_pos != item.raw_size()) {
+    return Bad("item \"", item.name(), "\" chunks cover ", raw_pos, " of ",
+               item.raw_size(), " bytes");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateManifest(const proto::ShardManifest& m,
+                              uint64_t manifest_offset) {
+  RETURN_IF_ERROR(ValidateShardFields(m, manifest_offset));
+  RETURN_IF_ERROR(ValidateBases(m));
   std::set<std::string> names;
   uint64_t file_pos = 0;
   for (int i = 0; i < m.items_size(); ++i) {
-    const proto::Item& item = m.items(i);
-    absl::Status name_ok = ValidateItemName(item.name());
-    if (!name_ok.ok())
-      return bad("manifest: item ", i, ": ", name_ok.message());
-    if (!names.insert(item.name()).second) {
-      return bad("manifest: item name \"", item.name(), "\" appears twice");
-    }
-    uint32_t width = 1;
-    if (item.kind() == proto::ITEM_KIND_TENSOR) {
-      width = static_cast<uint32_t>(DTypeSize(item.dtype()));
-      absl::StatusOr<uint64_t> size = ValidateTensorBox(item);
-      if (!size.ok()) return bad("manifest: ", size.status().message());
-      if (*size != item.raw_size()) {
-        return bad("manifest: tensor \"", item.name(), "\" raw size ",
-                   item.raw_size(), " does not match its box (", *size,
-                   " bytes)");
-      }
-    } else if (item.kind() == proto::ITEM_KIND_BYTES) {
-      if (item.dtype() != proto::DTYPE_UNSPECIFIED ||
-          item.global_shape_size() != 0 || item.box_offset_size() != 0 ||
-          item.box_length_size() != 0) {
-        return bad("manifest: byte item \"", item.name(),
-                   "\" has a dtype or shape");
-      }
-    } else {
-      return bad("manifest: item \"", item.name(), "\" has unknown kind ",
-                 item.kind());
-    }
-    uint64_t raw_pos = 0;
-    for (int c = 0; c < item.chunks_size(); ++c) {
-      const proto::ChunkInfo& chunk = item.chunks(c);
-      auto where = [&] {
-        return absl::StrCat("manifest: item \"", item.name(), "\" chunk ", c);
-      };
-      if (chunk.raw_offset() != raw_pos) {
-        return bad(where(), ": raw offset ", chunk.raw_offset(), ", expected ",
-                   raw_pos);
-      }
-      if (chunk.raw_size() == 0 || chunk.raw_size() > m.chunk_size()) {
-        return bad(where(), ": raw size ", chunk.raw_size(), " outside (0, ",
-                   m.chunk_size(), "]");
-      }
-      if (c + 1 < item.chunks_size() && chunk.raw_size() != m.chunk_size()) {
-        return bad(where(),
-                   ": only the last chunk may be smaller than the chunk size");
-      }
-      if (!KnownCodec(chunk.codec(), m.format_version()) ||
-          !KnownFilter(chunk.filter())) {
-        return bad(where(), ": unknown codec ", chunk.codec(), " or filter ",
-                   chunk.filter(), " in format ", m.format_version());
-      }
-      if (chunk.codec() == proto::CODEC_ZSTD_PLANES &&
-          (chunk.filter() != proto::FILTER_BYTE_SHUFFLE ||
-           chunk.element_width() < kMinPlaneWidth ||
-           chunk.element_width() > kMaxPlaneWidth)) {
-        return bad(where(), ": byte planes need the byte-shuffle filter and ",
-                   kMinPlaneWidth, " to ", kMaxPlaneWidth,
-                   "-byte elements (filter ", chunk.filter(), ", width ",
-                   chunk.element_width(), ")");
-      }
-      if (chunk.element_width() != width) {
-        return bad(where(), ": element width ", chunk.element_width(),
-                   ", expected ", width);
-      }
-      if (chunk.codec() == proto::CODEC_NONE &&
-          chunk.stored_size() != chunk.raw_size()) {
-        return bad(where(), ": uncompressed but stored size ",
-                   chunk.stored_size(), " != raw size ", chunk.raw_size());
-      }
-      // zstd never needs more than its bound; anything larger is a lie.
-      uint64_t bound = chunk.raw_size() + chunk.raw_size() / 128 + 1024;
-      if (chunk.stored_size() == 0 || chunk.stored_size() > bound) {
-        return bad(where(), ": stored size ", chunk.stored_size(),
-                   " is implausible for raw size ", chunk.raw_size());
-      }
-      if (chunk.base() > static_cast<uint32_t>(m.bases_size())) {
-        return bad(where(), ": base ", chunk.base(), " but the manifest has ",
-                   m.bases_size(), " base shards");
-      }
-      if (chunk.base() > 0 ? chunk.file_offset() % kAlignment != 0
-                           : chunk.file_offset() != file_pos) {
-        return bad(where(), ": file offset ", chunk.file_offset(),
-                   chunk.base() > 0 ? " in its base is not aligned"
-                                    : absl::StrCat(", expected ", file_pos));
-      }
-      const uint32_t stored_offset = chunk.stored_offset();
-      if (m.format_version() == 1 ? stored_offset != 0
-                                  : stored_offset != kChunkHeaderSize &&
-                                        stored_offset != kAlignment) {
-        return bad(where(), ": stored offset ", stored_offset,
-                   " is not valid in format ", m.format_version());
-      }
-      if (stored_offset == kAlignment && chunk.codec() != proto::CODEC_NONE) {
-        return bad(where(), ": a compressed chunk stored at the alignment");
-      }
-      if (chunk.base() == 0)
-        file_pos += ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
-      raw_pos += chunk.raw_size();
-    }
-    if (raw_pos != item.raw_size()) {
-      return bad("manifest: item \"", item.name(), "\" chunks cover ", raw_pos,
-                 " of ", item.raw_size(), " bytes");
-    }
+    RETURN_IF_ERROR(ValidateItem(m, i, &names, &file_pos));
   }
   if (file_pos != m.data_size()) {
-    return bad("manifest: chunks end at ", file_pos, " but data size is ",
-               m.data_size());
+    return Bad("chunks end at ", file_pos, " but data size is ", m.data_size());
   }
   return absl::OkStatus();
 }

@@ -132,6 +132,19 @@ class EtcdCoordinator final : public Coordinator {
                                                     bool prefix);
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(
       const etcdserverpb::TxnRequest& request, const std::string& what);
+  // Vote's steps (etcd_coordinator_steps.cc): the vote written, with every
+  // vote (response 1) and commit (response 2) of the step read after it;
+  // those votes, all of one world size; a tier's commit made.
+  absl::StatusOr<etcdserverpb::TxnResponse> WriteVote(
+      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+      const std::vector<proto::Tier>& tiers, int64_t lease,
+      const std::string& what);
+  absl::StatusOr<std::vector<proto::VoteRecord>> VotesOfStep(
+      const etcdserverpb::ResponseOp& range, uint32_t world_size,
+      const std::string& what);
+  absl::Status CommitTier(const std::string& job, uint64_t step,
+                          proto::Tier tier, uint32_t world_size, int64_t lease,
+                          const std::string& what);
 
   const EtcdOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -29,15 +29,39 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
       absl::StrCat("vote of job ", job, " step ", step, " rank ", rank);
   const int64_t lease = lease_id();
   if (lease == 0) return FencedOr(lease, absl::OkStatus());
+  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse voted,
+                   WriteVote(job, step, rank, world_size, tiers, lease, what));
+  ASSIGN_OR_RETURN(std::vector<proto::VoteRecord> votes,
+                   VotesOfStep(voted.responses(1), world_size, what));
+  std::set<std::string> commits;
+  for (const etcdserverpb::KeyValue& kv :
+       voted.responses(2).response_range().kvs()) {
+    commits.insert(kv.key());
+  }
+  std::vector<proto::Tier> committed;
+  for (proto::Tier tier : kAllTiers) {
+    // Votes are never taken back once a step is committed, so a tier not
+    // every rank reached has no commit.
+    if (commits.count(CommitKey(job, step, tier)) == 0) {
+      if (VotesReaching(votes, tier) < world_size) continue;
+      RETURN_IF_ERROR(CommitTier(job, step, tier, world_size, lease, what));
+    }
+    committed.push_back(tier);
+  }
+  return committed;
+}
 
-  // This rank's vote, merged with what it voted before, written only while
-  // this node holds its lease; the same transaction reads every vote and
-  // commit of the step after the write, so of two racing voters the later
-  // one sees both votes.
+// This rank's vote, merged with what it voted before, written only while
+// this node holds its lease; the same transaction reads every vote and
+// commit of the step after the write, so of two racing voters the later one
+// sees both votes.
+absl::StatusOr<etcdserverpb::TxnResponse> EtcdCoordinator::WriteVote(
+    const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
+    const std::vector<proto::Tier>& tiers, int64_t lease,
+    const std::string& what) {
   const std::string vote_key = VoteKey(job, step, rank);
   const std::string votes_prefix = StepPrefix(job, step) + "votes/";
   const std::string commits_prefix = StepPrefix(job, step) + "commit/";
-  etcdserverpb::TxnResponse voted;
   // This node is the only writer of its ranks' votes: what it wrote last
   // (and the revision it was written at) is remembered, so a vote is one
   // transaction. Without that memory (the first vote, a restart), the key is
@@ -71,13 +95,13 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
       range->set_key(*prefix);
       range->set_range_end(PrefixEnd(*prefix));
     }
-    ASSIGN_OR_RETURN(voted, Txn(txn, what));
+    ASSIGN_OR_RETURN(etcdserverpb::TxnResponse voted, Txn(txn, what));
     if (voted.succeeded()) {
       absl::MutexLock lock(&mu_);
       if (my_votes_.size() > 100000) my_votes_.clear();  // bounded memory
       my_votes_[vote_key] = {mine.SerializeAsString(),
                              voted.header().revision()};
-      break;
+      return voted;
     }
     absl::Status why = FencedOr(lease, absl::AbortedError(absl::StrCat(
                                            what, ": the vote kept changing")));
@@ -90,9 +114,13 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
       known = std::make_pair(old.kvs(0).value(), old.kvs(0).mod_revision());
     }
   }
+}
+
+absl::StatusOr<std::vector<proto::VoteRecord>> EtcdCoordinator::VotesOfStep(
+    const etcdserverpb::ResponseOp& range, uint32_t world_size,
+    const std::string& what) {
   std::vector<proto::VoteRecord> votes;
-  for (const etcdserverpb::KeyValue& kv :
-       voted.responses(1).response_range().kvs()) {
+  for (const etcdserverpb::KeyValue& kv : range.response_range().kvs()) {
     ASSIGN_OR_RETURN(proto::VoteRecord v,
                      ParseRecord<proto::VoteRecord>(kv.key(), kv.value()));
     if (v.world_size() != world_size) {
@@ -102,67 +130,53 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
     }
     votes.push_back(std::move(v));
   }
-  std::set<std::string> commits;
-  for (const etcdserverpb::KeyValue& kv :
-       voted.responses(2).response_range().kvs()) {
-    commits.insert(kv.key());
-  }
-  std::vector<proto::Tier> committed;
-  for (proto::Tier tier : kAllTiers) {
-    const std::string commit_key = CommitKey(job, step, tier);
-    if (commits.count(commit_key) > 0) {
-      committed.push_back(tier);
-      continue;
-    }
-    // Votes are never taken back once a step is committed, so a tier not
-    // every rank reached has no commit.
-    if (VotesReaching(votes, tier) < world_size) continue;
-    const proto::CommitRecord record =
-        NewCommitRecord(job, step, tier, world_size);
-    const std::string latest_key = LatestKey(job, tier);
-    for (int attempt = 0;; ++attempt) {
-      ASSIGN_OR_RETURN(etcdserverpb::RangeResponse latest,
-                       Range(latest_key, false));
-      uint64_t latest_step = 0;
-      int64_t latest_revision = 0;
-      if (latest.kvs_size() == 1) {
-        latest_revision = latest.kvs(0).mod_revision();
-        if (!absl::SimpleAtoi(latest.kvs(0).value(), &latest_step)) {
-          return absl::DataLossError(absl::StrCat(
-              "coordination record ", latest_key, " is not a step"));
-        }
-      }
-      // Created only if absent, with the latest pointer moved forward in the
-      // same transaction, and only by a node holding its lease.
-      etcdserverpb::TxnRequest txn;
-      *txn.add_compare() = HoldsLease(lease);
-      *txn.add_compare() = CreatedNever(commit_key);
-      *txn.add_compare() = ModifiedAt(latest_key, latest_revision);
-      *txn.add_success() = PutOp(commit_key, record.SerializeAsString());
-      if (latest.kvs_size() == 0 || latest_step < step) {
-        *txn.add_success() = PutOp(latest_key, absl::StrCat(step));
-      }
-      ASSIGN_OR_RETURN(
-          etcdserverpb::TxnResponse done,
-          Txn(txn, absl::StrCat(what, ": committing at ", TierName(tier))));
-      if (done.succeeded()) {
-        committed.push_back(tier);
-        break;
-      }
-      ASSIGN_OR_RETURN(etcdserverpb::RangeResponse c, Range(commit_key, false));
-      if (c.kvs_size() == 1) {  // another node committed it first
-        committed.push_back(tier);
-        break;
-      }
-      absl::Status why = FencedOr(lease, absl::AbortedError(absl::StrCat(
-                                             what, ": the latest step of ",
-                                             TierName(tier), " kept moving")));
-      if (why.code() != absl::StatusCode::kAborted || attempt >= kAttempts) {
-        return why;
+  return votes;
+}
+
+// The commit record, created only if absent, with the tier's latest pointer
+// moved forward in the same transaction, and only by a node holding its
+// lease. OK too when another node committed it first.
+absl::Status EtcdCoordinator::CommitTier(const std::string& job, uint64_t step,
+                                         proto::Tier tier, uint32_t world_size,
+                                         int64_t lease,
+                                         const std::string& what) {
+  const std::string commit_key = CommitKey(job, step, tier);
+  const proto::CommitRecord record =
+      NewCommitRecord(job, step, tier, world_size);
+  const std::string latest_key = LatestKey(job, tier);
+  for (int attempt = 0;; ++attempt) {
+    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse latest,
+                     Range(latest_key, false));
+    uint64_t latest_step = 0;
+    int64_t latest_revision = 0;
+    if (latest.kvs_size() == 1) {
+      latest_revision = latest.kvs(0).mod_revision();
+      if (!absl::SimpleAtoi(latest.kvs(0).value(), &latest_step)) {
+        return absl::DataLossError(
+            absl::StrCat("coordination record ", latest_key, " is not a step"));
       }
     }
+    etcdserverpb::TxnRequest txn;
+    *txn.add_compare() = HoldsLease(lease);
+    *txn.add_compare() = CreatedNever(commit_key);
+    *txn.add_compare() = ModifiedAt(latest_key, latest_revision);
+    *txn.add_success() = PutOp(commit_key, record.SerializeAsString());
+    if (latest.kvs_size() == 0 || latest_step < step) {
+      *txn.add_success() = PutOp(latest_key, absl::StrCat(step));
+    }
+    ASSIGN_OR_RETURN(
+        etcdserverpb::TxnResponse done,
+        Txn(txn, absl::StrCat(what, ": committing at ", TierName(tier))));
+    if (done.succeeded()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse c, Range(commit_key, false));
+    if (c.kvs_size() == 1) return absl::OkStatus();  // another node's commit
+    absl::Status why = FencedOr(lease, absl::AbortedError(absl::StrCat(
+                                           what, ": the latest step of ",
+                                           TierName(tier), " kept moving")));
+    if (why.code() != absl::StatusCode::kAborted || attempt >= kAttempts) {
+      return why;
+    }
   }
-  return committed;
 }
 
 absl::StatusOr<absl::optional<proto::CommitRecord>> EtcdCoordinator::GetCommit(

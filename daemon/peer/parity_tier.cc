@@ -37,6 +37,144 @@ bool HasPosition(const proto::ParityBlockRecord& r, uint32_t position) {
   return false;
 }
 
+// One push of a data block's contributions to parity blocks of its group:
+// a stream per block, fed segment after segment from the shard file.
+class ContributionPush {
+ public:
+  ContributionPush(const snapshot::ErasureCode& code,
+                   const proto::ShardRecord& shard,
+                   const proto::ParityGroup& group, uint32_t position,
+                   const std::string& from_node)
+      : code_(code),
+        shard_(shard),
+        group_(group),
+        position_(position),
+        from_node_(from_node) {}
+
+  // A stream to parity block `index` on `node`.
+  void Open(uint32_t index, const std::string& node,
+            std::shared_ptr<grpc::Channel> channel, absl::Time deadline) {
+    auto s = std::make_unique<Stream>();
+    s->index = index;
+    s->node = node;
+    s->stub = proto::CkptPeer::NewStub(channel);
+    s->context.set_deadline(absl::ToChronoTime(deadline));
+    s->writer = s->stub->PushParity(&s->context, &s->response);
+    XXH3_64bits_reset(s->hash);
+    streams_.push_back(std::move(s));
+  }
+
+  // Every segment of the file to every stream; stops at the first stream
+  // that fails (Unavailable) or the first read that does.
+  absl::Status Send(const snapshot::SelfContained& view) {
+    std::string segment;
+    for (uint64_t at = 0; at < view.size;) {
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(kSegmentBytes, view.size - at));
+      segment.resize(n);
+      RETURN_IF_ERROR(view.file->Read(
+          at, absl::MakeSpan(reinterpret_cast<uint8_t*>(segment.data()), n)));
+      for (auto& s : streams_) RETURN_IF_ERROR(SendSegment(*s, segment));
+      CKPT_KILL_POINT("parity.segment_sent");
+      first_ = false;
+      at += n;
+    }
+    return absl::OkStatus();
+  }
+
+  // Ends every stream (with its last piece, its checksum, when `complete`).
+  // Returns how many blocks took the whole contribution.
+  uint64_t Finish(bool complete) {
+    uint64_t taken = 0;
+    for (auto& s : streams_) {
+      if (complete) {
+        // An empty file: the first piece is the last.
+        proto::ParityPiece last =
+            first_ ? FirstPiece(s->index) : proto::ParityPiece();
+        last.set_last(true);
+        last.set_xxh3(XXH3_64bits_digest(s->hash));
+        s->writer->Write(last);
+      }
+      s->writer->WritesDone();
+      grpc::Status st = s->writer->Finish();
+      if (!st.ok() && st.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
+        errors_.push_back(absl::StrCat("parity block ", s->index, " on node ",
+                                       s->node, ": ", st.error_message()));
+      } else {
+        ++taken;
+      }
+    }
+    return taken;
+  }
+
+  // The push's result: `sent`'s error and the holders'.
+  absl::Status Outcome(const absl::Status& sent) {
+    if (!sent.ok()) errors_.insert(errors_.begin(), sent.ToString());
+    if (errors_.empty()) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("pushing data block ", position_,
+                     "'s parity: ", absl::StrJoin(errors_, "; ")));
+  }
+
+ private:
+  struct Stream {
+    uint32_t index;
+    std::string node;
+    std::unique_ptr<proto::CkptPeer::Stub> stub;
+    grpc::ClientContext context;
+    proto::PushParityResponse response;
+    std::unique_ptr<grpc::ClientWriter<proto::ParityPiece>> writer;
+    XXH3_state_t* hash = XXH3_createState();
+    ~Stream() { XXH3_freeState(hash); }
+  };
+
+  // What the first piece of each stream says besides its bytes.
+  proto::ParityPiece FirstPiece(uint32_t index) const {
+    proto::ParityPiece piece;
+    *piece.mutable_block() =
+        BlockKey(shard_.job(), shard_.step(), group_, index);
+    *piece.mutable_group() = group_;
+    piece.set_position(position_);
+    piece.set_from_node(from_node_);
+    return piece;
+  }
+
+  // Parity block 0's contribution is the segment itself; the others are
+  // computed for the blocks sent to only.
+  absl::Status SendSegment(Stream& s, const std::string& segment) {
+    proto::ParityPiece piece =
+        first_ ? FirstPiece(s.index) : proto::ParityPiece();
+    const int from = static_cast<int>(position_);
+    const int to = static_cast<int>(s.index);
+    if (code_.Plain(from, to)) {
+      piece.set_data(segment);
+    } else {
+      std::string coded(segment.size(), '\0');
+      code_.ContributeTo(
+          from, to,
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(segment.data()),
+                              segment.size()),
+          reinterpret_cast<uint8_t*>(coded.data()));
+      piece.set_data(std::move(coded));
+    }
+    XXH3_64bits_update(s.hash, piece.data().data(), segment.size());
+    if (!s.writer->Write(piece)) {
+      return absl::UnavailableError(absl::StrCat(
+          "node ", s.node, " stopped taking parity block ", s.index));
+    }
+    return absl::OkStatus();
+  }
+
+  const snapshot::ErasureCode& code_;
+  const proto::ShardRecord& shard_;
+  const proto::ParityGroup& group_;
+  const uint32_t position_;
+  const std::string from_node_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  bool first_ = true;
+  std::vector<std::string> errors_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParityTier>> ParityTier::Start(
@@ -199,54 +337,98 @@ absl::StatusOr<absl::optional<proto::ParityPlan>> ParityTier::PlanOf(
 
 bool ParityTier::Protect(Pending& p) {
   const proto::ShardRecord& shard = p.shard;
-  const std::string what = Describe(shard.job(), shard.step(), shard.rank());
-  // Said once, and then every 50 rounds.
-  auto note = [&](const std::string& why) {
-    if (p.attempts % 50 == 0) {
-      CKPT_LOG_WARN("{}: parity not in place yet: {}", what, why);
-    }
-  };
   // Its file gone (retention dropped its step, or it was saved again and
   // replaced): nothing is left to protect, and it is not looked at again.
   if (!fs_->Exists(shard.shard_path()).value_or(true)) {
-    CKPT_LOG_INFO("{}: its shard file is gone; no parity for it", what);
+    CKPT_LOG_INFO("{}: its shard file is gone; no parity for it",
+                  Describe(shard.job(), shard.step(), shard.rank()));
     return true;
   }
-  if (!p.published) {
-    absl::StatusOr<snapshot::SelfContained> view =
-        snapshot::OpenSelfContained(fs_, shard.shard_path());
-    if (!view.ok()) {
-      CKPT_LOG_WARN("{}: cannot protect it with parity: {}", what,
-                    view.status().ToString());
-      return true;  // its file is gone (collected, or saved again)
-    }
-    p.holder.set_rank(shard.rank());
-    p.holder.set_node(options_.node_id);
-    p.holder.set_failure_domain(options_.failure_domain);
-    p.holder.set_file_bytes(view->size);
-    p.holder.set_manifest_xxh3(
-        XXH3_64bits(view->manifest_bytes.data(), view->manifest_bytes.size()));
-    absl::Status published =
-        coordinator_->PublishShardHolder(shard.job(), shard.step(), p.holder);
-    if (!published.ok()) {
-      note(published.ToString());
-      return false;
-    }
-    p.published = true;
+  if (Round r = PublishHolder(p); r != Round::kGoOn) return r == Round::kDone;
+  absl::optional<proto::ParityPlan> plan;
+  ParityPosition at;
+  if (Round r = PlaceInPlan(p, &plan, &at); r != Round::kGoOn) {
+    return r == Round::kDone;
   }
-  absl::StatusOr<absl::optional<proto::ParityPlan>> plan = PlanOf(shard);
-  if (!plan.ok()) {
-    note(plan.status().ToString());
+  const proto::ParityGroup& group = *at.group;
+  absl::StatusOr<std::map<std::string, proto::PeerInfo>> live = LivePeers();
+  if (!live.ok()) {
+    Note(p, live.status().ToString());
     return false;
   }
-  if (!plan->has_value()) return false;  // other ranks have not persisted
-  absl::StatusOr<ParityPosition> at = FindInPlan(**plan, shard.rank());
-  if (!at.ok()) {
-    CKPT_LOG_ERROR("{}: {}", what, at.status().ToString());
-    return true;
+  std::set<std::string> live_ids;
+  for (const auto& [id, info] : *live) live_ids.insert(id);
+  const std::vector<std::string> holders = ParityHolders(group, live_ids);
+  absl::StatusOr<BlockSurvey> survey =
+      SurveyBlocks(shard, group, at.index, holders, *live);
+  if (!survey.ok()) {
+    Note(p, std::string(survey.status().message()));
+    return false;
   }
-  const proto::ParityGroup& group = *at->group;
-  const proto::ShardHolder& planned = group.data(at->index);
+  if (!survey->missing.empty()) {
+    absl::Status pushed = PushContributions(shard, group, at.index,
+                                            survey->missing, holders, *live);
+    if (!pushed.ok()) Note(p, pushed.ToString());
+    return false;  // looked at again in the next round
+  }
+  if (survey->complete < group.parity_nodes_size()) return false;
+  Protected(p, group, holders);
+  return true;
+}
+
+void ParityTier::Note(const Pending& p, const std::string& why) const {
+  // Said once, and then every 50 rounds.
+  if (p.attempts % 50 != 0) return;
+  CKPT_LOG_WARN("{}: parity not in place yet: {}",
+                Describe(p.shard.job(), p.shard.step(), p.shard.rank()), why);
+}
+
+ParityTier::Round ParityTier::PublishHolder(Pending& p) {
+  if (p.published) return Round::kGoOn;
+  const proto::ShardRecord& shard = p.shard;
+  absl::StatusOr<snapshot::SelfContained> view =
+      snapshot::OpenSelfContained(fs_, shard.shard_path());
+  if (!view.ok()) {
+    CKPT_LOG_WARN("{}: cannot protect it with parity: {}",
+                  Describe(shard.job(), shard.step(), shard.rank()),
+                  view.status().ToString());
+    return Round::kDone;  // its file is gone (collected, or saved again)
+  }
+  p.holder.set_rank(shard.rank());
+  p.holder.set_node(options_.node_id);
+  p.holder.set_failure_domain(options_.failure_domain);
+  p.holder.set_file_bytes(view->size);
+  p.holder.set_manifest_xxh3(
+      XXH3_64bits(view->manifest_bytes.data(), view->manifest_bytes.size()));
+  absl::Status published =
+      coordinator_->PublishShardHolder(shard.job(), shard.step(), p.holder);
+  if (!published.ok()) {
+    Note(p, published.ToString());
+    return Round::kAgain;
+  }
+  p.published = true;
+  return Round::kGoOn;
+}
+
+ParityTier::Round ParityTier::PlaceInPlan(
+    const Pending& p, absl::optional<proto::ParityPlan>* plan,
+    ParityPosition* at) {
+  const proto::ShardRecord& shard = p.shard;
+  const std::string what = Describe(shard.job(), shard.step(), shard.rank());
+  absl::StatusOr<absl::optional<proto::ParityPlan>> settled = PlanOf(shard);
+  if (!settled.ok()) {
+    Note(p, settled.status().ToString());
+    return Round::kAgain;
+  }
+  if (!settled->has_value()) return Round::kAgain;  // ranks to persist yet
+  *plan = std::move(*settled);
+  absl::StatusOr<ParityPosition> found = FindInPlan(**plan, shard.rank());
+  if (!found.ok()) {
+    CKPT_LOG_ERROR("{}: {}", what, found.status().ToString());
+    return Round::kDone;
+  }
+  *at = *found;
+  const proto::ShardHolder& planned = at->group->data(at->index);
   if (planned.node() != options_.node_id ||
       planned.file_bytes() != p.holder.file_bytes() ||
       planned.manifest_xxh3() != p.holder.manifest_xxh3()) {
@@ -254,49 +436,49 @@ bool ParityTier::Protect(Pending& p) {
         "{}: the step's parity plan is for another copy of this "
         "shard (node {}, {} bytes): it stays unprotected by parity",
         what, planned.node(), planned.file_bytes());
-    return true;
+    return Round::kDone;
   }
-  absl::StatusOr<std::map<std::string, proto::PeerInfo>> live = LivePeers();
-  if (!live.ok()) {
-    note(live.status().ToString());
-    return false;
-  }
-  std::set<std::string> live_ids;
-  for (const auto& [id, info] : *live) live_ids.insert(id);
-  const std::vector<std::string> holders = ParityHolders(group, live_ids);
-  std::vector<uint32_t> missing;
-  int complete = 0;
+  return Round::kGoOn;
+}
+
+absl::StatusOr<ParityTier::BlockSurvey> ParityTier::SurveyBlocks(
+    const proto::ShardRecord& shard, const proto::ParityGroup& group,
+    uint32_t position, const std::vector<std::string>& holders,
+    const std::map<std::string, proto::PeerInfo>& live) {
+  BlockSurvey survey;
   for (int j = 0; j < group.parity_nodes_size(); ++j) {
     const std::string& node = holders[j];
-    auto peer = live->find(node);
-    if (peer == live->end()) {
-      note(absl::StrCat("no live node is left to hold parity block ", j,
-                        " of group ", group.group(), " (planned on node ",
-                        group.parity_nodes(j), ")"));
-      return false;
+    auto peer = live.find(node);
+    if (peer == live.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          "no live node is left to hold parity block ", j, " of group ",
+          group.group(), " (planned on node ", group.parity_nodes(j), ")"));
     }
     absl::StatusOr<absl::optional<proto::ParityBlockRecord>> state = BlockOn(
         peer->second.address(), BlockKey(shard.job(), shard.step(), group, j));
     if (!state.ok()) {
-      note(absl::StrCat("asking node ", node, ": ", state.status().ToString()));
-      return false;
+      return absl::UnavailableError(
+          absl::StrCat("asking node ", node, ": ", state.status().ToString()));
     }
-    if (!state->has_value() || !HasPosition(**state, at->index)) {
-      missing.push_back(j);
+    if (!state->has_value() || !HasPosition(**state, position)) {
+      survey.missing.push_back(j);
     } else if ((*state)->complete()) {
-      ++complete;
+      ++survey.complete;
     }
   }
-  if (!missing.empty()) {
-    absl::Status pushed =
-        PushContributions(shard, group, at->index, missing, holders, *live);
-    if (!pushed.ok()) {
-      note(pushed.ToString());
-      return false;
-    }
-    return false;  // looked at again in the next round
+  return survey;
+}
+
+void ParityTier::Protected(const Pending& p, const proto::ParityGroup& group,
+                           const std::vector<std::string>& holders) {
+  const proto::ShardRecord& shard = p.shard;
+  const std::string what = Describe(shard.job(), shard.step(), shard.rank());
+  if (!p.again) {
+    CKPT_LOG_INFO("{}: protected by {} parity (group {} of {} data blocks)",
+                  what, code_.ToString(), group.group(), group.data_size());
+    on_protected_(shard);
+    return;
   }
-  if (complete < group.parity_nodes_size()) return false;  // others to come
   std::vector<std::string> moved;
   for (int j = 0; j < group.parity_nodes_size(); ++j) {
     if (holders[j] != group.parity_nodes(j)) {
@@ -304,19 +486,12 @@ bool ParityTier::Protect(Pending& p) {
                                    group.parity_nodes(j)));
     }
   }
-  if (p.again) {
-    CKPT_LOG_INFO("{}: protected again by {} parity (group {}{}{})", what,
-                  code_.ToString(), group.group(), moved.empty() ? "" : ": ",
-                  absl::StrJoin(moved, ", "));
-    metrics_->Add("ckpt_parity_reprotected_total", {{"job", shard.job()}});
-    metrics_->Add("ckpt_parity_reprotect_seconds_total", {{"job", shard.job()}},
-                  absl::ToDoubleSeconds(absl::Now() - p.since));
-    return true;
-  }
-  CKPT_LOG_INFO("{}: protected by {} parity (group {} of {} data blocks)", what,
-                code_.ToString(), group.group(), group.data_size());
-  on_protected_(shard);
-  return true;
+  CKPT_LOG_INFO("{}: protected again by {} parity (group {}{}{})", what,
+                code_.ToString(), group.group(), moved.empty() ? "" : ": ",
+                absl::StrJoin(moved, ", "));
+  metrics_->Add("ckpt_parity_reprotected_total", {{"job", shard.job()}});
+  metrics_->Add("ckpt_parity_reprotect_seconds_total", {{"job", shard.job()}},
+                absl::ToDoubleSeconds(absl::Now() - p.since));
 }
 
 absl::Status ParityTier::PushContributions(
@@ -326,111 +501,25 @@ absl::Status ParityTier::PushContributions(
     const std::map<std::string, proto::PeerInfo>& live) {
   ASSIGN_OR_RETURN(snapshot::SelfContained view,
                    snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  // What the first piece of each stream says besides its bytes.
-  auto first_piece = [&](uint32_t index) {
-    proto::ParityPiece piece;
-    *piece.mutable_block() = BlockKey(shard.job(), shard.step(), group, index);
-    *piece.mutable_group() = group;
-    piece.set_position(position);
-    piece.set_from_node(options_.node_id);
-    return piece;
-  };
-  struct Stream {
-    uint32_t index;
-    std::string node;
-    std::unique_ptr<proto::CkptPeer::Stub> stub;
-    grpc::ClientContext context;
-    proto::PushParityResponse response;
-    std::unique_ptr<grpc::ClientWriter<proto::ParityPiece>> writer;
-    XXH3_state_t* hash = XXH3_createState();
-    ~Stream() { XXH3_freeState(hash); }
-  };
-  std::vector<std::unique_ptr<Stream>> streams;
+  ContributionPush push(code_, shard, group, position, options_.node_id);
   for (uint32_t j : indices) {
-    auto s = std::make_unique<Stream>();
-    s->index = j;
-    s->node = holders[j];
-    auto peer = live.find(s->node);
+    auto peer = live.find(holders[j]);
     if (peer == live.end()) {
       return absl::UnavailableError(
-          absl::StrCat("parity holder ", s->node, " is not live"));
+          absl::StrCat("parity holder ", holders[j], " is not live"));
     }
-    s->stub = proto::CkptPeer::NewStub(channel_to_(peer->second.address()));
-    s->context.set_deadline(absl::ToChronoTime(TransferDeadline(view.size)));
-    s->writer = s->stub->PushParity(&s->context, &s->response);
-    XXH3_64bits_reset(s->hash);
-    streams.push_back(std::move(s));
+    push.Open(j, holders[j], channel_to_(peer->second.address()),
+              TransferDeadline(view.size));
   }
-  std::string segment, coded;
   const absl::Time start = absl::Now();
-  bool first = true;
-  absl::Status failed;
-  for (uint64_t at = 0; at < view.size && failed.ok();) {
-    const size_t n =
-        static_cast<size_t>(std::min<uint64_t>(kSegmentBytes, view.size - at));
-    segment.resize(n);
-    RETURN_IF_ERROR(view.file->Read(
-        at, absl::MakeSpan(reinterpret_cast<uint8_t*>(segment.data()), n)));
-    for (auto& s : streams) {
-      proto::ParityPiece piece =
-          first ? first_piece(s->index) : proto::ParityPiece();
-      // Parity block 0's contribution is the segment itself; the others are
-      // computed for the blocks sent to only.
-      if (code_.Plain(static_cast<int>(position), static_cast<int>(s->index))) {
-        piece.set_data(segment);
-      } else {
-        coded.resize(n);
-        code_.ContributeTo(
-            static_cast<int>(position), static_cast<int>(s->index),
-            absl::MakeConstSpan(
-                reinterpret_cast<const uint8_t*>(segment.data()), n),
-            reinterpret_cast<uint8_t*>(coded.data()));
-        piece.set_data(std::move(coded));
-        coded = std::string();
-      }
-      XXH3_64bits_update(s->hash, piece.data().data(), n);
-      if (!s->writer->Write(piece)) {
-        failed = absl::UnavailableError(absl::StrCat(
-            "node ", s->node, " stopped taking parity block ", s->index));
-        break;
-      }
-    }
-    CKPT_KILL_POINT("parity.segment_sent");
-    first = false;
-    at += n;
-  }
-  std::vector<std::string> errors;
-  uint64_t sent = 0;
-  for (auto& s : streams) {
-    if (failed.ok()) {
-      // An empty file: the first piece is the last.
-      proto::ParityPiece last =
-          first ? first_piece(s->index) : proto::ParityPiece();
-      last.set_last(true);
-      last.set_xxh3(XXH3_64bits_digest(s->hash));
-      s->writer->Write(last);
-    }
-    s->writer->WritesDone();
-    grpc::Status st = s->writer->Finish();
-    if (!st.ok() && st.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
-      errors.push_back(absl::StrCat("parity block ", s->index, " on node ",
-                                    s->node, ": ", st.error_message()));
-    } else {
-      sent += view.size;
-    }
-  }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const absl::Status sent = push.Send(view);
+  const uint64_t bytes = push.Finish(sent.ok());
   const Labels labels = {{"job", shard.job()}};
   metrics_->Add("ckpt_parity_sent_bytes_total", labels,
-                static_cast<double>(sent));
-  metrics_->Add("ckpt_parity_encode_seconds_total", labels, seconds);
-  if (!failed.ok() && errors.empty()) errors.push_back(failed.ToString());
-  if (!errors.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("pushing data block ", position,
-                     "'s parity: ", absl::StrJoin(errors, "; ")));
-  }
-  return absl::OkStatus();
+                static_cast<double>(bytes * view.size));
+  metrics_->Add("ckpt_parity_encode_seconds_total", labels,
+                absl::ToDoubleSeconds(absl::Now() - start));
+  return push.Outcome(sent);
 }
 
 absl::StatusOr<absl::optional<proto::ParityBlockRecord>> ParityTier::BlockOn(

@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "daemon/common/metrics.h"
 #include "daemon/coord/coordinator.h"
+#include "daemon/peer/parity_plan.h"
 #include "daemon/peer/parity_store.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
@@ -142,6 +143,31 @@ class ParityTier {
   void Loop();
   // One round for `p`: true when it is protected (or hopeless).
   bool Protect(Pending& p);
+  // How a step of Protect's round ends: the round goes on, or ends with the
+  // shard looked at again later, or done with (protected, or hopeless).
+  enum class Round { kGoOn, kAgain, kDone };
+  // Publishes where this node's shard lies, once.
+  Round PublishHolder(Pending& p);
+  // The step's plan and the shard's place in it, once every rank's holder is
+  // known; done when the plan is for another copy of the shard.
+  Round PlaceInPlan(const Pending& p, absl::optional<proto::ParityPlan>* plan,
+                    ParityPosition* at);
+  // The state of the group's parity blocks on their holders, as far as data
+  // block `position` is concerned. Unavailable names a holder that cannot be
+  // asked.
+  struct BlockSurvey {
+    std::vector<uint32_t> missing;  // blocks without its contribution
+    int complete = 0;               // blocks with every contribution
+  };
+  absl::StatusOr<BlockSurvey> SurveyBlocks(
+      const proto::ShardRecord& shard, const proto::ParityGroup& group,
+      uint32_t position, const std::vector<std::string>& holders,
+      const std::map<std::string, proto::PeerInfo>& live);
+  // Says so (and counts a protection made again, or votes for a new one).
+  void Protected(const Pending& p, const proto::ParityGroup& group,
+                 const std::vector<std::string>& holders);
+  // Why `p` is not protected yet: said once, then every 50 rounds.
+  void Note(const Pending& p, const std::string& why) const;
   // The step's plan: the one kept, else one made now if every rank's holder
   // is known; nullopt while some are not.
   absl::StatusOr<absl::optional<proto::ParityPlan>> PlanOf(
@@ -170,6 +196,8 @@ class ParityTier {
   // word of its progress (parity_tier_rebuild.cc).
   struct Source;
   struct Arrivals;
+  // One Rebuild, as named steps (parity_tier_rebuild.cc).
+  class Rebuilding;
   // "data block 1 (rank 3 on node b)", "parity block 0 (on node e)".
   std::string BlockName(const proto::ParityGroup& group, int b,
                         const std::string& node) const;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -237,174 +238,264 @@ absl::Status ParityTier::FillBlock(const proto::ParityPlan& plan,
   return FetchFromPeer(address, source->size, what, calls, open);
 }
 
-absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
-    const std::string& job, uint64_t step, uint32_t rank,
-    const RebuildSink& sink) {
-  const std::string what = Describe(job, step, rank);
-  ASSIGN_OR_RETURN(absl::optional<proto::ParityPlan> plan,
-                   coordinator_->GetParityPlan(job, step));
-  if (!plan.has_value()) {
-    return absl::NotFoundError(
-        absl::StrCat(what, ": its step has no parity plan"));
+// One rebuild of a shard, as named steps: where each block of the group can
+// be had (Locate), what is rebuilt with it (ChooseOutputs), k blocks fetched
+// and decoded as they arrive, failed blocks replaced until the decode
+// succeeds or fewer than k can be had (Decode), and the figures (Report).
+class ParityTier::Rebuilding {
+ public:
+  Rebuilding(ParityTier* tier, const std::string& job, uint64_t step,
+             uint32_t rank, const RebuildSink& sink)
+      : tier_(*tier),
+        job_(job),
+        step_(step),
+        rank_(rank),
+        sink_(sink),
+        what_(Describe(job, step, rank)) {}
+  ~Rebuilding() { StopFetching(); }
+
+  absl::StatusOr<std::vector<uint32_t>> Run() {
+    RETURN_IF_ERROR(Locate());
+    RETURN_IF_ERROR(ChooseOutputs());
+    RETURN_IF_ERROR(Decode());
+    return Report();
   }
-  ASSIGN_OR_RETURN(ParityPosition at, FindInPlan(*plan, rank));
-  const proto::ParityGroup& group = *at.group;
-  ASSIGN_OR_RETURN(auto live, LivePeers());
-  std::set<std::string> live_ids;
-  for (const auto& [id, info] : live) live_ids.insert(id);
-  const std::vector<std::string> holders = ParityHolders(group, live_ids);
-  const absl::Time start = absl::Now();
-  const int k = code_.k();
-  const int n = k + code_.m();
-  const std::string group_name =
-      absl::StrCat(code_.ToString(), " group ", group.group(), " of job ", job,
-                   " step ", step);
-  std::vector<uint64_t> lengths(n, group.stripe_bytes());
-  for (int i = 0; i < k; ++i) {
-    lengths[i] = i < group.data_size() ? group.data(i).file_bytes() : 0;
-  }
-  // Where each block can be had: this node first, then the other data
-  // nodes, then the parity holders. Positions the group leaves empty are
-  // zeros, present already.
-  std::vector<Source> sources(n);
-  std::vector<bool> present(n, false);
-  std::vector<std::string> node_of(n), failures;
-  std::vector<int> candidates, lost;
-  for (int i = group.data_size(); i < k; ++i) present[i] = true;
-  for (int b = 0; b < n; ++b) {
-    if (b < group.data_size()) {
-      if (b == at.index) continue;
-      node_of[b] = group.data(b).node();
-    } else if (b >= k && b - k < static_cast<int>(holders.size())) {
-      node_of[b] = holders[b - k];
-    } else {
-      continue;
+
+ private:
+  // The plan, the group, and where each of its blocks can be had: this node
+  // first, then the other data nodes, then the parity holders. Positions the
+  // group leaves empty are zeros, present already.
+  absl::Status Locate() {
+    ASSIGN_OR_RETURN(plan_, tier_.coordinator_->GetParityPlan(job_, step_));
+    if (!plan_.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat(what_, ": its step has no parity plan"));
     }
-    if (b < group.data_size() && live.count(node_of[b]) == 0) {
-      // Its node is gone: a copy in its place (a stand-in's) reads as well.
-      absl::optional<std::string> copy = CopyHolder(*plan, group.data(b), live);
-      if (copy.has_value()) {
-        node_of[b] = *copy;
-        candidates.push_back(b);
+    ASSIGN_OR_RETURN(ParityPosition at, FindInPlan(*plan_, rank_));
+    group_ = at.group;
+    index_ = at.index;
+    ASSIGN_OR_RETURN(live_, tier_.LivePeers());
+    start_ = absl::Now();
+    k_ = tier_.code_.k();
+    n_ = k_ + tier_.code_.m();
+    group_name_ =
+        absl::StrCat(tier_.code_.ToString(), " group ", group_->group(),
+                     " of job ", job_, " step ", step_);
+    lengths_.assign(n_, group_->stripe_bytes());
+    for (int i = 0; i < k_; ++i) {
+      lengths_[i] = i < group_->data_size() ? group_->data(i).file_bytes() : 0;
+    }
+    sources_.resize(n_);
+    present_.assign(n_, false);
+    node_of_.resize(n_);
+    for (int i = group_->data_size(); i < k_; ++i) present_[i] = true;
+    std::set<std::string> live_ids;
+    for (const auto& [id, info] : live_) live_ids.insert(id);
+    const std::vector<std::string> holders = ParityHolders(*group_, live_ids);
+    for (int b = 0; b < n_; ++b) {
+      if (b < group_->data_size()) {
+        if (b == index_) continue;
+        node_of_[b] = group_->data(b).node();
+      } else if (b >= k_ && b - k_ < static_cast<int>(holders.size())) {
+        node_of_[b] = holders[b - k_];
+      } else {
         continue;
       }
+      LocateBlock(b);
     }
-    if (node_of[b].empty() || live.count(node_of[b]) == 0) {
-      failures.push_back(absl::StrCat(
-          BlockName(group, b, node_of[b]),
-          node_of[b].empty() ? ": no live node holds it" : ": node not live"));
-      if (b < k) lost.push_back(b);
-      continue;
-    }
-    candidates.push_back(b);
+    std::stable_sort(candidates_.begin(), candidates_.end(),
+                     [&](int a, int b) { return IsHere(a) > IsHere(b); });
+    return absl::OkStatus();
   }
-  std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
-    return (node_of[a] == options_.node_id) > (node_of[b] == options_.node_id);
-  });
+
+  // Block `b`, expected on node_of_[b]: a candidate, or a failure (a data
+  // block of a node that is gone and left no copy is lost too).
+  void LocateBlock(int b) {
+    if (b < group_->data_size() && live_.count(node_of_[b]) == 0) {
+      // Its node is gone: a copy in its place (a stand-in's) reads as well.
+      absl::optional<std::string> copy =
+          tier_.CopyHolder(*plan_, group_->data(b), live_);
+      if (copy.has_value()) {
+        node_of_[b] = *copy;
+        candidates_.push_back(b);
+        return;
+      }
+    }
+    if (node_of_[b].empty() || live_.count(node_of_[b]) == 0) {
+      failures_.push_back(absl::StrCat(
+          tier_.BlockName(*group_, b, node_of_[b]),
+          node_of_[b].empty() ? ": no live node holds it" : ": node not live"));
+      if (b < k_) lost_.push_back(b);
+      return;
+    }
+    candidates_.push_back(b);
+  }
+
+  bool IsHere(int b) const { return node_of_[b] == tier_.options_.node_id; }
+
   // Rebuilt: the one asked for, and the group's other data blocks whose
   // nodes are gone with it, each into the buffer the sink gives.
-  std::vector<int> wanted;
-  std::vector<RebuildWriter> out;
-  std::vector<uint32_t> ranks;
+  absl::Status ChooseOutputs() {
+    RETURN_IF_ERROR(Want(index_));
+    for (int b : lost_) RETURN_IF_ERROR(Want(b));
+    return absl::OkStatus();
+  }
+
   // Adds data block `b` to what is rebuilt, if the sink has room for it.
-  auto want = [&](int b) -> absl::Status {
-    const proto::ShardHolder& holder = group.data(b);
+  absl::Status Want(int b) {
+    const proto::ShardHolder& holder = group_->data(b);
     absl::StatusOr<RebuildWriter> buffer =
-        sink(holder.rank(), holder.file_bytes());
-    if (!buffer.ok() && b == at.index) return buffer.status();
+        sink_(holder.rank(), holder.file_bytes());
+    if (!buffer.ok() && b == index_) return buffer.status();
     if (!buffer.ok()) {
-      CKPT_LOG_WARN("{}: rank {} is not rebuilt with it: {}", what,
+      CKPT_LOG_WARN("{}: rank {} is not rebuilt with it: {}", what_,
                     holder.rank(), buffer.status().ToString());
       return absl::OkStatus();
     }
-    wanted.push_back(b);
-    out.push_back(*buffer);
-    ranks.push_back(holder.rank());
+    wanted_.push_back(b);
+    out_.push_back(*buffer);
+    ranks_.push_back(holder.rank());
     return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(want(at.index));
-  for (int b : lost) RETURN_IF_ERROR(want(b));
-  std::unique_ptr<Arrivals> arrivals;
-  std::vector<std::thread> fetching;
-  auto stop_fetching = [&] {
-    if (arrivals != nullptr) arrivals->Cancel();
-    for (std::thread& t : fetching) t.join();
-    fetching.clear();
-  };
-  absl::Cleanup join = stop_fetching;
-  size_t next = 0;
-  for (;;) {
-    // k blocks; more in place of failed ones.
+  }
+
+  absl::Status Decode() {
+    for (;;) {
+      RETURN_IF_ERROR(SelectBlocks());
+      const std::vector<int> reading = StartFetching();
+      Writers writers(out_);
+      absl::Status decoded = tier_.code_.RebuildStreamed(
+          present_, lengths_, wanted_, /*threads=*/2, *arrivals_, writers);
+      StopFetching();
+      if (decoded.ok()) return absl::OkStatus();
+      if (!absl::IsUnavailable(decoded)) return decoded;
+      ASSIGN_OR_RETURN(const bool replaced, DropFailed(reading));
+      if (!replaced) return decoded;
+    }
+  }
+
+  // Makes room for k blocks; more in place of failed ones.
+  absl::Status SelectBlocks() {
     int have =
-        static_cast<int>(std::count(present.begin(), present.end(), true));
-    for (; have < k && next < candidates.size(); ++next) {
-      const int b = candidates[next];
+        static_cast<int>(std::count(present_.begin(), present_.end(), true));
+    for (; have < k_ && next_ < candidates_.size(); ++next_) {
+      const int b = candidates_[next_];
       absl::Status prepared =
-          PrepareBlock(*plan, group, b, node_of[b], &sources[b]);
+          tier_.PrepareBlock(*plan_, *group_, b, node_of_[b], &sources_[b]);
       if (!prepared.ok()) {
-        failures.push_back(std::string(prepared.message()));
+        failures_.push_back(std::string(prepared.message()));
         continue;
       }
-      present[b] = true;
+      present_[b] = true;
       ++have;
     }
-    if (have < k) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": cannot rebuild it from ", group_name, ": ",
-                       have, " of the ", k, " blocks needed could be had (",
-                       absl::StrJoin(failures, "; "), ")"));
-    }
-    // Decoded as the blocks stream in, each from its start.
-    arrivals = std::make_unique<Arrivals>(&sources);
+    if (have >= k_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(what_, ": cannot rebuild it from ", group_name_, ": ",
+                     have, " of the ", k_, " blocks needed could be had (",
+                     absl::StrJoin(failures_, "; "), ")"));
+  }
+
+  // One thread per block not mapped here, each filling it from its start.
+  // Returns the blocks being fetched.
+  std::vector<int> StartFetching() {
+    arrivals_ = std::make_unique<Arrivals>(&sources_);
     std::vector<int> reading;
-    for (int b = 0; b < n; ++b) {
-      if (!present[b] || sources[b].ring == nullptr) continue;
+    for (int b = 0; b < n_; ++b) {
+      if (!present_[b] || sources_[b].ring == nullptr) continue;
       reading.push_back(b);
-      Source* source = &sources[b];
+      Source* source = &sources_[b];
       source->arrived = 0;
       source->done = false;
       source->status = absl::OkStatus();
-      const std::string address = live.at(node_of[b]).address();
-      fetching.emplace_back([&, b, source, address, feed = arrivals.get()] {
-        feed->Done(source, FillBlock(*plan, group, b, node_of[b], address,
-                                     source, feed));
-      });
+      const std::string address = live_.at(node_of_[b]).address();
+      fetching_.emplace_back(
+          [this, b, source, address, feed = arrivals_.get()] {
+            feed->Done(source, tier_.FillBlock(*plan_, *group_, b, node_of_[b],
+                                               address, source, feed));
+          });
     }
-    Writers writers(out);
-    absl::Status decoded = code_.RebuildStreamed(
-        present, lengths, wanted, /*threads=*/2, *arrivals, writers);
-    stop_fetching();
-    if (decoded.ok()) break;
-    if (!absl::IsUnavailable(decoded)) return decoded;
-    // Some block failed to arrive: its place goes to another.
+    return reading;
+  }
+
+  void StopFetching() {
+    if (arrivals_ != nullptr) arrivals_->Cancel();
+    for (std::thread& t : fetching_) t.join();
+    fetching_.clear();
+  }
+
+  // Some block failed to arrive: its place goes to another. False when none
+  // of `reading` failed.
+  absl::StatusOr<bool> DropFailed(const std::vector<int>& reading) {
     bool replaced = false;
     for (int b : reading) {
-      const absl::Status& status = sources[b].status;
+      const absl::Status& status = sources_[b].status;
       if (status.ok() || absl::IsCancelled(status)) continue;
-      failures.push_back(std::string(status.message()));
-      CKPT_LOG_WARN("{}: {}", what, status.ToString());
-      present[b] = false;
-      sources[b] = Source();
+      failures_.push_back(std::string(status.message()));
+      CKPT_LOG_WARN("{}: {}", what_, status.ToString());
+      present_[b] = false;
+      sources_[b] = Source();
       replaced = true;
       // A data block that cannot be had is likely lost too.
-      if (b < group.data_size()) RETURN_IF_ERROR(want(b));
+      if (b < group_->data_size()) RETURN_IF_ERROR(Want(b));
     }
-    if (!replaced) return decoded;
+    return replaced;
   }
-  std::move(join).Invoke();
-  uint64_t bytes = 0;
-  for (int b : wanted) bytes += lengths[b];
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const Labels labels = {{"job", job}};
-  metrics_->Add("ckpt_parity_rebuilt_bytes_total", labels,
-                static_cast<double>(bytes));
-  metrics_->Add("ckpt_parity_rebuild_seconds_total", labels, seconds);
-  CKPT_LOG_INFO(
-      "{}: rebuilt {} bytes from {} in {:.1f} ms, {:.0f} MiB/s ({} shards "
-      "of it)",
-      what, lengths[wanted[0]], group_name, seconds * 1e3,
-      seconds > 0 ? bytes / seconds / (1 << 20) : 0.0, ranks.size());
-  return ranks;
+
+  std::vector<uint32_t> Report() {
+    uint64_t bytes = 0;
+    for (int b : wanted_) bytes += lengths_[b];
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    const Labels labels = {{"job", job_}};
+    tier_.metrics_->Add("ckpt_parity_rebuilt_bytes_total", labels,
+                        static_cast<double>(bytes));
+    tier_.metrics_->Add("ckpt_parity_rebuild_seconds_total", labels, seconds);
+    CKPT_LOG_INFO(
+        "{}: rebuilt {} bytes from {} in {:.1f} ms, {:.0f} MiB/s ({} shards "
+        "of it)",
+        what_, lengths_[wanted_[0]], group_name_, seconds * 1e3,
+        seconds > 0 ? bytes / seconds / (1 << 20) : 0.0, ranks_.size());
+    return ranks_;
+  }
+
+  ParityTier& tier_;
+  const std::string job_;
+  const uint64_t step_;
+  const uint32_t rank_;
+  const RebuildSink& sink_;
+  const std::string what_;
+
+  // Located.
+  absl::optional<proto::ParityPlan> plan_;
+  const proto::ParityGroup* group_ = nullptr;
+  int index_ = 0;  // of the rank asked for, in the group
+  std::map<std::string, proto::PeerInfo> live_;
+  absl::Time start_;
+  int k_ = 0;
+  int n_ = 0;
+  std::string group_name_;
+  std::vector<uint64_t> lengths_;
+  std::vector<std::string> node_of_;
+  std::vector<int> candidates_;  // blocks to try, in order
+  size_t next_ = 0;              // the next candidate to try
+  std::vector<int> lost_;        // data blocks no live node holds
+  std::vector<std::string> failures_;
+
+  // Chosen.
+  std::vector<int> wanted_;
+  std::vector<RebuildWriter> out_;
+  std::vector<uint32_t> ranks_;
+
+  // Decoding.
+  std::vector<Source> sources_;
+  std::vector<bool> present_;
+  std::unique_ptr<Arrivals> arrivals_;
+  std::vector<std::thread> fetching_;
+};
+
+absl::StatusOr<std::vector<uint32_t>> ParityTier::Rebuild(
+    const std::string& job, uint64_t step, uint32_t rank,
+    const RebuildSink& sink) {
+  return Rebuilding(this, job, step, rank, sink).Run();
 }
 
 }  // namespace ckpt::daemon

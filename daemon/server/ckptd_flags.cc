@@ -81,9 +81,8 @@ absl::Status CheckPlaintextPeers(const CkptdFlags& f) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
+// The defaults that depend on the user and the host.
+void SetDefaults(CkptdFlags& f) {
   const std::string uid = std::to_string(::geteuid());
   // $CKPT_SOCKET, as trainers and ckpt read it, else the uid's default.
   const char* socket_env = std::getenv("CKPT_SOCKET");
@@ -94,8 +93,10 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
   f.staging_dir = absl::StrCat("/dev/shm/ckpt-", uid, "-staging");
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) f.node_id = host;
+}
 
-  CLI::App app{"ckptd: the ckpt checkpoint daemon of this node"};
+// This node: its socket, directories, memory tier, persists and codec.
+void AddLocalOptions(CLI::App& app, CkptdFlags& f) {
   app.add_option("--socket", f.socket_path,
                  "unix socket of the local API (its directory becomes 0700)")
       ->capture_default_str();
@@ -168,6 +169,11 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
           CLI::Range(static_cast<int>(snapshot::kOldestWrittenFormatVersion),
                      static_cast<int>(snapshot::kFormatVersion)))
       ->capture_default_str();
+}
+
+// Who this node is, its metrics, its coordinator (etcd and its TLS and
+// auth), the cluster key.
+void AddCoordinationOptions(CLI::App& app, CkptdFlags& f) {
   app.add_option("--node-id", f.node_id, "this node's name")
       ->capture_default_str();
   app.add_option("--metrics-address", f.metrics_address,
@@ -212,6 +218,10 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "dead (it is then fenced until it rejoins)")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
+}
+
+// Tier T1: replicas or parity on peers, and the peer service's TLS.
+void AddPeerOptions(CLI::App& app, CkptdFlags& f) {
   app.add_option("--peer-address", f.peer_address,
                  "HOST:PORT of this node's peer service (port 0 picks one): "
                  "turns on peer replication (tier T1) and restores from peers; "
@@ -259,6 +269,10 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "before it is cancelled and what it reserved is released")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
+}
+
+// Tier T3, fault injection, the stop.
+void AddSharedAndRunOptions(CLI::App& app, CkptdFlags& f) {
   app.add_option("--shared-dir", f.shared_dir,
                  "tier T3: a directory every node sees (NFS, Lustre, any "
                  "POSIX mount) that persisted shards are also copied to");
@@ -279,6 +293,10 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                  "are removed and their shards stay staged for the next start")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+}
+
+// --config and --print-config.
+void AddConfigOptions(CLI::App& app, CkptdFlags& f) {
   app.set_config("--config", "",
                  "read settings from this TOML file: one `key = value` per "
                  "long option (memory-budget = \"8G\", peer-replicas = 2, "
@@ -290,6 +308,10 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
                "print the effective settings (defaults, --config file and "
                "options) as a config file, then exit")
       ->configurable(false);
+}
+
+// nullopt when parsed; else the exit code (help, or an error said).
+std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ConfigError& e) {
@@ -307,6 +329,20 @@ std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
     const int rc = app.exit(e);  // prints help, or the error
     return std::optional<int>(rc == 0 ? 0 : 2);
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> ParseCkptdFlags(int argc, char** argv, CkptdFlags& f) {
+  SetDefaults(f);
+  CLI::App app{"ckptd: the ckpt checkpoint daemon of this node"};
+  AddLocalOptions(app, f);
+  AddCoordinationOptions(app, f);
+  AddPeerOptions(app, f);
+  AddSharedAndRunOptions(app, f);
+  AddConfigOptions(app, f);
+  if (std::optional<int> rc = Parse(app, argc, argv)) return rc;
   if (f.print_config) {
     std::cout << app.config_to_str(/*default_also=*/true,
                                    /*write_description=*/true);

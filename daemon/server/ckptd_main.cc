@@ -26,6 +26,7 @@
 #include "daemon/server/supervisor_notify.h"
 #include "daemon/service/checkpoint_service.h"
 #include "io/logging.h"
+#include "io/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/manifest_seal.h"
 
@@ -112,6 +113,134 @@ absl::Status InstallClusterKeyFile(const ckpt::daemon::CkptdFlags& f) {
   return absl::OkStatus();
 }
 
+// Says why ckptd cannot start; returns `code`, its exit code.
+int Fail(const absl::Status& status, int code) {
+  std::fprintf(stderr, "ckptd: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
+// What `ckpt --data-dir` needs of this daemon: where it listens, and the
+// directories of the tiers beside the data directory.
+void RecordSelf(ckpt::io::FileSystem* fs, const ckpt::daemon::CkptdFlags& f,
+                const std::string& replica_dir) {
+  std::error_code ec;
+  auto absolute = [&ec](const std::string& p) {
+    return p.empty() ? p : std::filesystem::absolute(p, ec).string();
+  };
+  nlohmann::json record;
+  record["socket"] = absolute(f.socket_path);
+  record["node_id"] = f.node_id;
+  record["staging_dir"] = absolute(f.staging_dir);
+  record["replica_dir"] = absolute(replica_dir);
+  record["shared_dir"] = absolute(f.shared_dir);
+  const std::string path = f.data_dir + "/ckptd.json";
+  absl::Status recorded =
+      ckpt::io::ReplaceFileDurably(fs, path, record.dump(2) + "\n");
+  if (!recorded.ok()) {
+    CKPT_LOG_WARN("ckptd: recording itself in {}: {}", path,
+                  recorded.ToString());
+  }
+}
+
+// The daemon's parts, started in this order and stopped in reverse (the
+// servers before the service they call).
+class Daemon {
+ public:
+  explicit Daemon(const ckpt::daemon::CkptdFlags& f) : f_(f) {}
+
+  // Any error: ckptd exits 1.
+  absl::Status Start(ckpt::daemon::ServiceOptions options) {
+    if (f_.fault_injection) {
+      faults_ = std::make_unique<ckpt::io::FaultInjectionFs>(fs_);
+      faults_->ModelDurabilityByJournal();
+      fs_ = faults_.get();
+      CKPT_LOG_WARN("ckptd: fault injection is on (--fault-injection)");
+    }
+    const std::string replica_dir = options.replication.dir;
+    ASSIGN_OR_RETURN(service_, ckpt::daemon::CheckpointService::Start(
+                                   fs_, std::move(options)));
+    RETURN_IF_ERROR(StartMetrics());
+    RETURN_IF_ERROR(StartPeers());
+    ASSIGN_OR_RETURN(
+        server_, ckpt::daemon::LocalApiServer::Start(
+                     service_.get(),
+                     {.socket_path = f_.socket_path, .faults = faults_.get()}));
+    RecordSelf(fs_, f_, replica_dir);
+    return absl::OkStatus();
+  }
+
+  const ckpt::daemon::CheckpointService& service() const { return *service_; }
+
+  void Stop() {
+    metrics_.reset();
+    server_.reset();
+    peers_.reset();
+    service_.reset();
+  }
+
+ private:
+  absl::Status StartMetrics() {
+    if (f_.metrics_address.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(metrics_, ckpt::daemon::MetricsServer::Start(
+                                   service_->metrics(), f_.metrics_address,
+                                   f_.metrics_allow_remote));
+    CKPT_LOG_INFO("ckptd: metrics on http://{}:{}/metrics", metrics_->host(),
+                  metrics_->port());
+    return absl::OkStatus();
+  }
+
+  absl::Status StartPeers() {
+    if (service_->replicator() == nullptr) return absl::OkStatus();
+    ckpt::daemon::ParityStore* parity =
+        service_->parity() != nullptr ? service_->parity()->store() : nullptr;
+    ASSIGN_OR_RETURN(
+        peers_, ckpt::daemon::PeerServer::Start(
+                    service_.get(), service_->replicator(), parity, fs_,
+                    {.address = f_.peer_address,
+                     .tls_ca_file = f_.tls_ca,
+                     .tls_cert_file = f_.tls_cert,
+                     .tls_key_file = f_.tls_key,
+                     .idle_timeout = absl::Seconds(f_.peer_idle_timeout_s)}));
+    service_->replicator()->SetAddress(peers_->address());
+    CKPT_LOG_INFO("ckptd: peer service on {}{} ({})", peers_->address(),
+                  f_.tls_ca.empty() ? "" : " with mutual TLS",
+                  parity != nullptr
+                      ? absl::StrCat(service_->parity()->code().ToString(),
+                                     " parity per group of shards")
+                      : absl::StrCat(f_.peer_replicas, " replicas per shard"));
+    return absl::OkStatus();
+  }
+
+  const ckpt::daemon::CkptdFlags& f_;
+  std::unique_ptr<ckpt::io::FaultInjectionFs> faults_;
+  ckpt::io::FileSystem* fs_ = ckpt::io::DefaultFileSystem();
+  std::unique_ptr<ckpt::daemon::CheckpointService> service_;
+  std::unique_ptr<ckpt::daemon::MetricsServer> metrics_;
+  std::unique_ptr<ckpt::daemon::PeerServer> peers_;
+  std::unique_ptr<ckpt::daemon::LocalApiServer> server_;
+};
+
+// Serves until SIGTERM or SIGINT (blocked in every thread, taken here),
+// telling the supervisor, and feeding its watchdog while the service is live.
+void ServeUntilSignalled(const Daemon& daemon, const sigset_t& signals,
+                         const std::string& socket_path) {
+  const auto notify = ckpt::daemon::SupervisorNotify::FromEnvironment();
+  Notify(notify, absl::StrCat("READY=1\nSTATUS=serving ", socket_path));
+  absl::Notification stop;
+  std::thread watchdog;
+  if (notify.watchdog().has_value()) {
+    watchdog = std::thread([&notify, &stop, &daemon] {
+      Watchdog(notify, daemon.service(), stop);
+    });
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  CKPT_LOG_INFO("ckptd: signal {}, shutting down", sig);
+  Notify(notify, "STOPPING=1\nSTATUS=finishing the persists in flight");
+  stop.Notify();
+  if (watchdog.joinable()) watchdog.join();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,15 +253,12 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   ckpt::daemon::CkptdFlags f;
   if (std::optional<int> exit_code =
-          ckpt::daemon::ParseCkptdFlags(argc, argv, f))
+          ckpt::daemon::ParseCkptdFlags(argc, argv, f)) {
     return *exit_code;
+  }
   absl::StatusOr<ckpt::daemon::ServiceOptions> made =
       ckpt::daemon::ServiceOptionsFrom(f);
-  if (!made.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n",
-                 std::string(made.status().message()).c_str());
-    return 2;
-  }
+  if (!made.ok()) return Fail(made.status(), 2);
   ckpt::daemon::ServiceOptions options = *std::move(made);
   // Everything ckptd creates is its uid's alone: files 0600, directories
   // 0700 (trainers run as the same uid; see docs/security.md).
@@ -144,18 +270,14 @@ int main(int argc, char** argv) {
                                        .staging_dir = f.staging_dir,
                                        .socket_path = f.socket_path,
                                        .replica_dir = options.replication.dir});
-  if (!claimed.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n",
-                 std::string(claimed.status().message()).c_str());
-    return 1;
-  }
+  if (!claimed.ok()) return Fail(claimed.status(), 1);
   // Set when a stop runs out of time: the persists in flight then stop at
   // their next chunk.
   std::atomic<bool> cancel_persists{false};
   options.writer.cancel = &cancel_persists;
 
-  // Termination signals are taken synchronously below, after every thread has
-  // them blocked.
+  // Termination signals are taken synchronously by ServeUntilSignalled,
+  // after every thread has them blocked.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -163,133 +285,34 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (absl::Status keys = InstallClusterKeyFile(f); !keys.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n", std::string(keys.message()).c_str());
-    return 2;
+    return Fail(keys, 2);
   }
   if (f.coordinator != "embedded") {
     auto etcd_options = ckpt::daemon::EtcdOptionsFrom(f);
     if (!etcd_options.ok()) {
-      std::fprintf(stderr, "ckptd: --coordinator: %s\n",
-                   std::string(etcd_options.status().message()).c_str());
-      return 2;
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--coordinator: ", etcd_options.status().message())),
+                  2);
     }
     auto etcd = ckpt::daemon::EtcdCoordinator::Connect(*etcd_options);
-    if (!etcd.ok()) {
-      std::fprintf(stderr, "ckptd: %s\n",
-                   std::string(etcd.status().message()).c_str());
-      return 1;
-    }
+    if (!etcd.ok()) return Fail(etcd.status(), 1);
     options.coordinator = *std::move(etcd);
   }
-  std::unique_ptr<ckpt::io::FaultInjectionFs> faults;
-  ckpt::io::FileSystem* fs = ckpt::io::DefaultFileSystem();
-  if (f.fault_injection) {
-    faults = std::make_unique<ckpt::io::FaultInjectionFs>(fs);
-    faults->ModelDurabilityByJournal();
-    fs = faults.get();
-    CKPT_LOG_WARN("ckptd: fault injection is on (--fault-injection)");
-  }
-  auto service = ckpt::daemon::CheckpointService::Start(fs, options);
-  if (!service.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n",
-                 std::string(service.status().message()).c_str());
-    return 1;
-  }
-  std::unique_ptr<ckpt::daemon::MetricsServer> metrics;
-  if (!f.metrics_address.empty()) {
-    auto started = ckpt::daemon::MetricsServer::Start(
-        (*service)->metrics(), f.metrics_address, f.metrics_allow_remote);
-    if (!started.ok()) {
-      std::fprintf(stderr, "ckptd: %s\n",
-                   std::string(started.status().message()).c_str());
-      return 1;
-    }
-    metrics = *std::move(started);
-    CKPT_LOG_INFO("ckptd: metrics on http://{}:{}/metrics", metrics->host(),
-                  metrics->port());
-  }
-  std::unique_ptr<ckpt::daemon::PeerServer> peers;
-  if ((*service)->replicator() != nullptr) {
-    ckpt::daemon::ParityStore* parity = (*service)->parity() != nullptr
-                                            ? (*service)->parity()->store()
-                                            : nullptr;
-    auto started = ckpt::daemon::PeerServer::Start(
-        service->get(), (*service)->replicator(), parity, fs,
-        {.address = f.peer_address,
-         .tls_ca_file = f.tls_ca,
-         .tls_cert_file = f.tls_cert,
-         .tls_key_file = f.tls_key,
-         .idle_timeout = absl::Seconds(f.peer_idle_timeout_s)});
-    if (!started.ok()) {
-      std::fprintf(stderr, "ckptd: %s\n",
-                   std::string(started.status().message()).c_str());
-      return 1;
-    }
-    peers = *std::move(started);
-    (*service)->replicator()->SetAddress(peers->address());
-    CKPT_LOG_INFO("ckptd: peer service on {}{} ({})", peers->address(),
-                  f.tls_ca.empty() ? "" : " with mutual TLS",
-                  parity != nullptr
-                      ? absl::StrCat((*service)->parity()->code().ToString(),
-                                     " parity per group of shards")
-                      : absl::StrCat(f.peer_replicas, " replicas per shard"));
-  }
-  auto server = ckpt::daemon::LocalApiServer::Start(
-      service->get(), {.socket_path = f.socket_path, .faults = faults.get()});
-  if (!server.ok()) {
-    std::fprintf(stderr, "ckptd: %s\n",
-                 std::string(server.status().message()).c_str());
-    return 1;
-  }
-  {
-    // What `ckpt --data-dir` needs of this daemon: where it listens, and the
-    // directories of the tiers beside the data directory.
-    std::error_code ec;
-    auto absolute = [&ec](const std::string& p) {
-      return p.empty() ? p : std::filesystem::absolute(p, ec).string();
-    };
-    nlohmann::json record;
-    record["socket"] = absolute(f.socket_path);
-    record["node_id"] = f.node_id;
-    record["staging_dir"] = absolute(f.staging_dir);
-    record["replica_dir"] = absolute(options.replication.dir);
-    record["shared_dir"] = absolute(f.shared_dir);
-    const std::string path = f.data_dir + "/ckptd.json";
-    absl::Status recorded =
-        ckpt::io::ReplaceFileDurably(fs, path, record.dump(2) + "\n");
-    if (!recorded.ok()) {
-      CKPT_LOG_WARN("ckptd: recording itself in {}: {}", path,
-                    recorded.ToString());
-    }
+  const uint64_t budget = options.staging.budget_bytes;
+  Daemon daemon(f);
+  if (absl::Status started = daemon.Start(std::move(options)); !started.ok()) {
+    return Fail(started, 1);
   }
   CKPT_LOG_INFO(
       "ckptd: node {} ready: data {}, staging {} (budget {} bytes, policy {})",
-      f.node_id, f.data_dir, f.staging_dir, options.staging.budget_bytes,
-      f.policy);
-  const auto notify = ckpt::daemon::SupervisorNotify::FromEnvironment();
-  Notify(notify, absl::StrCat("READY=1\nSTATUS=serving ", f.socket_path));
-  absl::Notification stop;
-  std::thread watchdog;
-  if (notify.watchdog().has_value()) {
-    watchdog = std::thread([&notify, &stop, service = service->get()] {
-      Watchdog(notify, *service, stop);
-    });
-  }
-  int sig = 0;
-  sigwait(&signals, &sig);
-  CKPT_LOG_INFO("ckptd: signal {}, shutting down", sig);
-  Notify(notify, "STOPPING=1\nSTATUS=finishing the persists in flight");
-  stop.Notify();
-  if (watchdog.joinable()) watchdog.join();
+      f.node_id, f.data_dir, f.staging_dir, budget, f.policy);
+  ServeUntilSignalled(daemon, signals, f.socket_path);
   absl::Notification stopped;
   std::thread deadline(
       [&stopped, &cancel_persists, stop_timeout_s = f.stop_timeout_s] {
         StopDeadline(absl::Seconds(stop_timeout_s), cancel_persists, stopped);
       });
-  metrics.reset();
-  server->reset();
-  peers.reset();
-  service->reset();
+  daemon.Stop();
   stopped.Notify();
   deadline.join();
   return 0;
