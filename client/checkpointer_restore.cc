@@ -1,25 +1,14 @@
 #include <algorithm>
-#include <cstring>
-#include <optional>
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
-#include "client/device_upload.h"
 #include "client/resharder.h"
 #include "client/save_stager.h"
 #include "client/shard_restorer.h"
-#include "io/bulk_transfer.h"
-#include "io/file_system.h"
-#include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/daemon.grpc.pb.h"
-#include "snapshot/dtype.h"
-#include "snapshot/format.h"
-#include "snapshot/shard_reader.h"
-#include "snapshot/shard_stream.h"
 
 namespace ckpt::client {
 

@@ -23,112 +23,134 @@ bool HasChunkHashes(const proto::StagedItem& staged) {
                                   staged.chunk_size());
 }
 
-}  // namespace
+// A run of an item copied from the slot and checked: against the persisted
+// manifest's chunk checksum, else the hash the saving client took of the run
+// in the slot (StagedItem.chunk_xxh3). Neither (a save that took no hashes,
+// not persisted yet): nothing to check.
+struct CopyUnit {
+  const uint8_t* src;
+  uint8_t* dst;
+  uint64_t bytes;
+  std::optional<uint64_t> xxh3;
+  const proto::StagedItem* staged;
+  int chunk;
+  bool on_device;  // dst is device memory
+};
 
-absl::Status CopyAndVerify(const RestoreContext& ctx, const uint8_t* slot,
-                           const std::vector<const proto::StagedItem*>& sources,
-                           const snapshot::ShardReader* reader) {
-  // What each copied run must hash to: the persisted manifest's chunk
-  // checksum, else the hash the saving client took of the run in the slot
-  // (StagedItem.chunk_xxh3). Neither (a save that took no hashes, not
-  // persisted yet): nothing to check.
-  struct Unit {
-    const uint8_t* src;
-    uint8_t* dst;
-    uint64_t bytes;
-    std::optional<uint64_t> xxh3;
-    const proto::StagedItem* staged;
-    int chunk;
-    bool on_device;  // dst is device memory
-  };
-  std::vector<Unit> units;
-  uint64_t total = 0;
-  for (size_t i = 0; i < ctx.items.size(); ++i) {
-    const proto::StagedItem& staged = *sources[i];
-    const uint8_t* src = slot + staged.slot_offset();
-    const uint64_t n = staged.item().raw_size();
-    const proto::Item* item = nullptr;
-    if (reader != nullptr) {
-      ASSIGN_OR_RETURN(item, reader->FindItem(staged.item().name()));
-      if (item->raw_size() != n) {
+// Where registered item `i` lands: its tensor, or its byte string resized.
+uint8_t* DestinationOf(const RestoreContext& ctx, size_t i, uint64_t n) {
+  if (ctx.items[i].is_tensor())
+    return static_cast<uint8_t*>(ctx.items[i].tensor);
+  ctx.items[i].bytes->resize(n);
+  return reinterpret_cast<uint8_t*>(ctx.items[i].bytes->data());
+}
+
+// The units of registered item `i`, staged as `staged`: the persisted
+// chunks when `reader` has them, else the hashed runs of the save, else
+// pieces of 4 MiB. Adds its tensor bytes to `tensor_bytes`.
+absl::Status AddUnits(const RestoreContext& ctx, size_t i, const uint8_t* slot,
+                      const proto::StagedItem& staged,
+                      const snapshot::ShardReader* reader,
+                      std::vector<CopyUnit>* units, uint64_t* tensor_bytes) {
+  const uint8_t* src = slot + staged.slot_offset();
+  const uint64_t n = staged.item().raw_size();
+  const bool on_device =
+      ctx.items[i].is_tensor() && !ctx.device.host_resident();
+  if (ctx.items[i].is_tensor()) *tensor_bytes += n;
+  if (reader != nullptr) {
+    ASSIGN_OR_RETURN(const proto::Item* item,
+                     reader->FindItem(staged.item().name()));
+    if (item->raw_size() != n) {
+      return absl::DataLossError(absl::StrCat(
+          "item \"", item->name(), "\" has ", n, " bytes in the slot but ",
+          item->raw_size(), " in ", reader->path()));
+    }
+    uint8_t* dst = DestinationOf(ctx, i, n);
+    for (int c = 0; c < item->chunks_size(); ++c) {
+      const proto::ChunkInfo& chunk = item->chunks(c);
+      if (chunk.raw_offset() > n || chunk.raw_size() > n - chunk.raw_offset()) {
         return absl::DataLossError(absl::StrCat(
-            "item \"", item->name(), "\" has ", n, " bytes in the slot but ",
-            item->raw_size(), " in ", reader->path()));
+            "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
       }
+      units->push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
+                        chunk.raw_size(), chunk.raw_xxh3(), &staged, c,
+                        on_device});
     }
-    uint8_t* dst;
-    const bool on_device =
-        ctx.items[i].is_tensor() && !ctx.device.host_resident();
-    if (ctx.items[i].is_tensor()) {
-      dst = static_cast<uint8_t*>(ctx.items[i].tensor);
-      total += n;
-    } else {
-      ctx.items[i].bytes->resize(n);
-      dst = reinterpret_cast<uint8_t*>(ctx.items[i].bytes->data());
-    }
-    if (item != nullptr) {
-      for (int c = 0; c < item->chunks_size(); ++c) {
-        const proto::ChunkInfo& chunk = item->chunks(c);
-        if (chunk.raw_offset() > n ||
-            chunk.raw_size() > n - chunk.raw_offset()) {
-          return absl::DataLossError(absl::StrCat(
-              "chunk ", c, " of item \"", item->name(), "\" lies outside it"));
-        }
-        units.push_back({src + chunk.raw_offset(), dst + chunk.raw_offset(),
-                         chunk.raw_size(), chunk.raw_xxh3(), &staged, c,
-                         on_device});
-      }
-      continue;
-    }
-    const bool hashed = HasChunkHashes(staged);
-    const uint64_t piece = hashed ? staged.chunk_size() : uint64_t{4} << 20;
-    int c = 0;
-    for (uint64_t off = 0; off < n; off += piece, ++c) {
-      units.push_back({src + off, dst + off, std::min(piece, n - off),
-                       hashed ? std::optional<uint64_t>(staged.chunk_xxh3(c))
-                              : std::nullopt,
-                       &staged, c, on_device});
-    }
+    return absl::OkStatus();
   }
-  auto mismatch = [&](const Unit& unit) {
-    return absl::DataLossError(absl::StrCat(
-        "item \"", unit.staged->item().name(), "\" chunk ", unit.chunk,
-        ": the copy from the staging slot does not match ",
-        reader != nullptr ? "the checksum in " + reader->path()
-                          : std::string("the hash taken when it was saved")));
-  };
-  auto good = [](const Unit& unit, absl::Span<const uint8_t> landed) {
-    return !unit.xxh3.has_value() || snapshot::Checksum(landed) == *unit.xxh3;
-  };
-  // Units into device memory go through a pinned buffer, checked there.
-  std::vector<size_t> on_host;
-  std::vector<HostRun> to_device;
-  std::vector<const Unit*> device_units;
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].on_device) {
-      to_device.push_back({units[u].src, units[u].dst, units[u].bytes});
-      device_units.push_back(&units[u]);
-    } else {
-      on_host.push_back(u);
-    }
+  uint8_t* dst = DestinationOf(ctx, i, n);
+  const bool hashed = HasChunkHashes(staged);
+  const uint64_t piece = hashed ? staged.chunk_size() : uint64_t{4} << 20;
+  int c = 0;
+  for (uint64_t off = 0; off < n; off += piece, ++c) {
+    units->push_back(
+        {src + off, dst + off, std::min(piece, n - off),
+         hashed ? std::optional<uint64_t>(staged.chunk_xxh3(c)) : std::nullopt,
+         &staged, c, on_device});
   }
-  std::vector<absl::Status> results(on_host.size());
-  ParallelFor(on_host.size(), CopyThreadsFor(total), [&](size_t i) {
-    const Unit& unit = units[on_host[i]];
+  return absl::OkStatus();
+}
+
+absl::Status Mismatch(const CopyUnit& unit,
+                      const snapshot::ShardReader* reader) {
+  return absl::DataLossError(absl::StrCat(
+      "item \"", unit.staged->item().name(), "\" chunk ", unit.chunk,
+      ": the copy from the staging slot does not match ",
+      reader != nullptr ? "the checksum in " + reader->path()
+                        : std::string("the hash taken when it was saved")));
+}
+
+bool Landed(const CopyUnit& unit, absl::Span<const uint8_t> landed) {
+  return !unit.xxh3.has_value() || snapshot::Checksum(landed) == *unit.xxh3;
+}
+
+// Host units copied on `threads`, each hashed while it is in the cache.
+absl::Status CopyOnHost(const std::vector<const CopyUnit*>& units, int threads,
+                        const snapshot::ShardReader* reader) {
+  std::vector<absl::Status> results(units.size());
+  ParallelFor(units.size(), threads, [&](size_t i) {
+    const CopyUnit& unit = *units[i];
     std::memcpy(unit.dst, unit.src, unit.bytes);
-    if (!good(unit, absl::MakeConstSpan(unit.dst, unit.bytes))) {
-      results[i] = mismatch(unit);
+    if (!Landed(unit, absl::MakeConstSpan(unit.dst, unit.bytes))) {
+      results[i] = Mismatch(unit, reader);
     }
   });
   for (absl::Status& s : results) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CopyAndVerify(const RestoreContext& ctx, const uint8_t* slot,
+                           const std::vector<const proto::StagedItem*>& sources,
+                           const snapshot::ShardReader* reader) {
+  std::vector<CopyUnit> units;
+  uint64_t total = 0;
+  for (size_t i = 0; i < ctx.items.size(); ++i) {
+    RETURN_IF_ERROR(
+        AddUnits(ctx, i, slot, *sources[i], reader, &units, &total));
+  }
+  // Units into device memory go through a pinned buffer, checked there.
+  std::vector<const CopyUnit*> on_host, device_units;
+  std::vector<HostRun> to_device;
+  for (const CopyUnit& unit : units) {
+    if (unit.on_device) {
+      to_device.push_back({unit.src, unit.dst, unit.bytes});
+      device_units.push_back(&unit);
+    } else {
+      on_host.push_back(&unit);
+    }
+  }
+  RETURN_IF_ERROR(CopyOnHost(on_host, CopyThreadsFor(total), reader));
   if (to_device.empty()) return absl::OkStatus();
   return UploadFromHost(
       &ctx.device, to_device,
       [&](size_t i, absl::Span<const uint8_t> landed) {
-        return good(*device_units[i], landed) ? absl::OkStatus()
-                                              : mismatch(*device_units[i]);
+        return Landed(*device_units[i], landed)
+                   ? absl::OkStatus()
+                   : Mismatch(*device_units[i], reader);
       },
       ctx.options.restore_buffer_bytes);
 }

@@ -51,11 +51,12 @@ void SetTimeouts(int fd, int seconds) {
 // and read from SO_ERROR.
 int Connect(int fd, const sockaddr_storage& addr, socklen_t len,
             absl::Duration timeout) {
+  // One deadline for the connect and the wait after it.
+  const absl::Time deadline = absl::Now() + timeout;
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
     return 0;
   }
   if (errno != EINTR && errno != EINPROGRESS) return errno;
-  const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     pollfd p{.fd = fd, .events = POLLOUT, .revents = 0};
     const int64_t left_ms = std::clamp<int64_t>(

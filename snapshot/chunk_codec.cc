@@ -24,6 +24,172 @@ size_t MaxEncodedSize(size_t raw_size) {
                                  PlanesStoredBound(raw_size, kMaxPlaneWidth)));
 }
 
+namespace {
+
+// What EncodeChunk codes one chunk with: the raw bytes, their element width,
+// the options, and the buffer the header and stored bytes go to.
+class ChunkEncoder {
+ public:
+  ChunkEncoder(absl::Span<const uint8_t> raw, uint32_t element_width,
+               const CodecOptions& options, io::BufferPool* pool,
+               ChunkHeader* header)
+      : raw_(raw),
+        width_(element_width),
+        options_(options),
+        pool_(pool),
+        header_(*header),
+        shuffled_(options.shuffle && element_width > 1),
+        keep_(1.0 - options.min_saving) {}
+
+  // Compressed, if that saves enough: byte planes where they apply, else
+  // (shuffled) zstd of the whole chunk.
+  absl::Status Compress() {
+    if (options_.codec != proto::CODEC_ZSTD || raw_.empty()) {
+      return absl::OkStatus();
+    }
+    if (PlanesApply()) return TryPlanes();
+    ASSIGN_OR_RETURN(const bool worth_trying, ProbeSaysWorthTrying());
+    if (!worth_trying) return absl::OkStatus();
+    return TryZstd();
+  }
+
+  // Not compressed: stored raw, in place (borrowing `raw`) when it may be,
+  // else copied after the header.
+  std::optional<EncodedChunk> StoreRaw() {
+    header_.stored_size = static_cast<uint32_t>(raw_.size());
+    header_.stored_xxh3 = header_.raw_xxh3;
+    if (options_.in_place && raw_.size() >= options_.min_in_place_bytes &&
+        io::IsAligned(reinterpret_cast<uintptr_t>(raw_.data()), kAlignment)) {
+      return InPlace();
+    }
+    if (out_.empty()) out_ = Acquire();
+    if (!raw_.empty()) {
+      std::memcpy(out_.data() + kChunkHeaderSize, raw_.data(), raw_.size());
+    }
+    return std::nullopt;
+  }
+
+  // The header written, the stored bytes padded with zeros to the footprint.
+  EncodedChunk Finish() {
+    EncodeChunkHeader(header_, out_.data());
+    const size_t stored_end = kChunkHeaderSize + header_.stored_size;
+    const size_t footprint =
+        ChunkFootprint(kChunkHeaderSize, header_.stored_size);
+    std::memset(out_.data() + stored_end, 0, footprint - stored_end);
+    out_.set_size(footprint);
+    EncodedChunk chunk;
+    chunk.head = std::move(out_);
+    return chunk;
+  }
+
+ private:
+  io::AlignedBuffer Acquire() const {
+    const size_t max_size = MaxEncodedSize(raw_.size());
+    return (pool_ != nullptr && pool_->buffer_capacity() >= max_size)
+               ? pool_->Acquire()
+               : io::AlignedBuffer(max_size);
+  }
+
+  bool PlanesApply() const {
+    return shuffled_ && options_.planes &&
+           options_.format_version >= kPlanesFormatVersion &&
+           width_ >= kMinPlaneWidth && width_ <= kMaxPlaneWidth &&
+           raw_.size() >= kMinPlanesBytes;
+  }
+
+  // Keeps the `n` bytes coded after the header if they save enough.
+  void KeepIfSmaller(size_t n, proto::Codec codec, bool filtered) {
+    if (static_cast<double>(n) >= keep_ * static_cast<double>(raw_.size())) {
+      return;
+    }
+    header_.codec = codec;
+    header_.filter = filtered ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
+    header_.stored_size = static_cast<uint32_t>(n);
+    header_.stored_xxh3 = Checksum({out_.data() + kChunkHeaderSize, n});
+  }
+
+  // The plane codec probes each plane itself.
+  absl::Status TryPlanes() {
+    out_ = Acquire();
+    ASSIGN_OR_RETURN(const size_t n,
+                     EncodePlanes(raw_, width_,
+                                  {.zstd_level = options_.zstd_level,
+                                   .min_saving = options_.min_plane_saving,
+                                   .probe_bytes = options_.probe_bytes},
+                                  out_.data() + kChunkHeaderSize));
+    if (n > 0) KeepIfSmaller(n, proto::CODEC_ZSTD_PLANES, true);
+    return absl::OkStatus();
+  }
+
+  // A large chunk is compressed only if a sample of it compresses well. The
+  // sample is filtered on its own: a prefix of the filtered chunk would hold
+  // only the low bytes of its elements and misjudge it.
+  absl::StatusOr<bool> ProbeSaysWorthTrying() {
+    if (options_.probe_bytes == 0 || raw_.size() <= 2 * options_.probe_bytes) {
+      return true;
+    }
+    const size_t sample = options_.probe_bytes / width_ * width_;
+    const uint8_t* probe_input = raw_.data();
+    if (shuffled_) {
+      uint8_t* filtered = Scratch(sample, 0);
+      ByteShuffle(raw_.data(), filtered, sample, width_);
+      probe_input = filtered;
+    }
+    const size_t probe_cap = ZSTD_compressBound(sample);
+    const size_t probe =
+        ZSTD_compressCCtx(ThreadCCtx(), Scratch(probe_cap, 1), probe_cap,
+                          probe_input, sample, options_.zstd_level);
+    if (ZSTD_isError(probe)) return ZstdError(probe, "compress probe");
+    return static_cast<double>(probe) < keep_ * static_cast<double>(sample);
+  }
+
+  absl::Status TryZstd() {
+    const uint8_t* input = raw_.data();
+    if (shuffled_) {
+      uint8_t* filtered = Scratch(raw_.size(), 0);
+      ByteShuffle(raw_.data(), filtered, raw_.size(), width_);
+      input = filtered;
+    }
+    out_ = Acquire();
+    const size_t n =
+        ZSTD_compressCCtx(ThreadCCtx(), out_.data() + kChunkHeaderSize,
+                          ZSTD_compressBound(raw_.size()), input, raw_.size(),
+                          options_.zstd_level);
+    if (ZSTD_isError(n)) return ZstdError(n, "compress");
+    KeepIfSmaller(n, proto::CODEC_ZSTD, shuffled_);
+    return absl::OkStatus();
+  }
+
+  // The header padded to the alignment, the aligned prefix borrowed, the
+  // rest copied into a padded tail.
+  EncodedChunk InPlace() {
+    header_.stored_offset = kAlignment;
+    EncodedChunk chunk;
+    chunk.head = io::AlignedBuffer(kAlignment);
+    std::memset(chunk.head.data(), 0, kAlignment);
+    EncodeChunkHeader(header_, chunk.head.data());
+    const size_t body = raw_.size() / kAlignment * kAlignment;
+    chunk.body = raw_.first(body);
+    if (body < raw_.size()) {
+      chunk.tail = io::AlignedBuffer(kAlignment);
+      std::memset(chunk.tail.data(), 0, kAlignment);
+      std::memcpy(chunk.tail.data(), raw_.data() + body, raw_.size() - body);
+    }
+    return chunk;
+  }
+
+  const absl::Span<const uint8_t> raw_;
+  const uint32_t width_;
+  const CodecOptions& options_;
+  io::BufferPool* const pool_;
+  ChunkHeader& header_;
+  const bool shuffled_;
+  const double keep_;      // the most of the raw size a coded chunk may keep
+  io::AlignedBuffer out_;  // header, stored bytes, padding
+};
+
+}  // namespace
+
 absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
                                          uint32_t element_width,
                                          const CodecOptions& options,
@@ -35,117 +201,21 @@ absl::StatusOr<EncodedChunk> EncodeChunk(absl::Span<const uint8_t> raw,
         absl::StrCat("element width ", element_width));
   }
   RETURN_IF_ERROR(CheckWrittenFormat(options.format_version));
-  const size_t raw_size = raw.size();
-  const size_t max_size = MaxEncodedSize(raw_size);
-  auto acquire = [&] {
-    return (pool != nullptr && pool->buffer_capacity() >= max_size)
-               ? pool->Acquire()
-               : io::AlignedBuffer(max_size);
-  };
-
   header->version = options.format_version;
   header->stored_offset = kChunkHeaderSize;
   header->element_width = element_width;
-  header->raw_size = static_cast<uint32_t>(raw_size);
+  header->raw_size = static_cast<uint32_t>(raw.size());
   header->raw_xxh3 = raw_xxh3.has_value() ? *raw_xxh3 : Checksum(raw);
   header->codec = proto::CODEC_NONE;
   header->filter = proto::FILTER_NONE;
-
-  EncodedChunk chunk;
-  io::AlignedBuffer& out = chunk.head;  // header, stored bytes, padding
-  if (options.codec == proto::CODEC_ZSTD && raw_size > 0) {
-    const bool shuffled = options.shuffle && element_width > 1;
-    const double keep = 1.0 - options.min_saving;
-    auto keep_if_smaller = [&](size_t n, proto::Codec codec, bool filtered) {
-      if (static_cast<double>(n) >= keep * static_cast<double>(raw_size))
-        return;
-      header->codec = codec;
-      header->filter =
-          filtered ? proto::FILTER_BYTE_SHUFFLE : proto::FILTER_NONE;
-      header->stored_size = static_cast<uint32_t>(n);
-      header->stored_xxh3 = Checksum({out.data() + kChunkHeaderSize, n});
-    };
-    if (shuffled && options.planes &&
-        options.format_version >= kPlanesFormatVersion &&
-        element_width >= kMinPlaneWidth && element_width <= kMaxPlaneWidth &&
-        raw_size >= kMinPlanesBytes) {
-      // The plane codec probes each plane itself.
-      out = acquire();
-      absl::StatusOr<size_t> n =
-          EncodePlanes(raw, element_width,
-                       {.zstd_level = options.zstd_level,
-                        .min_saving = options.min_plane_saving,
-                        .probe_bytes = options.probe_bytes},
-                       out.data() + kChunkHeaderSize);
-      if (!n.ok()) return n.status();
-      if (*n > 0) keep_if_smaller(*n, proto::CODEC_ZSTD_PLANES, true);
-    } else {
-      ZSTD_CCtx* cctx = ThreadCCtx();
-      bool worth_trying = true;
-      if (options.probe_bytes > 0 && raw_size > 2 * options.probe_bytes) {
-        // The sample is filtered on its own: a prefix of the filtered chunk
-        // would hold only the low bytes of its elements and misjudge it.
-        size_t sample = options.probe_bytes / element_width * element_width;
-        const uint8_t* probe_input = raw.data();
-        if (shuffled) {
-          uint8_t* filtered = Scratch(sample, 0);
-          ByteShuffle(raw.data(), filtered, sample, element_width);
-          probe_input = filtered;
-        }
-        size_t probe_cap = ZSTD_compressBound(sample);
-        size_t probe =
-            ZSTD_compressCCtx(cctx, Scratch(probe_cap, 1), probe_cap,
-                              probe_input, sample, options.zstd_level);
-        if (ZSTD_isError(probe)) return ZstdError(probe, "compress probe");
-        worth_trying =
-            static_cast<double>(probe) < keep * static_cast<double>(sample);
-      }
-      if (worth_trying) {
-        const uint8_t* input = raw.data();
-        if (shuffled) {
-          uint8_t* filtered = Scratch(raw_size, 0);
-          ByteShuffle(raw.data(), filtered, raw_size, element_width);
-          input = filtered;
-        }
-        out = acquire();
-        size_t n = ZSTD_compressCCtx(cctx, out.data() + kChunkHeaderSize,
-                                     ZSTD_compressBound(raw_size), input,
-                                     raw_size, options.zstd_level);
-        if (ZSTD_isError(n)) return ZstdError(n, "compress");
-        keep_if_smaller(n, proto::CODEC_ZSTD, shuffled);
-      }
-    }
-  }
-
+  ChunkEncoder encoder(raw, element_width, options, pool, header);
+  RETURN_IF_ERROR(encoder.Compress());
   if (header->codec == proto::CODEC_NONE) {
-    header->stored_size = static_cast<uint32_t>(raw_size);
-    header->stored_xxh3 = header->raw_xxh3;
-    if (options.in_place && raw_size >= options.min_in_place_bytes &&
-        io::IsAligned(reinterpret_cast<uintptr_t>(raw.data()), kAlignment)) {
-      header->stored_offset = kAlignment;
-      out = io::AlignedBuffer(kAlignment);
-      std::memset(out.data(), 0, kAlignment);
-      EncodeChunkHeader(*header, out.data());
-      const size_t body = raw_size / kAlignment * kAlignment;
-      chunk.body = raw.first(body);
-      if (body < raw_size) {
-        chunk.tail = io::AlignedBuffer(kAlignment);
-        std::memset(chunk.tail.data(), 0, kAlignment);
-        std::memcpy(chunk.tail.data(), raw.data() + body, raw_size - body);
-      }
-      return chunk;
+    if (std::optional<EncodedChunk> in_place = encoder.StoreRaw()) {
+      return *std::move(in_place);
     }
-    if (out.empty()) out = acquire();
-    if (raw_size > 0)
-      std::memcpy(out.data() + kChunkHeaderSize, raw.data(), raw_size);
   }
-  EncodeChunkHeader(*header, out.data());
-  const size_t stored_end = kChunkHeaderSize + header->stored_size;
-  const size_t footprint =
-      ChunkFootprint(kChunkHeaderSize, header->stored_size);
-  std::memset(out.data() + stored_end, 0, footprint - stored_end);
-  out.set_size(footprint);
-  return chunk;
+  return encoder.Finish();
 }
 
 absl::Status DecodeChunk(const ChunkHeader& header,

@@ -294,128 +294,160 @@ absl::Status ShardReader::ReadPieces(std::vector<Piece>& pieces,
   return absl::OkStatus();
 }
 
+// One ReadFrom: reads issued in file order and kept flowing, each completed
+// read decoded on the pool while the next ones are in flight, with at most
+// `max_ahead` chunks read but not decoded.
+class ShardReader::SourceRead {
+ public:
+  SourceRead(ShardReader& reader, Source& source, std::vector<Piece>& pieces,
+             bool first_error_only)
+      : reader_(reader),
+        source_(source),
+        pieces_(pieces),
+        first_error_only_(first_error_only),
+        max_ahead_(std::max<size_t>(2, reader.options_.read_window_bytes /
+                                           reader.manifest_.chunk_size())),
+        buffers_(pieces.size()) {}
+
+  // Every piece read and decoded, or failed; an error of the engine itself.
+  absl::Status Run() {
+    absl::Status io_error;
+    while (true) {
+      const size_t done = Finished();
+      if (issued_ < pieces_.size() && !Stopped() && io_error.ok() &&
+          issued_ - done < max_ahead_) {
+        io_error = IssueNext();
+      } else if (reads_completed_ < issued_) {
+        absl::Status s = source_.file->WaitAny();
+        // The engine is broken: nothing more will complete.
+        if (!s.ok()) return Drained(io_error.ok() ? s : io_error);
+      } else if (done < issued_) {
+        WaitFinished(done + 1);
+      } else {
+        break;
+      }
+    }
+    return Drained(io_error);
+  }
+
+  size_t issued() const { return issued_; }
+
+ private:
+  size_t Finished() {
+    absl::MutexLock l(&mu_);
+    return finished_;
+  }
+  // An error when the caller wants only the first one.
+  bool Stopped() {
+    absl::MutexLock l(&mu_);
+    return first_error_only_ && failed_;
+  }
+  void WaitFinished(size_t target) {
+    absl::MutexLock l(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return finished_ >= target;
+    };
+    mu_.Await(absl::Condition(&reached));
+  }
+  // Decodes still queued reference `pieces` and `buffers`: waits for them.
+  absl::Status Drained(absl::Status io_error) {
+    WaitFinished(reads_completed_);
+    return io_error;
+  }
+  void Finish(bool ok) {
+    absl::MutexLock l(&mu_);
+    ++finished_;
+    if (!ok) failed_ = true;
+  }
+
+  // The next piece's read, into a pooled buffer; an error of the engine.
+  absl::Status IssueNext() {
+    const size_t i = issued_++;
+    const proto::ChunkInfo& chunk =
+        pieces_[i].item->chunks(pieces_[i].chunk_index);
+    const uint64_t footprint =
+        ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
+    if (chunk.file_offset() > source_.data_end ||
+        footprint > source_.data_end - chunk.file_offset()) {
+      // Only a base can be asked for this (the manifest tiles its own file).
+      pieces_[i].status = absl::DataLossError(
+          absl::StrCat("the chunk lies past the chunks of ", source_.path));
+      Finish(false);
+      ++reads_completed_;
+      return absl::OkStatus();
+    }
+    buffers_[i] = footprint <= reader_.buffers_->buffer_capacity()
+                      ? reader_.buffers_->Acquire()
+                      : io::AlignedBuffer(footprint);
+    buffers_[i].set_size(footprint);
+    absl::Status s = source_.file->ReadAsync(
+        chunk.file_offset(), buffers_[i].span(),
+        [this, i](absl::Status st) { OnRead(i, std::move(st)); });
+    if (!s.ok()) --issued_;
+    return s;
+  }
+
+  void OnRead(size_t i, absl::Status status) {
+    ++reads_completed_;
+    if (!status.ok()) {
+      pieces_[i].status = std::move(status);
+      buffers_[i] = io::AlignedBuffer();
+      Finish(false);
+      return;
+    }
+    reader_.pool()->Schedule([this, i] {
+      pieces_[i].status =
+          reader_.DecodePiece(pieces_[i], source_.version, buffers_[i].data());
+      buffers_[i] = io::AlignedBuffer();  // back to the pool for next reads
+      Finish(pieces_[i].status.ok());
+    });
+  }
+
+  ShardReader& reader_;
+  Source& source_;
+  std::vector<Piece>& pieces_;
+  const bool first_error_only_;
+  const size_t max_ahead_;
+  std::vector<io::AlignedBuffer> buffers_;
+  // On the reading thread.
+  size_t issued_ = 0;
+  size_t reads_completed_ = 0;
+  // Between it and the decoding threads.
+  absl::Mutex mu_;
+  size_t finished_ ABSL_GUARDED_BY(mu_) = 0;  // pieces decoded or failed
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 absl::Status ShardReader::ReadFrom(Source& source, std::vector<Piece>& pieces,
                                    std::vector<absl::Status>* errors) {
   if (pieces.empty()) return absl::OkStatus();
-  io::ReadableFile* const file = source.file.get();
-  // Reads are issued in file order and kept flowing: each completed read is
-  // decoded on the pool while the next ones are in flight, with at most
-  // `max_ahead` chunks read but not decoded.
-  const size_t max_ahead =
-      std::max<size_t>(2, options_.read_window_bytes / manifest_.chunk_size());
-  struct Progress {
-    absl::Mutex mu;
-    size_t finished ABSL_GUARDED_BY(mu) = 0;  // pieces decoded or failed
-    bool failed ABSL_GUARDED_BY(mu) = false;
-    size_t target = 0;
-    bool Reached() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return finished >= target;
-    }
-  } progress;
-  std::vector<io::AlignedBuffer> buffers(pieces.size());
-  size_t issued = 0, reads_completed = 0;
-  bool stop = false;  // an error when the caller wants only the first one
-
-  auto finish = [&progress](bool ok) {
-    absl::MutexLock l(&progress.mu);
-    ++progress.finished;
-    if (!ok) progress.failed = true;
-  };
-  auto on_read = [&](size_t i, absl::Status status) {
-    ++reads_completed;
-    if (!status.ok()) {
-      pieces[i].status = std::move(status);
-      buffers[i] = io::AlignedBuffer();
-      finish(false);
-      return;
-    }
-    pool()->Schedule([&, i] {
-      pieces[i].status =
-          DecodePiece(pieces[i], source.version, buffers[i].data());
-      buffers[i] = io::AlignedBuffer();  // back to the pool for the next reads
-      finish(pieces[i].status.ok());
-    });
-  };
-
-  absl::Status io_error;
-  while (true) {
-    size_t done;
-    {
-      absl::MutexLock l(&progress.mu);
-      done = progress.finished;
-      if (errors == nullptr && progress.failed) stop = true;
-    }
-    if (issued < pieces.size() && !stop && io_error.ok() &&
-        issued - done < max_ahead) {
-      const size_t i = issued++;
-      const proto::ChunkInfo& chunk =
-          pieces[i].item->chunks(pieces[i].chunk_index);
-      const uint64_t footprint =
-          ChunkFootprint(StoredOffset(chunk), chunk.stored_size());
-      if (chunk.file_offset() > source.data_end ||
-          footprint > source.data_end - chunk.file_offset()) {
-        // Only a base can be asked for this (the manifest tiles its own file).
-        pieces[i].status = absl::DataLossError(
-            absl::StrCat("the chunk lies past the chunks of ", source.path));
-        finish(false);
-        ++reads_completed;
-        continue;
-      }
-      buffers[i] = footprint <= buffers_->buffer_capacity()
-                       ? buffers_->Acquire()
-                       : io::AlignedBuffer(footprint);
-      buffers[i].set_size(footprint);
-      absl::Status s = file->ReadAsync(
-          chunk.file_offset(), buffers[i].span(),
-          [&on_read, i](absl::Status st) { on_read(i, std::move(st)); });
-      if (!s.ok()) {
-        io_error = s;
-        --issued;
-      }
-      continue;
-    }
-    if (reads_completed < issued) {
-      absl::Status s = file->WaitAny();
-      if (!s.ok() && io_error.ok()) io_error = s;
-      if (!s.ok()) break;  // the engine is broken; nothing more will complete
-      continue;
-    }
-    if (done < issued) {
-      absl::MutexLock l(&progress.mu);
-      progress.target = done + 1;
-      progress.mu.Await(absl::Condition(&progress, &Progress::Reached));
-      continue;
-    }
-    break;
-  }
-  // Decodes still queued reference `pieces` and `buffers`: wait for them.
-  {
-    absl::MutexLock l(&progress.mu);
-    progress.target = reads_completed;
-    progress.mu.Await(absl::Condition(&progress, &Progress::Reached));
-  }
-  if (!io_error.ok()) return io_error;
-  auto context = [&](const Piece& p, const absl::Status& st) {
-    const proto::ChunkInfo& chunk = p.item->chunks(p.chunk_index);
-    const std::string in_base =
-        chunk.base() == 0
-            ? std::string()
-            : absl::StrCat(
-                  " (stored in base shard step ",
-                  manifest_.bases(static_cast<int>(chunk.base()) - 1).step(),
-                  ", ", source.path, ")");
-    return absl::Status(
-        st.code(),
-        absl::StrCat("shard ", path_, " item \"", p.item->name(), "\" chunk ",
-                     p.chunk_index, in_base, " at file offset ",
-                     chunk.file_offset(), ": ", st.message()));
-  };
-  for (size_t i = 0; i < issued; ++i) {
+  SourceRead read(*this, source, pieces,
+                  /*first_error_only=*/errors == nullptr);
+  RETURN_IF_ERROR(read.Run());
+  for (size_t i = 0; i < read.issued(); ++i) {
     if (pieces[i].status.ok()) continue;
-    if (errors == nullptr) return context(pieces[i], pieces[i].status);
-    errors->push_back(context(pieces[i], pieces[i].status));
+    absl::Status error = InContext(source, pieces[i], pieces[i].status);
+    if (errors == nullptr) return error;
+    errors->push_back(std::move(error));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardReader::InContext(const Source& source, const Piece& p,
+                                    const absl::Status& st) const {
+  const proto::ChunkInfo& chunk = p.item->chunks(p.chunk_index);
+  const std::string in_base =
+      chunk.base() == 0
+          ? std::string()
+          : absl::StrCat(
+                " (stored in base shard step ",
+                manifest_.bases(static_cast<int>(chunk.base()) - 1).step(),
+                ", ", source.path, ")");
+  return absl::Status(
+      st.code(),
+      absl::StrCat("shard ", path_, " item \"", p.item->name(), "\" chunk ",
+                   p.chunk_index, in_base, " at file offset ",
+                   chunk.file_offset(), ": ", st.message()));
 }
 
 std::vector<absl::Status> VerifyShard(io::FileSystem* fs,

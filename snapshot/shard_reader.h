@@ -116,6 +116,10 @@ class ShardReader {
   // Reads `pieces`, all stored in `source`.
   absl::Status ReadFrom(Source& source, std::vector<Piece>& pieces,
                         std::vector<absl::Status>* errors);
+  class SourceRead;  // one ReadFrom's reads and decodes in flight
+  // A piece's error, naming the shard, item, chunk and (base) file.
+  absl::Status InContext(const Source& source, const Piece& p,
+                         const absl::Status& st) const;
   absl::Status DecodePiece(const Piece& piece, uint32_t version,
                            const uint8_t* chunk_bytes);
   io::ThreadPool* pool();

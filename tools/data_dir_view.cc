@@ -127,15 +127,9 @@ absl::StatusOr<std::vector<proto::ShardRecord>> DataDirView::Shards(
 }
 
 absl::StatusOr<absl::optional<std::string>> DataDirView::InstallClusterKey() {
-  ASSIGN_OR_RETURN(absl::optional<proto::ClusterKeyRecord> record,
-                   reader_->ClusterKey());
-  if (!record.has_value()) return absl::optional<std::string>();
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<const snapshot::SealKeys> keys,
-      snapshot::SealKeys::FromBytes(record->key(), {},
-                                    snapshot::SealKeys::UnsealedThrough(
-                                        record->unsealed_through().begin(),
-                                        record->unsealed_through().end())));
+  ASSIGN_OR_RETURN(std::shared_ptr<const snapshot::SealKeys> keys,
+                   reader_->ClusterKeys());
+  if (keys == nullptr) return absl::optional<std::string>();
   std::string id = keys->current_id();
   snapshot::InstallSealKeys(std::move(keys));
   return absl::optional<std::string>(std::move(id));

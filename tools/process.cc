@@ -1,5 +1,6 @@
 #include "tools/process.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -140,10 +141,16 @@ bool LocalEtcd::MakeCredentials() {
   if (std::system(cmd.c_str()) != 0) return false;
   for (const std::string& file :
        {pki + "/root-password", password_file() + ".tmp"}) {
-    std::ofstream out(file, std::ios::trunc);
-    out << RandomSecret() << "\n";
-    if (!out.good()) return false;
-    ::chmod(file.c_str(), 0600);
+    // Made 0600 before the secret is in it: never readable by others.
+    const int fd =
+        ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return false;
+    const std::string secret = RandomSecret() + "\n";
+    const bool written =
+        ::fchmod(fd, 0600) == 0 && ::write(fd, secret.data(), secret.size()) ==
+                                       static_cast<ssize_t>(secret.size());
+    ::close(fd);
+    if (!written) return false;
   }
   // Last: its presence says the credentials are whole.
   std::error_code ec;

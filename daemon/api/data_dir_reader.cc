@@ -56,9 +56,12 @@ absl::StatusOr<std::vector<proto::CommitRecord>> DataDirReader::Commits(
   return coordinator_->ListCommits(job);
 }
 
-absl::StatusOr<absl::optional<proto::ClusterKeyRecord>>
-DataDirReader::ClusterKey() {
-  return coordinator_->GetClusterKey();
+absl::StatusOr<std::shared_ptr<const snapshot::SealKeys>>
+DataDirReader::ClusterKeys() {
+  ASSIGN_OR_RETURN(absl::optional<proto::ClusterKeyRecord> record,
+                   coordinator_->GetClusterKey());
+  if (!record.has_value()) return std::shared_ptr<const snapshot::SealKeys>();
+  return SealKeysOf(*record);
 }
 
 std::vector<proto::DroppedCopy> PlanCollection(

@@ -24,6 +24,7 @@
 #include "proto/catalog.pb.h"
 #include "proto/daemon.pb.h"
 #include "proto/peer.pb.h"
+#include "snapshot/manifest_seal.h"
 
 namespace ckpt::daemon {
 class KvStore;
@@ -49,9 +50,9 @@ class DataDirReader {
   // The commit records of the embedded coordinator (a single node's).
   absl::StatusOr<std::vector<proto::CommitRecord>> Commits(
       const std::string& job);
-  // The cluster key the embedded coordinator keeps (a single node's ckptd
-  // started without --cluster-key); nullopt: none there.
-  absl::StatusOr<absl::optional<proto::ClusterKeyRecord>> ClusterKey();
+  // The seal keys of the cluster key the embedded coordinator keeps (a
+  // single node's ckptd started without --cluster-key); null: none there.
+  absl::StatusOr<std::shared_ptr<const snapshot::SealKeys>> ClusterKeys();
 
  private:
   explicit DataDirReader(std::unique_ptr<KvStore> store);

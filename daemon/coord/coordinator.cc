@@ -421,4 +421,12 @@ Coordinator::NewestStepOfEachJob() {
   return newest;
 }
 
+absl::StatusOr<std::shared_ptr<const snapshot::SealKeys>> SealKeysOf(
+    const proto::ClusterKeyRecord& record) {
+  return snapshot::SealKeys::FromBytes(
+      record.key(), {},
+      snapshot::SealKeys::UnsealedThrough(record.unsealed_through().begin(),
+                                          record.unsealed_through().end()));
+}
+
 }  // namespace ckpt::daemon

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "absl/types/optional.h"
 #include "proto/catalog.pb.h"
 #include "proto/peer.pb.h"
+#include "snapshot/manifest_seal.h"
 
 namespace ckpt::daemon {
 
@@ -194,6 +196,11 @@ proto::CommitRecord NewCommitRecord(const std::string& job, uint64_t step,
 // "memory", "peer", "local_disk", "shared".
 std::string TierName(proto::Tier tier);
 absl::StatusOr<proto::Tier> ParseTier(absl::string_view name);
+
+// The keys a cluster key record seals and checks with: its key, and the
+// steps saved before it that stay readable unsealed.
+absl::StatusOr<std::shared_ptr<const snapshot::SealKeys>> SealKeysOf(
+    const proto::ClusterKeyRecord& record);
 
 }  // namespace ckpt::daemon
 

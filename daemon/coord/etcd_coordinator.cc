@@ -230,9 +230,20 @@ absl::Status EtcdCoordinator::Checked(const grpc::Status& s,
   if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
       !options_.user.empty() &&
       absl::StrContains(s.error_message(), "invalid auth token")) {
-    if (absl::Status renewed = Authenticate(); !renewed.ok()) {
-      CKPT_LOG_WARN("ckptd: renewing the etcd token etcd forgot: {}",
-                    renewed.ToString());
+    // One renewal for the calls that failed together: a token taken after
+    // this failure was seen serves them all.
+    const absl::Time failed_at = absl::Now();
+    absl::MutexLock renewing(&renew_mu_);
+    bool renewed_since = false;
+    {
+      absl::MutexLock lock(&mu_);
+      renewed_since = token_at_ >= failed_at;
+    }
+    if (!renewed_since) {
+      if (absl::Status renewed = Authenticate(); !renewed.ok()) {
+        CKPT_LOG_WARN("ckptd: renewing the etcd token etcd forgot: {}",
+                      renewed.ToString());
+      }
     }
   }
   return status;

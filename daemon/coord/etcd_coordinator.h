@@ -152,6 +152,8 @@ class EtcdCoordinator final : public Coordinator {
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_stub_;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch_stub_;
   std::unique_ptr<etcdserverpb::Auth::Stub> auth_stub_;
+  // Held while Checked renews a token etcd forgot (taken before mu_).
+  absl::Mutex renew_mu_;
   mutable absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);
   absl::Time token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

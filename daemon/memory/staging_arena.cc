@@ -139,103 +139,104 @@ absl::StatusOr<SlotInfo> StagingArena::Allocate(const SlotId& id,
                                                 uint64_t bytes,
                                                 absl::Time deadline) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(id.job));
-  FreeSlot reuse;
-  std::vector<std::string> evict;
-  const absl::Time start = absl::Now();
-  absl::Duration waited;
-  if (bytes == 0)
-    bytes =
-        1;  // an empty state still gets a slot: the manifest says it is empty
+  // An empty state still gets a slot: the manifest says it is empty.
+  if (bytes == 0) bytes = 1;
   if (bytes > options_.budget_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("staging slot for ", Describe(id), " needs ", bytes,
                      " bytes, more than the whole ", "memory budget of ",
                      options_.budget_bytes, " bytes (ckptd --memory_budget)"));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (slots_.count(id) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("staging slot for ", Describe(id), " already exists"));
-    }
-    // A slot PrepareAhead is making holds its bytes until it is done.
-    auto fits = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return used_ + preparing_ + bytes <= options_.budget_bytes;
-    };
-    if (!fits()) {
-      const absl::Time until =
-          std::min(absl::Now() + options_.wait_timeout, deadline);
-      bool ok = false;
-      if (options_.policy == FullPolicy::kWait) {
-        waiting_[id] = bytes;
-        ok = mu_.AwaitWithDeadline(absl::Condition(&fits), until);
-        waiting_.erase(id);
-      }
-      waited = absl::Now() - start;
-      if (!ok) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "memory budget exhausted: staging slot for ", Describe(id),
-            " needs ", bytes, " bytes, ", used_, " of ", options_.budget_bytes,
-            " bytes are in use by ", slots_.size(), " slots",
-            options_.policy == FullPolicy::kWait
-                ? absl::StrCat(" after waiting up to ",
-                               absl::FormatDuration(options_.wait_timeout))
-                : " (policy: skip)"));
-      }
-    }
-    used_ += bytes;
-    slots_[id] = Slot{SlotInfo{id, SlotPath(id), bytes}, nullptr};
-    auto same = free_.find(bytes);
-    if (same != free_.end()) {
-      reuse = std::move(same->second);
-      free_bytes_ -= bytes;
-      free_.erase(same);
-    }
-    // Kept free slots give their memory back when the budget needs it.
-    while (used_ + free_bytes_ > options_.budget_bytes && !free_.empty()) {
-      auto victim = std::prev(free_.end());
-      free_bytes_ -= victim->first;
-      evict.push_back(victim->second.path);
-      free_.erase(victim);  // drops the daemon's mapping with it
-    }
-  }
+  FreeSlot reuse;
+  std::vector<std::string> evict;
+  ASSIGN_OR_RETURN(const absl::Duration waited,
+                   Reserve(id, bytes, deadline, &reuse, &evict));
   for (const std::string& path : evict) (void)fs_->Unlink(path);
-  // Files are made outside the lock; the reservation above holds the bytes
+  // Files are made outside the lock; the reservation holds the bytes
   // meanwhile.
-  std::string job_dir = io::JoinPath(options_.dir, id.job);
-  absl::Status s = fs_->CreatePrivateDirs(job_dir);
-  std::shared_ptr<io::MappedFile> map;  // stays null for a reused slot the
-                                        // daemon has not mapped yet
-  bool reused = false;
-  if (s.ok() && !reuse.path.empty()) {
-    reused = fs_->Rename(reuse.path, SlotPath(id)).ok();
-    if (reused) {
-      map = std::move(reuse.map);
-    } else {
-      (void)fs_->Unlink(reuse.path);  // fall back to a fresh slot
-    }
-  }
   absl::Duration made;
-  if (s.ok() && !reused) {
-    const absl::Time making = absl::Now();
-    absl::StatusOr<std::unique_ptr<io::MappedFile>> mapped =
-        fs_->MapFile(SlotPath(id), io::MapOptions{.create_size = bytes});
-    s = mapped.status();
-    if (s.ok()) map = *std::move(mapped);
-    made = absl::Now() - making;
-  }
-  if (!s.ok()) {
-    absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<io::MappedFile>> map =
+      MakeSlotFile(id, bytes, std::move(reuse), &made);
+  absl::MutexLock lock(&mu_);
+  if (!map.ok()) {
     used_ -= bytes;
     slots_.erase(id);
-    return absl::Status(
-        s.code(),
-        absl::StrCat("staging slot for ", Describe(id), ": ", s.message()));
+    return absl::Status(map.status().code(),
+                        absl::StrCat("staging slot for ", Describe(id), ": ",
+                                     map.status().message()));
   }
-  absl::MutexLock lock(&mu_);
   auto it = slots_.find(id);
-  if (it != slots_.end()) it->second.map = std::move(map);
+  if (it != slots_.end()) it->second.map = *std::move(map);
   return SlotInfo{id, SlotPath(id), bytes, waited, made};
+}
+
+absl::StatusOr<absl::Duration> StagingArena::Reserve(
+    const SlotId& id, uint64_t bytes, absl::Time deadline, FreeSlot* reuse,
+    std::vector<std::string>* evict) {
+  const absl::Time start = absl::Now();
+  absl::Duration waited;
+  absl::MutexLock lock(&mu_);
+  if (slots_.count(id) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("staging slot for ", Describe(id), " already exists"));
+  }
+  // A slot PrepareAhead is making holds its bytes until it is done.
+  auto fits = [this, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return used_ + preparing_ + bytes <= options_.budget_bytes;
+  };
+  if (!fits()) {
+    const absl::Time until =
+        std::min(absl::Now() + options_.wait_timeout, deadline);
+    bool ok = false;
+    if (options_.policy == FullPolicy::kWait) {
+      waiting_[id] = bytes;
+      ok = mu_.AwaitWithDeadline(absl::Condition(&fits), until);
+      waiting_.erase(id);
+    }
+    waited = absl::Now() - start;
+    if (!ok) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory budget exhausted: staging slot for ", Describe(id), " needs ",
+          bytes, " bytes, ", used_, " of ", options_.budget_bytes,
+          " bytes are in use by ", slots_.size(), " slots",
+          options_.policy == FullPolicy::kWait
+              ? absl::StrCat(" after waiting up to ",
+                             absl::FormatDuration(options_.wait_timeout))
+              : " (policy: skip)"));
+    }
+  }
+  used_ += bytes;
+  slots_[id] = Slot{SlotInfo{id, SlotPath(id), bytes}, nullptr};
+  auto same = free_.find(bytes);
+  if (same != free_.end()) {
+    *reuse = std::move(same->second);
+    free_bytes_ -= bytes;
+    free_.erase(same);
+  }
+  // Kept free slots give their memory back when the budget needs it.
+  while (used_ + free_bytes_ > options_.budget_bytes && !free_.empty()) {
+    auto victim = std::prev(free_.end());
+    free_bytes_ -= victim->first;
+    evict->push_back(victim->second.path);
+    free_.erase(victim);  // drops the daemon's mapping with it
+  }
+  return waited;
+}
+
+absl::StatusOr<std::shared_ptr<io::MappedFile>> StagingArena::MakeSlotFile(
+    const SlotId& id, uint64_t bytes, FreeSlot reuse, absl::Duration* made) {
+  RETURN_IF_ERROR(fs_->CreatePrivateDirs(io::JoinPath(options_.dir, id.job)));
+  if (!reuse.path.empty()) {
+    // Null for a reused slot the daemon has not mapped yet.
+    if (fs_->Rename(reuse.path, SlotPath(id)).ok()) return std::move(reuse.map);
+    (void)fs_->Unlink(reuse.path);  // fall back to a fresh slot
+  }
+  const absl::Time making = absl::Now();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::MappedFile> mapped,
+      fs_->MapFile(SlotPath(id), io::MapOptions{.create_size = bytes}));
+  *made = absl::Now() - making;
+  return std::shared_ptr<io::MappedFile>(std::move(mapped));
 }
 
 absl::Status StagingArena::Release(const SlotId& id) {

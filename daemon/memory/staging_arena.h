@@ -132,6 +132,15 @@ class StagingArena {
     std::string path;
     std::shared_ptr<io::MappedFile> map;
   };
+  // Allocate's steps: the slot's bytes reserved within the budget (waiting
+  // per the policy; returns how long), a kept free slot of its size taken
+  // for reuse, and the free slots the budget needs back named in `evict`;
+  // then its file made (or the free one renamed), outside the lock.
+  absl::StatusOr<absl::Duration> Reserve(const SlotId& id, uint64_t bytes,
+                                         absl::Time deadline, FreeSlot* reuse,
+                                         std::vector<std::string>* evict);
+  absl::StatusOr<std::shared_ptr<io::MappedFile>> MakeSlotFile(
+      const SlotId& id, uint64_t bytes, FreeSlot reuse, absl::Duration* made);
 
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<SlotId, Slot> slots_ ABSL_GUARDED_BY(mu_);

@@ -73,9 +73,9 @@ absl::Status PeerAuthorization::MayContribute(
   return absl::OkStatus();
 }
 
-absl::Status PeerAuthorization::MayHoldReplica(const ReplicaStore::Key& key,
-                                               const std::string& from,
-                                               const ReplicaStore& held) {
+absl::StatusOr<PeerAuthorization::ReplicaClaim> PeerAuthorization::ClaimReplica(
+    const ReplicaStore::Key& key, const std::string& from,
+    const ReplicaStore& held) {
   ASSIGN_OR_RETURN(bool own, holds_own_(key.job, key.step, key.rank));
   if (own) {
     return absl::PermissionDeniedError(
@@ -90,7 +90,23 @@ absl::Status PeerAuthorization::MayHoldReplica(const ReplicaStore::Key& key,
         absl::StrCat("node ", from, " sent a replica of ", Describe(key),
                      ", which this node holds for node ", it->second));
   }
-  return absl::OkStatus();
+  auto [push, first] = pushing_.try_emplace(key, from, 0);
+  if (!first && push->second.first != from) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "node ", from, " sent a replica of ", Describe(key), " while node ",
+        push->second.first, "'s push of it is in flight"));
+  }
+  ++push->second.second;
+  return ReplicaClaim(this, key);
+}
+
+PeerAuthorization::ReplicaClaim::~ReplicaClaim() {
+  if (auth_ == nullptr) return;
+  absl::MutexLock lock(&auth_->mu_);
+  auto it = auth_->pushing_.find(key_);
+  if (it != auth_->pushing_.end() && --it->second.second == 0) {
+    auth_->pushing_.erase(it);
+  }
 }
 
 void PeerAuthorization::Held(const ReplicaStore::Key& key,

@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,12 +53,29 @@ class PeerAuthorization {
                              const proto::ParityGroup& group, uint32_t position,
                              const std::vector<std::string>& callers);
 
+  // A push of a replica of `key` from one node, in flight while the claim
+  // lives: another node's push of it is refused meanwhile.
+  class ReplicaClaim {
+   public:
+    ReplicaClaim(ReplicaClaim&& other) noexcept
+        : auth_(std::exchange(other.auth_, nullptr)), key_(other.key_) {}
+    ReplicaClaim& operator=(ReplicaClaim&&) = delete;
+    ~ReplicaClaim();
+
+   private:
+    friend class PeerAuthorization;
+    ReplicaClaim(PeerAuthorization* auth, ReplicaStore::Key key)
+        : auth_(auth), key_(std::move(key)) {}
+    PeerAuthorization* auth_;
+    ReplicaStore::Key key_;
+  };
   // A replica of `key` sent by node `from` (as the call names it, already
-  // matched to the certificate when there is one). PermissionDenied when
-  // this node holds the shard itself or holds a replica from another node.
-  absl::Status MayHoldReplica(const ReplicaStore::Key& key,
-                              const std::string& from,
-                              const ReplicaStore& held);
+  // matched to the certificate when there is one), claimed for the push.
+  // PermissionDenied when this node holds the shard itself, holds a replica
+  // of it from another node, or another node's push of it is in flight.
+  absl::StatusOr<ReplicaClaim> ClaimReplica(const ReplicaStore::Key& key,
+                                            const std::string& from,
+                                            const ReplicaStore& held);
   // Records `from` as the sender of the replica of `key` now held.
   void Held(const ReplicaStore::Key& key, const std::string& from,
             const ReplicaStore& held);
@@ -74,6 +92,9 @@ class PeerAuthorization {
   std::map<std::tuple<std::string, uint64_t>, proto::ParityPlan> plans_
       ABSL_GUARDED_BY(mu_);
   std::map<ReplicaStore::Key, std::string> senders_ ABSL_GUARDED_BY(mu_);
+  // Pushes in flight, by key: the sending node and how many of its pushes.
+  std::map<ReplicaStore::Key, std::pair<std::string, int>> pushing_
+      ABSL_GUARDED_BY(mu_);
   // senders_ is pruned of replicas no longer held when it grows to this.
   size_t prune_at_ ABSL_GUARDED_BY(mu_) = 1024;
 };

@@ -174,11 +174,10 @@ class PeerService final : public proto::CkptPeer::Service {
       return dial;
     }
     const ReplicaStore::Key key = KeyOf(req->shard());
-    if (absl::Status may = authorization_.MayHoldReplica(key, req->from_node(),
-                                                         *replicator_->held());
-        !may.ok()) {
-      return Refused(*ctx, may);
-    }
+    absl::StatusOr<PeerAuthorization::ReplicaClaim> claim =
+        authorization_.ClaimReplica(key, req->from_node(),
+                                    *replicator_->held());
+    if (!claim.ok()) return Refused(*ctx, claim.status());
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> room =
         Receive(key, req->file_bytes());
     if (!room.ok()) return ToGrpc(room.status());
@@ -208,11 +207,10 @@ class PeerService final : public proto::CkptPeer::Service {
     }
     if (grpc::Status in = Admit(*ctx, piece.from_node()); !in.ok()) return in;
     const ReplicaStore::Key key = KeyOf(piece.shard());
-    if (absl::Status may = authorization_.MayHoldReplica(key, piece.from_node(),
-                                                         *replicator_->held());
-        !may.ok()) {
-      return Refused(*ctx, may);
-    }
+    absl::StatusOr<PeerAuthorization::ReplicaClaim> claim =
+        authorization_.ClaimReplica(key, piece.from_node(),
+                                    *replicator_->held());
+    if (!claim.ok()) return Refused(*ctx, claim.status());
     absl::StatusOr<std::unique_ptr<ReplicaStore::Receiver>> receiver =
         Receive(key, piece.file_bytes());
     if (!receiver.ok()) return ToGrpc(receiver.status());

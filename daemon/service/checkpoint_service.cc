@@ -105,8 +105,9 @@ std::string CheckpointService::ShardPath(const std::string& job, uint64_t step,
 
 absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
     io::FileSystem* fs, ServiceOptions options) {
-  if (options.data_dir.empty())
+  if (options.data_dir.empty()) {
     return absl::InvalidArgumentError("data directory is empty");
+  }
   if (options.persist_threads < 1) {
     return absl::InvalidArgumentError("at least one persist thread is needed");
   }
@@ -114,95 +115,102 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
     return absl::InvalidArgumentError(
         "retention must keep at least one step per tier");
   }
+  if (options.parity.k > 0 && options.replication.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--peer-redundancy needs the peer tier (--peer-address)");
+  }
   std::unique_ptr<CheckpointService> service(
       new CheckpointService(fs, std::move(options)));
   service->DeclareMetrics();
-  const ServiceOptions& o = service->options_;
-  RETURN_IF_ERROR(fs->CreateDirs(io::JoinPath(o.data_dir, "shards")));
-  ASSIGN_OR_RETURN(service->store_,
-                   KvStore::Open(io::JoinPath(o.data_dir, "catalog")));
-  service->catalog_ = std::make_unique<Catalog>(service->store_.get());
-  service->coordinator_ =
-      o.coordinator != nullptr
-          ? o.coordinator
-          : std::make_shared<EmbeddedCoordinator>(service->store_.get());
-  RETURN_IF_ERROR(service->InstallAgreedClusterKey());
-  ASSIGN_OR_RETURN(service->arena_,
-                   StagingArena::Open(io::DefaultFileSystem(), o.staging));
-  ASSIGN_OR_RETURN(
-      service->recycler_,
-      FileRecycler::Open(
-          fs, io::JoinPath(o.data_dir, "recycle"),
-          static_cast<size_t>(std::max(0, o.recycle_files)),
-          [self = service.get()] { return self->queue_.Persisting(); }));
-  if (!o.replication.dir.empty()) {
-    CheckpointService* self = service.get();
-    ASSIGN_OR_RETURN(
-        service->replicator_,
-        Replicator::Start(
-            fs, o.replication, service->coordinator_.get(), &service->metrics_,
-            [self](const proto::ShardRecord& shard,
-                   const std::vector<std::string>& nodes) {
-              self->Replicated(shard, nodes);
-            },
-            [self](const std::vector<std::string>& lost) {
-              self->PeersLost(lost);
-            }));
-  }
-  if (o.parity.k > 0) {
-    if (service->replicator_ == nullptr) {
-      return absl::InvalidArgumentError(
-          "--peer-redundancy needs the peer tier (--peer-address)");
-    }
-    CheckpointService* self = service.get();
-    ParityOptions parity = o.parity;
-    if (parity.dir.empty()) {
-      parity.dir = io::JoinPath(o.replication.dir, "parity");
-    }
-    Replicator* replicator = service->replicator_.get();
-    ASSIGN_OR_RETURN(
-        service->parity_,
-        ParityTier::Start(
-            fs, std::move(parity), service->coordinator_.get(),
-            &service->metrics_,
-            [replicator](const std::string& address) {
-              return replicator->ChannelTo(address);
-            },
-            [self](const std::string& job, uint64_t step, uint32_t rank) {
-              return self->LocalShardFile(job, step, rank);
-            },
-            [self](const proto::ShardRecord& shard) {
-              self->ParityProtected(shard);
-            }));
-    ParityTier* tier = service->parity_.get();
-    replicator->SetRebuilder([tier](const std::string& job, uint64_t step,
-                                    uint32_t rank,
-                                    const Replicator::RebuildSink& sink) {
-      return tier->Rebuild(job, step, rank, sink);
-    });
-    tier->SetRepair(
-        [replicator](const std::string& job, uint64_t step, uint32_t rank) {
-          RETURN_IF_ERROR(replicator->Fetch(job, step, rank).status());
-          replicator->KeepAsStandIn(job, step, rank);
-          return absl::OkStatus();
-        });
-  }
-  if (!o.shared.dir.empty()) {
-    CheckpointService* self = service.get();
-    ASSIGN_OR_RETURN(service->shared_,
-                     SharedTier::Start(fs, o.shared, &service->metrics_,
-                                       [self](const proto::ShardRecord& shard) {
-                                         self->VoteLater(shard,
-                                                         proto::TIER_SHARED);
-                                       }));
-  }
+  RETURN_IF_ERROR(service->OpenLocalState());
+  RETURN_IF_ERROR(service->StartPeerTier());
+  RETURN_IF_ERROR(service->StartParityTier());
+  RETURN_IF_ERROR(service->StartSharedTier());
   RETURN_IF_ERROR(service->Recover());
-  for (int i = 0; i < o.persist_threads; ++i) {
+  for (int i = 0; i < service->options_.persist_threads; ++i) {
     service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
   }
   service->housekeeper_ =
       std::thread([s = service.get()] { s->Housekeeping(); });
   return service;
+}
+
+absl::Status CheckpointService::OpenLocalState() {
+  const ServiceOptions& o = options_;
+  RETURN_IF_ERROR(fs_->CreateDirs(io::JoinPath(o.data_dir, "shards")));
+  ASSIGN_OR_RETURN(store_, KvStore::Open(io::JoinPath(o.data_dir, "catalog")));
+  catalog_ = std::make_unique<Catalog>(store_.get());
+  coordinator_ = o.coordinator != nullptr
+                     ? o.coordinator
+                     : std::make_shared<EmbeddedCoordinator>(store_.get());
+  RETURN_IF_ERROR(InstallAgreedClusterKey());
+  ASSIGN_OR_RETURN(arena_,
+                   StagingArena::Open(io::DefaultFileSystem(), o.staging));
+  ASSIGN_OR_RETURN(
+      recycler_,
+      FileRecycler::Open(fs_, io::JoinPath(o.data_dir, "recycle"),
+                         static_cast<size_t>(std::max(0, o.recycle_files)),
+                         [this] { return queue_.Persisting(); }));
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::StartPeerTier() {
+  if (options_.replication.dir.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(
+      replicator_,
+      Replicator::Start(
+          fs_, options_.replication, coordinator_.get(), &metrics_,
+          [this](const proto::ShardRecord& shard,
+                 const std::vector<std::string>& nodes) {
+            Replicated(shard, nodes);
+          },
+          [this](const std::vector<std::string>& lost) { PeersLost(lost); }));
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::StartParityTier() {
+  if (options_.parity.k == 0) return absl::OkStatus();
+  ParityOptions parity = options_.parity;
+  if (parity.dir.empty()) {
+    parity.dir = io::JoinPath(options_.replication.dir, "parity");
+  }
+  Replicator* replicator = replicator_.get();
+  ASSIGN_OR_RETURN(
+      parity_,
+      ParityTier::Start(
+          fs_, std::move(parity), coordinator_.get(), &metrics_,
+          [replicator](const std::string& address) {
+            return replicator->ChannelTo(address);
+          },
+          [this](const std::string& job, uint64_t step, uint32_t rank) {
+            return LocalShardFile(job, step, rank);
+          },
+          [this](const proto::ShardRecord& shard) { ParityProtected(shard); }));
+  // Fetches fall back to a rebuild from the group; repairs of lost data
+  // blocks are fetches kept as stand-ins.
+  ParityTier* tier = parity_.get();
+  replicator->SetRebuilder([tier](const std::string& job, uint64_t step,
+                                  uint32_t rank,
+                                  const Replicator::RebuildSink& sink) {
+    return tier->Rebuild(job, step, rank, sink);
+  });
+  tier->SetRepair(
+      [replicator](const std::string& job, uint64_t step, uint32_t rank) {
+        RETURN_IF_ERROR(replicator->Fetch(job, step, rank).status());
+        replicator->KeepAsStandIn(job, step, rank);
+        return absl::OkStatus();
+      });
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::StartSharedTier() {
+  if (options_.shared.dir.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(shared_,
+                   SharedTier::Start(fs_, options_.shared, &metrics_,
+                                     [this](const proto::ShardRecord& shard) {
+                                       VoteLater(shard, proto::TIER_SHARED);
+                                     }));
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointService::InstallAgreedClusterKey() {
@@ -216,19 +224,18 @@ absl::Status CheckpointService::InstallAgreedClusterKey() {
                         absl::StrCat("agreeing on the cluster key: ",
                                      agreed.status().message()));
   }
-  snapshot::SealKeys::UnsealedThrough unsealed(
-      agreed->unsealed_through().begin(), agreed->unsealed_through().end());
   ASSIGN_OR_RETURN(std::shared_ptr<const snapshot::SealKeys> keys,
-                   snapshot::SealKeys::FromBytes(agreed->key(), {}, unsealed));
+                   SealKeysOf(*agreed));
   CKPT_LOG_INFO(
       "ckptd: manifests sealed with cluster key {} (the cluster's own, made "
       "by {} at {}{})",
       keys->current_id(), agreed->created_by(),
       absl::FormatTime(absl::FromUnixMicros(agreed->created_unix_micros())),
-      unsealed.empty() ? ""
-                       : absl::StrCat("; steps of ", unsealed.size(),
-                                      " jobs saved before it stay readable "
-                                      "unsealed"));
+      agreed->unsealed_through().empty()
+          ? ""
+          : absl::StrCat("; steps of ", agreed->unsealed_through().size(),
+                         " jobs saved before it stay readable "
+                         "unsealed"));
   snapshot::InstallSealKeys(std::move(keys));
   return absl::OkStatus();
 }

@@ -251,7 +251,34 @@ class CheckpointService {
                          const std::vector<proto::ShardRecord>& shards,
                          const std::set<uint64_t>& steps,
                          const std::string& to);
+  // RollBack's steps (checkpoint_service_steps.cc): the target committed on
+  // disk, whole, and no shard of the job in flight (returns the steps after
+  // it); a fork into a new job; the newer committed steps archived; the
+  // newer steps' copies dropped.
+  absl::StatusOr<std::set<uint64_t>> StepsAfterRollBackTarget(
+      const std::string& job, uint64_t step,
+      const std::vector<proto::ShardRecord>& shards, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
+  absl::Status ForkInto(const std::string& job, uint64_t step,
+                        const std::vector<proto::ShardRecord>& shards,
+                        const std::string& into, const std::string& what,
+                        proto::RollbackRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
+  absl::Status ArchiveSteps(const std::string& job,
+                            const std::set<uint64_t>& newer,
+                            const std::vector<proto::ShardRecord>& shards,
+                            proto::RollbackRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
+  absl::Status DropStepsAfter(const std::string& job, uint64_t step,
+                              const std::vector<proto::ShardRecord>& shards)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gc_mu_);
   void DeclareMetrics();
+  // Start's steps: the catalog, coordinator, cluster key, staging arena and
+  // file recycler; then each configured tier beyond this node.
+  absl::Status OpenLocalState();
+  absl::Status StartPeerTier();
+  absl::Status StartParityTier();
+  absl::Status StartSharedTier();
   // A vote committed `step` at `tiers`: the health figures, and waiters look
   // again.
   void Committed(const std::string& job, uint64_t step,

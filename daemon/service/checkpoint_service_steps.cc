@@ -76,14 +76,50 @@ absl::StatusOr<proto::RollbackRecord> CheckpointService::RollBack(
   absl::MutexLock gc(&gc_mu_);  // no garbage collection meanwhile
   const std::string what =
       absl::StrCat("restoring job ", job, " to step ", step);
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   catalog_->ListShards(job));
+  ASSIGN_OR_RETURN(const std::set<uint64_t> newer,
+                   StepsAfterRollBackTarget(job, step, shards, what));
+  proto::RollbackRecord record;
+  record.set_to_step(step);
+  record.set_unix_micros(NowMicros());
+  for (proto::Tier tier : kAllTiers) {
+    ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
+                     coordinator_->LatestCommitted(job, tier));
+    if (latest.has_value()) {
+      record.set_from_step(std::max(record.from_step(), *latest));
+    }
+  }
+  if (!into.empty()) {
+    RETURN_IF_ERROR(ForkInto(job, step, shards, into, what, record));
+    return record;
+  }
+  record.set_job(job);
+  if (!discard_newer && !newer.empty()) {
+    RETURN_IF_ERROR(ArchiveSteps(job, newer, shards, record));
+  }
+  record.set_dropped_steps(static_cast<uint32_t>(newer.size()));
+  // The decision, atomically: newer steps uncommitted, latest back to `step`,
+  // the record stored. Then their copies go (a crash in between leaves shards
+  // no commit names: a new save of such a step replaces them).
+  RETURN_IF_ERROR(coordinator_->RollBack(job, step, record));
+  RETURN_IF_ERROR(DropStepsAfter(job, step, shards));
+  CKPT_LOG_WARN("{}: {} newer step(s) {}", what, newer.size(),
+                record.archived_as().empty()
+                    ? std::string("discarded")
+                    : "moved to job " + record.archived_as());
+  return record;
+}
+
+absl::StatusOr<std::set<uint64_t>> CheckpointService::StepsAfterRollBackTarget(
+    const std::string& job, uint64_t step,
+    const std::vector<proto::ShardRecord>& shards, const std::string& what) {
   ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> commit,
                    coordinator_->GetCommit(job, step, proto::TIER_LOCAL_DISK));
   if (!commit.has_value()) {
     return absl::NotFoundError(absl::StrCat(
         what, ": the step is not committed on disk (see ckpt ls ", job, ")"));
   }
-  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
-                   catalog_->ListShards(job));
   std::set<uint64_t> newer;
   uint32_t ranks_of_step = 0;
   for (const proto::ShardRecord& r : shards) {
@@ -103,72 +139,66 @@ absl::StatusOr<proto::RollbackRecord> CheckpointService::RollBack(
                                             " of its ", commit->world_size(),
                                             " shards are on disk"));
   }
-  proto::RollbackRecord record;
-  record.set_to_step(step);
-  record.set_unix_micros(NowMicros());
-  for (proto::Tier tier : kAllTiers) {
-    ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
-                     coordinator_->LatestCommitted(job, tier));
-    if (latest.has_value())
-      record.set_from_step(std::max(record.from_step(), *latest));
+  return newer;
+}
+
+absl::Status CheckpointService::ForkInto(
+    const std::string& job, uint64_t step,
+    const std::vector<proto::ShardRecord>& shards, const std::string& into,
+    const std::string& what, proto::RollbackRecord& record) {
+  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> existing,
+                   coordinator_->ListCommits(into));
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> theirs,
+                   catalog_->ListShards(into));
+  if (!existing.empty()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(what, ": job ", into,
+                     " already has committed steps; fork into a new job"));
   }
-  if (!into.empty()) {
-    // A fork: a new job whose only step is `step`.
-    ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> existing,
-                     coordinator_->ListCommits(into));
-    ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> theirs,
-                     catalog_->ListShards(into));
-    if (!existing.empty()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(what, ": job ", into,
-                       " already has committed steps; fork into a "
-                       "new job"));
-    }
-    for (const proto::ShardRecord& r : theirs) {
-      RETURN_IF_ERROR(catalog_->DeleteShard(into, r.step(), r.rank()));
-    }
-    RETURN_IF_ERROR(CopySteps(job, shards, {step}, into));
-    record.set_job(into);
-    record.set_forked_from(job);
-    record.set_from_step(0);
-    RETURN_IF_ERROR(coordinator_->RollBack(into, step, record));
-    CKPT_LOG_WARN("{}: forked into job {}", what, into);
-    return record;
+  for (const proto::ShardRecord& r : theirs) {
+    RETURN_IF_ERROR(catalog_->DeleteShard(into, r.step(), r.rank()));
   }
-  record.set_job(job);
-  if (!discard_newer && !newer.empty()) {
-    // Kept: the newer steps committed on disk move to an archive job.
-    std::set<uint64_t> keep;
-    for (uint64_t s : newer) {
-      ASSIGN_OR_RETURN(auto c,
-                       coordinator_->GetCommit(job, s, proto::TIER_LOCAL_DISK));
-      if (c.has_value()) keep.insert(s);
-    }
-    const std::string archive =
-        absl::StrCat(job, ".before-rollback-", record.unix_micros());
-    RETURN_IF_ERROR(CopySteps(job, shards, keep, archive));
-    record.set_archived_as(archive);
+  RETURN_IF_ERROR(CopySteps(job, shards, {step}, into));
+  record.set_job(into);
+  record.set_forked_from(job);
+  record.set_from_step(0);
+  RETURN_IF_ERROR(coordinator_->RollBack(into, step, record));
+  CKPT_LOG_WARN("{}: forked into job {}", what, into);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::ArchiveSteps(
+    const std::string& job, const std::set<uint64_t>& newer,
+    const std::vector<proto::ShardRecord>& shards,
+    proto::RollbackRecord& record) {
+  std::set<uint64_t> keep;
+  for (uint64_t s : newer) {
+    ASSIGN_OR_RETURN(auto c,
+                     coordinator_->GetCommit(job, s, proto::TIER_LOCAL_DISK));
+    if (c.has_value()) keep.insert(s);
   }
-  record.set_dropped_steps(static_cast<uint32_t>(newer.size()));
-  // The decision, atomically: newer steps uncommitted, latest back to `step`,
-  // the record stored. Then their copies go (a crash in between leaves shards
-  // no commit names: a new save of such a step replaces them).
-  RETURN_IF_ERROR(coordinator_->RollBack(job, step, record));
+  const std::string archive =
+      absl::StrCat(job, ".before-rollback-", record.unix_micros());
+  RETURN_IF_ERROR(CopySteps(job, shards, keep, archive));
+  record.set_archived_as(archive);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::DropStepsAfter(
+    const std::string& job, uint64_t step,
+    const std::vector<proto::ShardRecord>& shards) {
   for (const proto::ShardRecord& r : shards) {
     if (r.step() <= step) continue;
     RETURN_IF_ERROR(catalog_->DeleteShard(job, r.step(), r.rank()));
-    if (!r.slot_path().empty())
+    if (!r.slot_path().empty()) {
       (void)arena_->Release({job, r.step(), r.rank()});
+    }
     if (!r.shard_path().empty()) (void)fs_->Unlink(r.shard_path());
   }
   bases_.Forget(job);  // the next saves do not build on dropped steps
   health_.RolledBackTo(job, step);  // the job's next save is not a restart
   changes_.Bump();
-  CKPT_LOG_WARN("{}: {} newer step(s) {}", what, newer.size(),
-                record.archived_as().empty()
-                    ? std::string("discarded")
-                    : "moved to job " + record.archived_as());
-  return record;
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt::daemon

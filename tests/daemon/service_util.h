@@ -1,6 +1,7 @@
-// Stages deterministic shards through a CheckpointService the way a trainer
-// does (map the slot, fill it, StageComplete) and checks persisted shards
-// against the same contents.
+// One-node CheckpointServices for tests (ServiceTest: options in a temporary
+// directory, started or the test fails), and deterministic shards staged
+// through them the way a trainer does (map the slot, fill it, StageComplete)
+// and checked in the persisted shards.
 #ifndef CKPT_TESTS_DAEMON_SERVICE_UTIL_H_
 #define CKPT_TESTS_DAEMON_SERVICE_UTIL_H_
 
@@ -10,10 +11,39 @@
 #include <vector>
 
 #include "daemon/service/checkpoint_service.h"
+#include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "snapshot/shard_reader.h"
+#include "tests/test_util.h"
 
 namespace ckpt::testing {
+
+// A one-node service in `dir`: data and staging directories, a 64 MiB
+// memory budget that refuses a save at once when full (kSkip), 64 KiB
+// chunks.
+inline daemon::ServiceOptions TestServiceOptions(const TempDir& dir) {
+  daemon::ServiceOptions o;
+  o.data_dir = dir.File("data");
+  o.staging.dir = dir.File("staging");
+  o.staging.budget_bytes = 64 << 20;
+  o.staging.policy = daemon::FullPolicy::kSkip;
+  o.writer.chunk_size = 64 << 10;
+  return o;
+}
+
+// A test of services in a temporary directory.
+class ServiceTest : public ::testing::Test {
+ protected:
+  daemon::ServiceOptions Options() { return TestServiceOptions(dir_); }
+  // The service started, or null with the test failed.
+  std::unique_ptr<daemon::CheckpointService> Start(io::FileSystem* fs,
+                                                   daemon::ServiceOptions o) {
+    auto service = daemon::CheckpointService::Start(fs, std::move(o));
+    EXPECT_TRUE(service.ok()) << service.status();
+    return service.ok() ? *std::move(service) : nullptr;
+  }
+  TempDir dir_;
+};
 
 // The state of `rank` at `step`: a float32 tensor (rank's box of a global
 // vector) and RNG bytes.

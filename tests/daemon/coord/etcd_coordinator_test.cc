@@ -217,10 +217,7 @@ TEST_F(EtcdCoordinatorTest, ShardsPersistedWhileFencedCommitAfterTheRejoin) {
   auto b = Node("node-b");
   ASSERT_TRUE(etcd && b);
   testing::TempDir dir;
-  ServiceOptions o;
-  o.data_dir = dir.File("data");
-  o.staging.dir = dir.File("staging");
-  o.staging.budget_bytes = 64 << 20;
+  ServiceOptions o = testing::TestServiceOptions(dir);
   o.coordinator = etcd;
   auto service = CheckpointService::Start(io::DefaultFileSystem(), o);
   ASSERT_TRUE(service.ok()) << service.status();

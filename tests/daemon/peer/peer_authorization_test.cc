@@ -90,7 +90,7 @@ TEST(PeerAuthorizationTest, ReplicasOfOwnShardsAndOfOtherNodesAreRefused) {
                          [](const std::string&, uint64_t, uint32_t rank) {
                            return rank == 0;  // rank 0 was saved here
                          });
-  absl::Status own = auth.MayHoldReplica({"j", 1, 0}, "b", **held);
+  absl::Status own = auth.ClaimReplica({"j", 1, 0}, "b", **held).status();
   EXPECT_TRUE(absl::IsPermissionDenied(own)) << own;
   EXPECT_THAT(own.message(), HasSubstr("which this node saved itself"));
   // A replica of rank 1 from node b, held.
@@ -101,20 +101,30 @@ TEST(PeerAuthorizationTest, ReplicasOfOwnShardsAndOfOtherNodesAreRefused) {
   ASSERT_TRUE(writer.AddBytes("state", state).ok());
   ASSERT_TRUE(writer.Commit().ok());
   const std::string bytes = testing::ReadAll(src);
-  ASSERT_TRUE(auth.MayHoldReplica({"j", 1, 1}, "b", **held).ok());
-  auto rx = (*held)->Receive({"j", 1, 1}, bytes.size());
-  ASSERT_TRUE(rx.ok()) << rx.status();
-  ASSERT_TRUE((*rx)->Append(bytes).ok());
-  ASSERT_TRUE((*rx)->Finish().ok());
-  auth.Held({"j", 1, 1}, "b", **held);
+  {
+    auto claim = auth.ClaimReplica({"j", 1, 1}, "b", **held);
+    ASSERT_TRUE(claim.ok()) << claim.status();
+    // While b's push is in flight, c's push of the same shard is refused
+    // (b may retry meanwhile).
+    absl::Status racing = auth.ClaimReplica({"j", 1, 1}, "c", **held).status();
+    EXPECT_TRUE(absl::IsPermissionDenied(racing)) << racing;
+    EXPECT_THAT(racing.message(),
+                HasSubstr("while node b's push of it is in flight"));
+    EXPECT_TRUE(auth.ClaimReplica({"j", 1, 1}, "b", **held).ok());
+    auto rx = (*held)->Receive({"j", 1, 1}, bytes.size());
+    ASSERT_TRUE(rx.ok()) << rx.status();
+    ASSERT_TRUE((*rx)->Append(bytes).ok());
+    ASSERT_TRUE((*rx)->Finish().ok());
+    auth.Held({"j", 1, 1}, "b", **held);
+  }
   // b may push it again; c may not replace it.
-  EXPECT_TRUE(auth.MayHoldReplica({"j", 1, 1}, "b", **held).ok());
-  absl::Status taken = auth.MayHoldReplica({"j", 1, 1}, "c", **held);
+  EXPECT_TRUE(auth.ClaimReplica({"j", 1, 1}, "b", **held).ok());
+  absl::Status taken = auth.ClaimReplica({"j", 1, 1}, "c", **held).status();
   EXPECT_TRUE(absl::IsPermissionDenied(taken)) << taken;
   EXPECT_THAT(taken.message(), HasSubstr("which this node holds for node b"));
   // Once it is no longer held, anyone may send it again.
   ASSERT_TRUE((*held)->Drop({"j", 1, 1}).ok());
-  EXPECT_TRUE(auth.MayHoldReplica({"j", 1, 1}, "c", **held).ok());
+  EXPECT_TRUE(auth.ClaimReplica({"j", 1, 1}, "c", **held).ok());
 }
 
 }  // namespace

@@ -25,11 +25,8 @@ constexpr uint32_t kWorld = 2;
 constexpr uint64_t kSteps = 4;
 
 ServiceOptions Options(const testing::TempDir& dir) {
-  ServiceOptions o;
-  o.data_dir = dir.File("data");
-  o.staging.dir = dir.File("staging");
-  o.staging.budget_bytes = 64 << 20;
-  o.writer.chunk_size = 64 << 10;
+  ServiceOptions o = testing::TestServiceOptions(dir);
+  o.staging.policy = FullPolicy::kWait;
   o.keep_disk_steps = 2;
   o.keep_memory_steps = 1;
   return o;

@@ -19,25 +19,7 @@ using testing::RankState;
 constexpr proto::Tier kMem = proto::TIER_MEMORY;
 constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
 
-class CheckpointServiceTest : public ::testing::Test {
- protected:
-  ServiceOptions Options() {
-    ServiceOptions o;
-    o.data_dir = dir_.File("data");
-    o.staging.dir = dir_.File("staging");
-    o.staging.budget_bytes = 64 << 20;
-    o.staging.policy = FullPolicy::kSkip;
-    o.writer.chunk_size = 64 << 10;
-    return o;
-  }
-  std::unique_ptr<CheckpointService> Start(io::FileSystem* fs,
-                                           ServiceOptions o) {
-    auto service = CheckpointService::Start(fs, std::move(o));
-    EXPECT_TRUE(service.ok()) << service.status();
-    return service.ok() ? *std::move(service) : nullptr;
-  }
-  testing::TempDir dir_;
-};
+using CheckpointServiceTest = testing::ServiceTest;
 
 TEST_F(CheckpointServiceTest, StagedShardsPersistAndCommitAtEveryTier) {
   auto service = Start(io::DefaultFileSystem(), Options());

@@ -21,20 +21,15 @@ using testing::RankState;
 constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
 constexpr uint32_t kChunk = 64 << 10;
 
-class IncrementalServiceTest : public ::testing::Test {
+class IncrementalServiceTest : public testing::ServiceTest {
  protected:
   ServiceOptions Options() {
-    ServiceOptions o;
-    o.data_dir = dir_.File("data");
-    o.staging.dir = dir_.File("staging");
-    o.staging.budget_bytes = 64 << 20;
-    o.staging.policy = FullPolicy::kSkip;
+    ServiceOptions o = ServiceTest::Options();
     o.writer.chunk_size = kChunk;
     o.keep_disk_steps = 1;
     o.full_every = 4;
     return o;
   }
-  testing::TempDir dir_;
 };
 
 // Fine-tuning: only the first chunk of the weights changes from step to step.

@@ -26,24 +26,14 @@ constexpr proto::Tier kMem = proto::TIER_MEMORY;
 constexpr proto::Tier kDisk = proto::TIER_LOCAL_DISK;
 const uint64_t kSlot = RankState(1, 0).bytes();
 
-class MemoryTierTest : public ::testing::Test {
+class MemoryTierTest : public testing::ServiceTest {
  protected:
   // `slots` slots fit the budget; a save that finds it full is refused at
   // once (kSkip), so a save that succeeds found its room without waiting.
   ServiceOptions Options(int slots) {
-    ServiceOptions o;
-    o.data_dir = dir_.File("data");
-    o.staging.dir = dir_.File("staging");
+    ServiceOptions o = ServiceTest::Options();
     o.staging.budget_bytes = slots * kSlot + 100;
-    o.staging.policy = FullPolicy::kSkip;
-    o.writer.chunk_size = 64 << 10;
     return o;
-  }
-  std::unique_ptr<CheckpointService> Start(io::FileSystem* fs,
-                                           ServiceOptions o) {
-    auto service = CheckpointService::Start(fs, std::move(o));
-    EXPECT_TRUE(service.ok()) << service.status();
-    return service.ok() ? *std::move(service) : nullptr;
   }
   // A job of `world` ranks attached (as its trainers' Checkpointers do),
   // saving `steps` steps, each committed on disk; detached at the end.
@@ -85,7 +75,6 @@ class MemoryTierTest : public ::testing::Test {
     ASSERT_TRUE(mapped.ok()) << mapped.status();
     *reader = *std::move(mapped);
   }
-  testing::TempDir dir_;
 };
 
 // The user's report: three jobs run one after another leave their latest
