@@ -4,7 +4,7 @@
 # client/ (libckpt, linked into trainers) includes daemon code, and tools/
 # reads the daemon through daemon/api/ only (but for the benchmark of the
 # coordinator's backends themselves). Inside daemon/, the subsystems run one
-# way too: api -> server -> service -> peer -> (persist, memory, health,
+# way too: api -> server -> service -> (peer, publish) -> (persist, memory, health,
 # coord) -> catalog -> common (health reads coord's tier names). Run as a
 # test:
 #   cmake -DSOURCE_DIR=<repo> -P cmake/check_layers.cmake
@@ -34,10 +34,11 @@ set(daemon_memory  memory common)
 set(daemon_persist persist common)
 set(daemon_health  health coord catalog common)
 set(daemon_peer    peer persist coord catalog common)
-set(daemon_service service peer persist memory health coord catalog common)
-set(daemon_server  server service peer persist memory health coord catalog common)
-set(daemon_api     api server service peer persist memory health coord catalog common)
-set(daemon_parts common catalog coord memory persist health peer service server api)
+set(daemon_publish publish coord catalog common)
+set(daemon_service service peer publish persist memory health coord catalog common)
+set(daemon_server  server service peer publish persist memory health coord catalog common)
+set(daemon_api     api server service peer publish persist memory health coord catalog common)
+set(daemon_parts common catalog coord memory persist health peer publish service server api)
 
 set(violations "")
 foreach(layer io snapshot kernels daemon client python tools)

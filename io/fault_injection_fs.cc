@@ -446,6 +446,10 @@ absl::Status FaultInjectionFs::CreatePrivateDirs(const std::string& path) {
   return base_->CreatePrivateDirs(path);
 }
 
+absl::Status FaultInjectionFs::RemoveDir(const std::string& path) {
+  return base_->RemoveDir(path);
+}
+
 absl::Status FaultInjectionFs::CreateDirs(const std::string& path) {
   return base_->CreateDirs(path);
 }

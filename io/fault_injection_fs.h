@@ -104,6 +104,7 @@ class FaultInjectionFs final : public FileSystem {
   absl::Status Unlink(const std::string& path) override;
   absl::Status CreateDirs(const std::string& path) override;
   absl::Status CreatePrivateDirs(const std::string& path) override;
+  absl::Status RemoveDir(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& dir) override;
   absl::StatusOr<uint64_t> FileSize(const std::string& path) override;

@@ -163,6 +163,8 @@ class FileSystem {
   // As CreateDirs, and `path` itself is made 0700 (an existing one too): a
   // directory only this uid may enter.
   virtual absl::Status CreatePrivateDirs(const std::string& path) = 0;
+  // Removes an empty directory.
+  virtual absl::Status RemoveDir(const std::string& path) = 0;
   // Names of the entries of `dir`, without "." and "..", sorted.
   virtual absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& dir) = 0;

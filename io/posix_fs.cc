@@ -92,6 +92,11 @@ class PosixFileSystem final : public FileSystem {
     return absl::OkStatus();
   }
 
+  absl::Status RemoveDir(const std::string& path) override {
+    if (::rmdir(path.c_str()) != 0) return PosixError("remove directory", path);
+    return absl::OkStatus();
+  }
+
   absl::Status CreateDirs(const std::string& path) override {
     if (path.empty())
       return absl::InvalidArgumentError("create directory: empty path");

@@ -35,27 +35,42 @@ absl::Status CheckComponents(absl::string_view what, absl::string_view name) {
 
 }  // namespace
 
-absl::Status ValidateJobId(absl::string_view job) {
-  if (job.empty()) return absl::InvalidArgumentError("job id is empty");
-  if (job.size() > kMaxJobIdLength) {
+namespace {
+
+// A name that is also a path component and a coordinator key component:
+// letters, digits, '.', '_' and '-', not "." or "..".
+absl::Status ValidateId(absl::string_view what, absl::string_view id) {
+  if (id.empty())
+    return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (id.size() > kMaxJobIdLength) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job id ", Quote(job), " is ", job.size(),
+        absl::StrCat(what, " ", Quote(id), " is ", id.size(),
                      " bytes; the limit is ", kMaxJobIdLength));
   }
-  if (job == "." || job == "..") {
+  if (id == "." || id == "..") {
     return absl::InvalidArgumentError(
-        absl::StrCat("job id ", Quote(job), " is not allowed"));
+        absl::StrCat(what, " ", Quote(id), " is not allowed"));
   }
-  for (char c : job) {
+  for (char c : id) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
               (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "job id ", Quote(job), " contains ", Quote(absl::string_view(&c, 1)),
+          what, " ", Quote(id), " contains ", Quote(absl::string_view(&c, 1)),
           "; allowed are letters, digits, '.', '_' and '-'"));
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobId(absl::string_view job) {
+  return ValidateId("job id", job);
+}
+
+absl::Status ValidateTopic(absl::string_view topic) {
+  return ValidateId("topic", topic);
 }
 
 absl::Status ValidateItemName(absl::string_view name) {

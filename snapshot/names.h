@@ -18,6 +18,8 @@ inline constexpr size_t kMaxPathLength = 4096;
 // A job id becomes a directory name: [A-Za-z0-9._-], 1..128 bytes, not "." or
 // "..".
 absl::Status ValidateJobId(absl::string_view job);
+// A topic a step is published under: the same rules as a job id.
+absl::Status ValidateTopic(absl::string_view topic);
 // A tensor or byte item name: 1..1024 printable ASCII bytes; '/' separates
 // components, none of which may be empty, "." or ".."; no leading '/'.
 absl::Status ValidateItemName(absl::string_view name);

@@ -161,6 +161,15 @@ int Restore(const std::string& data_dir, const std::string& socket_path,
             const std::string& into, bool discard_newer, bool json);
 
 // The command line.
+// ckpt publish JOB STEP --topic T [--items GLOB]... [--cast bf16]
+// (ckpt_publish.cc).
+int Publish(const std::string& socket_path, const std::string& job,
+            const std::string& step, const std::string& topic,
+            const std::vector<std::string>& items, const std::string& cast,
+            bool json);
+// ckpt topics: the topics, their newest versions, what this node holds.
+int Topics(const std::string& socket_path, bool json);
+
 int Main(int argc, char** argv);
 
 }  // namespace ckpt::cli

@@ -165,6 +165,34 @@ int Main(int argc, char** argv) {
                       "ckptd recorded)");
   restore->add_flag("--json", json, "print JSON");
 
+  std::string publish_job, publish_step, topic, cast;
+  std::vector<std::string> publish_items;
+  CLI::App* publish = app.add_subcommand(
+      "publish",
+      "JOB STEP --topic T: publish committed STEP (every rank's shard on this "
+      "node) as the next version of topic T, for rollout and inference "
+      "engines to read");
+  publish->add_option("job", publish_job, "job id")->required();
+  publish->add_option("step", publish_step, "committed step")->required();
+  publish->add_option("--topic", topic, "the topic (e.g. policy)")->required();
+  publish
+      ->add_option("--items", publish_items,
+                   "only the items these globs match (e.g. 'model/*'); "
+                   "repeatable")
+      ->take_all();
+  publish->add_option("--cast", cast,
+                      "bf16: float32 items become bfloat16 (as torch's "
+                      ".to(torch.bfloat16))");
+  publish->add_option("--socket", socket_path, "ckptd's socket");
+  publish->add_flag("--json", json, "print JSON");
+
+  CLI::App* topics = app.add_subcommand(
+      "topics",
+      "the published topics, their newest versions, and which "
+      "versions this node holds");
+  topics->add_option("--socket", socket_path, "ckptd's socket");
+  topics->add_flag("--json", json, "print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -183,6 +211,11 @@ int Main(int argc, char** argv) {
   }
   if (socket_path.empty()) socket_path = DaemonSocketOf(data_dir);
   if (*ls) return Ls(data_dir, socket_path, ls_job, json);
+  if (*publish) {
+    return Publish(socket_path, publish_job, publish_step, topic, publish_items,
+                   cast, json);
+  }
+  if (*topics) return Topics(socket_path, json);
   if (*restore) {
     return Restore(data_dir, socket_path, restore_job, restore_step, into,
                    discard_newer, json);

@@ -421,6 +421,64 @@ Coordinator::NewestStepOfEachJob() {
   return newest;
 }
 
+namespace {
+
+constexpr char kTopicsPrefix[] = "/ckpt/@topics/";
+
+std::string VersionsPrefix(const std::string& topic) {
+  return absl::StrCat(kTopicsPrefix, topic, "/versions/");
+}
+
+// Zero-padded, so versions list in order.
+std::string VersionKey(const std::string& topic, uint64_t version) {
+  char digits[21];
+  std::snprintf(digits, sizeof digits, "%020" PRIu64, version);
+  return VersionsPrefix(topic) + digits;
+}
+
+}  // namespace
+
+absl::StatusOr<proto::VersionRecord> Coordinator::AddVersion(
+    proto::VersionRecord record) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(record.topic()));
+  ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> kept,
+                   ListVersions(record.topic()));
+  uint64_t version = kept.empty() ? 1 : kept.back().version() + 1;
+  for (int attempt = 0; attempt < 100; ++attempt, ++version) {
+    record.set_version(version);
+    ASSIGN_OR_RETURN(bool created,
+                     StoreCreate(VersionKey(record.topic(), version),
+                                 record.SerializeAsString()));
+    if (created) return record;
+  }
+  return absl::AbortedError(absl::StrCat("topic ", record.topic(),
+                                         ": no free version after 100 tries"));
+}
+
+absl::StatusOr<std::vector<proto::VersionRecord>> Coordinator::ListVersions(
+    const std::string& topic) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  ASSIGN_OR_RETURN(auto entries, StoreScan(VersionsPrefix(topic)));
+  std::vector<proto::VersionRecord> versions;
+  for (const auto& [key, value] : entries) {
+    ASSIGN_OR_RETURN(
+        proto::VersionRecord v,
+        ParseRecord<proto::VersionRecord>(VersionsPrefix(topic) + key, value));
+    versions.push_back(std::move(v));
+  }
+  return versions;
+}
+
+absl::StatusOr<std::vector<std::string>> Coordinator::ListTopics() {
+  ASSIGN_OR_RETURN(std::vector<std::string> keys, StoreKeys(kTopicsPrefix));
+  std::vector<std::string> topics;
+  for (const std::string& key : keys) {
+    const std::string topic = key.substr(0, key.find('/'));
+    if (topics.empty() || topics.back() != topic) topics.push_back(topic);
+  }
+  return topics;
+}
+
 absl::StatusOr<std::shared_ptr<const snapshot::SealKeys>> SealKeysOf(
     const proto::ClusterKeyRecord& record) {
   return snapshot::SealKeys::FromBytes(

@@ -27,6 +27,7 @@
 #include "absl/types/optional.h"
 #include "proto/catalog.pb.h"
 #include "proto/peer.pb.h"
+#include "proto/publish.pb.h"
 #include "snapshot/manifest_seal.h"
 
 namespace ckpt::daemon {
@@ -141,6 +142,17 @@ class Coordinator {
   // The cluster's key if one was made (what `ckpt verify` checks seals
   // with).
   absl::StatusOr<absl::optional<proto::ClusterKeyRecord>> GetClusterKey();
+
+  // Publication (publish.proto): a topic's versions, each created once under
+  // /ckpt/@topics/<topic>/versions/<version> ('@' is in no job id). Keeps
+  // `record` as the topic's next version, above every version kept (a race
+  // with another publisher takes the one after); returns it numbered.
+  absl::StatusOr<proto::VersionRecord> AddVersion(proto::VersionRecord record);
+  // The versions of `topic` kept, oldest first (none: empty).
+  absl::StatusOr<std::vector<proto::VersionRecord>> ListVersions(
+      const std::string& topic);
+  // The topics with a version.
+  absl::StatusOr<std::vector<std::string>> ListTopics();
 
  protected:
   // Per job, the newest step with any record.

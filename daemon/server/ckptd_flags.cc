@@ -271,7 +271,7 @@ void AddPeerOptions(CLI::App& app, CkptdFlags& f) {
       ->capture_default_str();
 }
 
-// Tier T3, fault injection, the stop.
+// Tier T3, publication, fault injection, the stop.
 void AddSharedAndRunOptions(CLI::App& app, CkptdFlags& f) {
   app.add_option("--shared-dir", f.shared_dir,
                  "tier T3: a directory every node sees (NFS, Lustre, any "
@@ -283,6 +283,15 @@ void AddSharedAndRunOptions(CLI::App& app, CkptdFlags& f) {
   app.add_option("--keep-shared", f.keep_shared,
                  "committed steps kept in --shared-dir")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--publish-dir", f.publish_dir,
+                 "tmpfs directory of the published versions this node holds "
+                 "(ckpt publish; default: <staging-dir>.publish; \"none\": "
+                 "no publication)");
+  app.add_option("--keep-versions", f.keep_versions,
+                 "published versions of each topic this node keeps (readers "
+                 "that opened an older one keep reading it)")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app.add_flag("--fault-injection", f.fault_injection,
                "chaos testing: write through the fault-injecting file system "
@@ -472,6 +481,12 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   }
   options.shared = {
       .dir = f.shared_dir, .every = f.shared_every, .keep = f.keep_shared};
+  if (f.publish_dir != "none") {
+    options.publish.dir =
+        f.publish_dir.empty() ? f.staging_dir + ".publish" : f.publish_dir;
+    options.publish.keep_versions = f.keep_versions;
+    options.publish.node_id = f.node_id;
+  }
   return options;
 }
 

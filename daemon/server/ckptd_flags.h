@@ -51,6 +51,8 @@ struct CkptdFlags {
   std::string shared_dir;
   uint64_t shared_every = 1;
   int keep_shared = 2;
+  std::string publish_dir;
+  int keep_versions = 2;
   bool fault_injection = false;
   double stop_timeout_s = 60;
   bool print_config = false;

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/grpc_status.h"
+#include "daemon/publish/publish_service.h"
 #include "io/errno_status.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -334,6 +335,8 @@ absl::StatusOr<std::unique_ptr<LocalApiServer>> LocalApiServer::Start(
   server->service_ = std::make_unique<DaemonService>(service, options.faults);
   grpc::ServerBuilder builder;
   builder.RegisterService(server->service_.get());
+  server->publish_ = std::make_unique<PublishService>(service->publisher());
+  builder.RegisterService(server->publish_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();

@@ -51,6 +51,7 @@ class LocalApiServer {
   int listen_fd_ = -1;
   int wake_fd_[2] = {-1, -1};
   std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Service> publish_;  // PublishService
   std::unique_ptr<grpc::Server> server_;
   std::thread acceptor_;
   std::atomic<int> refused_{0};

@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   RETURN_IF_ERROR(service->StartPeerTier());
   RETURN_IF_ERROR(service->StartParityTier());
   RETURN_IF_ERROR(service->StartSharedTier());
+  RETURN_IF_ERROR(service->StartPublisher());
   RETURN_IF_ERROR(service->Recover());
   for (int i = 0; i < service->options_.persist_threads; ++i) {
     service->workers_.emplace_back([s = service.get()] { s->PersistLoop(); });
@@ -200,6 +201,21 @@ absl::Status CheckpointService::StartParityTier() {
         replicator->KeepAsStandIn(job, step, rank);
         return absl::OkStatus();
       });
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointService::StartPublisher() {
+  if (options_.publish.dir.empty()) return absl::OkStatus();
+  PublishOptions publish = options_.publish;
+  if (publish.node_id.empty()) publish.node_id = options_.node_id;
+  // The versions live in memory (tmpfs) beside the staging slots.
+  ASSIGN_OR_RETURN(publisher_,
+                   Publisher::Open(io::DefaultFileSystem(), std::move(publish),
+                                   coordinator_.get(), &metrics_,
+                                   [this](const std::string& job, uint64_t step,
+                                          uint32_t rank) {
+                                     return LocalShardFile(job, step, rank);
+                                   }));
   return absl::OkStatus();
 }
 

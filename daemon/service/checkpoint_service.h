@@ -58,6 +58,7 @@
 #include "daemon/persist/incremental_bases.h"
 #include "daemon/persist/persist_queue.h"
 #include "daemon/persist/retention.h"
+#include "daemon/publish/publisher.h"
 #include "io/file_system.h"
 #include "proto/daemon.pb.h"
 #include "snapshot/shard_writer.h"
@@ -91,6 +92,9 @@ struct ServiceOptions {
   ParityOptions parity;
   // The shared tier (T3): on when `shared.dir` is set.
   SharedTierOptions shared;
+  // Publication of committed steps to readers (issue #37): on when
+  // `publish.dir` is set (ckptd: <staging-dir>.publish by default).
+  PublishOptions publish;
   // A job with no trainer attached for this long gives up its memory-tier
   // copies once they are safe at a durable tier; InfiniteDuration: never.
   absl::Duration idle_job_memory_ttl = absl::Minutes(10);
@@ -224,6 +228,8 @@ class CheckpointService {
   // Null unless peer replication is on.
   Replicator* replicator() { return replicator_.get(); }
   ParityTier* parity() { return parity_.get(); }
+  // Null when publication is off.
+  Publisher* publisher() { return publisher_.get(); }
   std::string ShardPath(const std::string& job, uint64_t step,
                         uint32_t rank) const;
 
@@ -279,6 +285,7 @@ class CheckpointService {
   absl::Status StartPeerTier();
   absl::Status StartParityTier();
   absl::Status StartSharedTier();
+  absl::Status StartPublisher();
   // A vote committed `step` at `tiers`: the health figures, and waiters look
   // again.
   void Committed(const std::string& job, uint64_t step,
@@ -412,6 +419,7 @@ class CheckpointService {
   std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<ParityTier> parity_;
   std::unique_ptr<SharedTier> shared_;
+  std::unique_ptr<Publisher> publisher_;
 
   // The objects below own their state and their locks. Lock order (the
   // only nesting there is): gc_mu_, then the pin lock (an

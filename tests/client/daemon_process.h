@@ -36,6 +36,7 @@ class DaemonProcess {
     std::error_code ec;
     std::filesystem::remove_all(staging_, ec);
     std::filesystem::remove_all(staging_ + ".peer", ec);
+    std::filesystem::remove_all(staging_ + ".publish", ec);
   }
 
   // The flags of the next Start (a restart with other settings).

@@ -204,5 +204,39 @@ TEST_F(CoordinatorTest, ConcurrentVotesCommitExactlyOnce) {
   EXPECT_EQ(coordinator_->ListCommits("job")->size(), 1u);
 }
 
+// Publication: a topic's versions are numbered from 1 in the order they were
+// kept, each record kept as it was, across a reopen; bad topics are refused.
+TEST_F(CoordinatorTest, TopicVersionsAreNumberedInOrderAndKept) {
+  for (uint64_t step : {10, 20, 30}) {
+    proto::VersionRecord v;
+    v.set_topic("policy");
+    v.set_job("job");
+    v.set_step(step);
+    auto kept = coordinator_->AddVersion(v);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(kept->version(), step / 10);
+  }
+  proto::VersionRecord other;
+  other.set_topic("critic");
+  ASSERT_TRUE(coordinator_->AddVersion(other).ok());
+  Reopen();
+  auto versions = coordinator_->ListVersions("policy");
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  ASSERT_EQ(versions->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*versions)[i].version(), i + 1);
+    EXPECT_EQ((*versions)[i].step(), 10 * (i + 1));
+  }
+  auto topics = coordinator_->ListTopics();
+  ASSERT_TRUE(topics.ok()) << topics.status();
+  EXPECT_EQ(*topics, (std::vector<std::string>{"critic", "policy"}));
+  EXPECT_TRUE(coordinator_->ListVersions("none")->empty());
+  proto::VersionRecord bad;
+  bad.set_topic("a/b");
+  absl::Status refused = coordinator_->AddVersion(bad).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("topic \"a/b\""));
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

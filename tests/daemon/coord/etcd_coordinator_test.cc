@@ -350,5 +350,30 @@ TEST(EtcdUrlTest, ParsesEndpointsAndNamesWhatIsWrong) {
   EXPECT_FALSE(ParseEtcdUrl("etcd://").ok());
 }
 
+// Two nodes publishing at once: every version is numbered once, 1 to 20.
+TEST_F(EtcdCoordinatorTest, RacingPublishersNumberEveryVersionOnce) {
+  auto a = Node("node-a");
+  auto b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  auto publish = [](EtcdCoordinator* node) {
+    for (int i = 0; i < 10; ++i) {
+      proto::VersionRecord v;
+      v.set_topic("policy");
+      v.set_source_node(node->MemberKey());
+      EXPECT_TRUE(node->AddVersion(v).ok());
+    }
+  };
+  std::thread ta(publish, a.get());
+  std::thread tb(publish, b.get());
+  ta.join();
+  tb.join();
+  auto versions = a->ListVersions("policy");
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  ASSERT_EQ(versions->size(), 20u);
+  for (size_t i = 0; i < versions->size(); ++i) {
+    EXPECT_EQ((*versions)[i].version(), i + 1);
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

@@ -1,0 +1,98 @@
+// Readers of published versions (issue #37): a rollout or inference engine
+// waits for a topic's next version, opens it on its node's ckptd, and reads
+// whole tensors out of it, assembled from every rank's box; and the call
+// that publishes a committed step (`ckpt publish`, a trainer after a save).
+//
+// A version opened stays readable while its PublishedVersion lives, even
+// after ckptd dropped it for newer ones: its files are open here. Every
+// chunk read is checked against its checksum.
+//
+// Thread-safety: Subscriber is thread-safe; a PublishedVersion is read from
+// one thread at a time.
+#ifndef CKPT_CLIENT_SUBSCRIBER_H_
+#define CKPT_CLIENT_SUBSCRIBER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/publish.grpc.pb.h"
+#include "snapshot/shard_reader.h"
+
+namespace ckpt::client {
+
+// Makes the next version of `request.topic` from a committed step, through
+// the ckptd at `socket_path` (which must hold every rank's shard).
+absl::StatusOr<proto::VersionRecord> Publish(
+    const std::string& socket_path, const proto::PublishRequest& request);
+
+// The topics the ckptd at `socket_path` knows, with their newest versions.
+absl::StatusOr<proto::ListTopicsResponse> ListTopics(
+    const std::string& socket_path);
+
+// An item of a version as a whole: a tensor's global shape, or a byte
+// string.
+struct PublishedItem {
+  std::string name;
+  bool is_tensor = false;
+  proto::DType dtype = proto::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;  // global
+  uint64_t bytes = 0;          // of the whole item
+};
+
+class PublishedVersion {
+ public:
+  const proto::VersionRecord& record() const { return record_; }
+  uint64_t version() const { return record_.version(); }
+  // Every item, in the order of rank 0's file (then items only later ranks
+  // have).
+  const std::vector<PublishedItem>& items() const { return items_; }
+  // NotFound names the item and the version.
+  absl::StatusOr<PublishedItem> Find(const std::string& name) const;
+  // Reads item `name` whole into `out` (PublishedItem::bytes): a tensor
+  // assembled row-major from every rank's box, a byte item from the first
+  // rank that has it. InvalidArgument when `out` has another size; DataLoss
+  // when a chunk does not match its checksum, or the ranks' boxes leave part
+  // of the tensor uncovered.
+  absl::Status Read(const std::string& name, absl::Span<uint8_t> out);
+
+ private:
+  friend class Subscriber;
+  absl::Status Index();
+
+  proto::VersionRecord record_;
+  std::vector<std::unique_ptr<snapshot::ShardReader>> readers_;  // by rank
+  std::vector<PublishedItem> items_;
+};
+
+class Subscriber {
+ public:
+  // A reader of `topic` through the ckptd at `socket_path`.
+  static absl::StatusOr<std::unique_ptr<Subscriber>> Connect(
+      const std::string& socket_path, const std::string& topic);
+
+  const std::string& topic() const { return topic_; }
+
+  // The newest version above `after`, once there is one; DeadlineExceeded
+  // after `timeout`.
+  absl::StatusOr<proto::VersionRecord> WaitForVersion(uint64_t after,
+                                                      absl::Duration timeout);
+  // Opens version `version` (0: the newest) on this node. NotFound when the
+  // node does not hold it (any more): open a newer one.
+  absl::StatusOr<std::unique_ptr<PublishedVersion>> Open(uint64_t version = 0);
+
+ private:
+  Subscriber(std::string socket_path, std::string topic);
+
+  const std::string socket_path_;
+  const std::string topic_;
+  std::unique_ptr<proto::CkptPublish::Stub> stub_;
+};
+
+}  // namespace ckpt::client
+
+#endif  // CKPT_CLIENT_SUBSCRIBER_H_

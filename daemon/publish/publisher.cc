@@ -1,0 +1,387 @@
+#include "daemon/publish/publisher.h"
+
+#include <fnmatch.h>
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "snapshot/cast.h"
+#include "snapshot/dtype.h"
+#include "snapshot/names.h"
+#include "snapshot/shard_reader.h"
+#include "snapshot/shard_writer.h"
+
+namespace ckpt::daemon {
+namespace {
+
+constexpr char kMakingPrefix[] = ".making-";
+
+std::string RankFileName(uint32_t rank) {
+  return absl::StrCat("rank-", rank, ".shard");
+}
+
+absl::Status ValidateRequest(const proto::PublishRequest& r) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(r.job()));
+  RETURN_IF_ERROR(snapshot::ValidateTopic(r.topic()));
+  if (!r.cast().empty() && r.cast() != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cast to \"", r.cast(),
+                     "\" is not supported (bf16 is: float32 items become "
+                     "bfloat16)"));
+  }
+  for (const std::string& glob : r.items()) {
+    if (glob.empty()) {
+      return absl::InvalidArgumentError("an empty --items glob");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Removes a directory of files (a version's, or one cut short).
+void RemoveFilesAndDir(io::FileSystem* fs, const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> names = fs->ListDir(dir);
+  if (names.ok()) {
+    for (const std::string& name : *names) {
+      (void)fs->Unlink(io::JoinPath(dir, name));
+    }
+  }
+  if (absl::Status s = fs->RemoveDir(dir); !s.ok()) {
+    CKPT_LOG_WARN("publication: removing {}: {}", dir, s.ToString());
+  }
+}
+
+}  // namespace
+
+// One version's files, made rank by rank in a directory of their own.
+class Publisher::Making {
+ public:
+  Making(Publisher& publisher, const proto::PublishRequest& request,
+         uint32_t world_size, std::string dir)
+      : publisher_(publisher),
+        request_(request),
+        world_size_(world_size),
+        dir_(std::move(dir)) {}
+
+  // Rank `rank`'s file from its shard at `source`: the chosen items, cast.
+  absl::StatusOr<proto::VersionFile> MakeRankFile(uint32_t rank,
+                                                  const std::string& source) {
+    io::FileSystem* fs = publisher_.fs_;
+    ASSIGN_OR_RETURN(std::unique_ptr<snapshot::ShardReader> reader,
+                     snapshot::ShardReader::Open(fs, source));
+    const std::string path = io::JoinPath(dir_, RankFileName(rank));
+    snapshot::ShardWriterOptions options;
+    options.codec.codec = proto::CODEC_NONE;  // readers copy straight out
+    options.direct_io = false;                // tmpfs
+    snapshot::ShardWriter writer(
+        fs, path, {request_.job(), request_.step(), rank, world_size_},
+        options);
+    // Every chosen item's bytes, kept until the writer committed them.
+    std::vector<std::vector<uint8_t>> kept;
+    for (const proto::Item& item : reader->manifest().items()) {
+      if (!Chosen(item.name())) continue;
+      chosen_.insert(item.name());
+      kept.emplace_back(item.raw_size());
+      RETURN_IF_ERROR(
+          reader->ReadItem(item.name(), absl::MakeSpan(kept.back())));
+      RETURN_IF_ERROR(Add(writer, item, kept));
+    }
+    ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
+    ASSIGN_OR_RETURN(const uint64_t bytes, fs->FileSize(path));
+    proto::VersionFile file;
+    file.set_rank(rank);
+    file.set_file_bytes(bytes);
+    file.set_manifest_xxh3(writer.manifest_xxh3());
+    file.set_node(publisher_.options_.node_id);
+    return file;
+  }
+
+  // The names chosen in any rank so far.
+  const std::set<std::string>& chosen() const { return chosen_; }
+
+ private:
+  bool Chosen(const std::string& name) const {
+    if (request_.items().empty()) return true;
+    for (const std::string& glob : request_.items()) {
+      if (::fnmatch(glob.c_str(), name.c_str(), 0) == 0) return true;
+    }
+    return false;
+  }
+
+  // The item as read into kept.back(), cast when asked.
+  absl::Status Add(snapshot::ShardWriter& writer, const proto::Item& item,
+                   std::vector<std::vector<uint8_t>>& kept) {
+    if (item.kind() != proto::ITEM_KIND_TENSOR) {
+      return writer.AddBytes(item.name(), kept.back());
+    }
+    snapshot::TensorRef tensor;
+    tensor.name = item.name();
+    tensor.dtype = item.dtype();
+    tensor.global_shape.assign(item.global_shape().begin(),
+                               item.global_shape().end());
+    tensor.box_offset.assign(item.box_offset().begin(),
+                             item.box_offset().end());
+    tensor.box_length.assign(item.box_length().begin(),
+                             item.box_length().end());
+    if (request_.cast() == "bf16" && item.dtype() == proto::DTYPE_FLOAT32) {
+      std::vector<uint8_t> cast(kept.back().size() / 2);
+      RETURN_IF_ERROR(
+          snapshot::CastFloat32ToBfloat16(kept.back(), absl::MakeSpan(cast)));
+      kept.back() = std::move(cast);
+      tensor.dtype = proto::DTYPE_BFLOAT16;
+    }
+    tensor.data = kept.back();
+    return writer.AddTensor(tensor);
+  }
+
+  Publisher& publisher_;
+  const proto::PublishRequest& request_;
+  const uint32_t world_size_;
+  const std::string dir_;
+  std::set<std::string> chosen_;
+};
+
+Publisher::Publisher(io::FileSystem* fs, PublishOptions options,
+                     Coordinator* coordinator, Metrics* metrics,
+                     LocalShardFile local_file)
+    : fs_(fs),
+      options_(std::move(options)),
+      coordinator_(coordinator),
+      metrics_(metrics),
+      local_file_(std::move(local_file)) {}
+
+absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
+    io::FileSystem* fs, PublishOptions options, Coordinator* coordinator,
+    Metrics* metrics, LocalShardFile local_file) {
+  if (options.dir.empty()) {
+    return absl::InvalidArgumentError("publication: no directory");
+  }
+  if (options.keep_versions < 1) {
+    return absl::InvalidArgumentError(
+        "publication: at least one version per topic must be kept");
+  }
+  RETURN_IF_ERROR(fs->CreatePrivateDirs(options.dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> topics, fs->ListDir(options.dir));
+  for (const std::string& topic : topics) {
+    const std::string topic_dir = io::JoinPath(options.dir, topic);
+    absl::StatusOr<std::vector<std::string>> entries = fs->ListDir(topic_dir);
+    if (!entries.ok()) continue;
+    for (const std::string& entry : *entries) {
+      if (absl::StartsWith(entry, kMakingPrefix)) {
+        RemoveFilesAndDir(fs, io::JoinPath(topic_dir, entry));
+      }
+    }
+  }
+  metrics->Declare("ckpt_published_versions_total", Metrics::Type::kCounter,
+                   "Versions of a topic published from this node.");
+  metrics->Declare("ckpt_published_bytes_total", Metrics::Type::kCounter,
+                   "Bytes of the versions published from this node.");
+  metrics->Declare("ckpt_publish_seconds", Metrics::Type::kHistogram,
+                   "Time to make a version: reading the step, casting, "
+                   "writing its files, numbering it.",
+                   Metrics::SecondsBuckets());
+  return std::unique_ptr<Publisher>(new Publisher(
+      fs, std::move(options), coordinator, metrics, std::move(local_file)));
+}
+
+std::string Publisher::TopicDir(const std::string& topic) const {
+  return io::JoinPath(options_.dir, topic);
+}
+
+std::string Publisher::VersionDir(const std::string& topic,
+                                  uint64_t version) const {
+  char digits[21];
+  std::snprintf(digits, sizeof digits, "%020" PRIu64, version);
+  return io::JoinPath(TopicDir(topic), digits);
+}
+
+absl::StatusOr<proto::VersionRecord> Publisher::Publish(
+    const proto::PublishRequest& request) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  const std::string what =
+      absl::StrCat("publishing step ", request.step(), " of job ",
+                   request.job(), " as topic ", request.topic());
+  ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> commit,
+                   coordinator_->GetCommit(request.job(), request.step(),
+                                           proto::TIER_LOCAL_DISK));
+  if (!commit.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the step is not committed on disk"));
+  }
+  std::vector<std::string> sources;
+  for (uint32_t rank = 0; rank < commit->world_size(); ++rank) {
+    ASSIGN_OR_RETURN(absl::optional<std::string> path,
+                     local_file_(request.job(), request.step(), rank));
+    if (!path.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": rank ", rank, "'s shard is not on this node (publish from ",
+          "a node that holds every rank of the step)"));
+    }
+    sources.push_back(*path);
+  }
+  absl::MutexLock one_at_a_time(&publish_mu_);
+  const absl::Time start = absl::Now();
+  const std::string making_dir =
+      io::JoinPath(TopicDir(request.topic()),
+                   absl::StrCat(kMakingPrefix, absl::ToUnixMicros(start)));
+  RETURN_IF_ERROR(fs_->CreatePrivateDirs(making_dir));
+  absl::Status made = absl::OkStatus();
+  proto::VersionRecord record;
+  Making making(*this, request, commit->world_size(), making_dir);
+  for (uint32_t rank = 0; rank < sources.size() && made.ok(); ++rank) {
+    absl::StatusOr<proto::VersionFile> file =
+        making.MakeRankFile(rank, sources[rank]);
+    if (!file.ok()) {
+      made = absl::Status(
+          file.status().code(),
+          absl::StrCat(what, ": rank ", rank, ": ", file.status().message()));
+      break;
+    }
+    record.set_bytes(record.bytes() + file->file_bytes());
+    *record.add_files() = *std::move(file);
+  }
+  if (made.ok() && making.chosen().empty()) {
+    made = absl::InvalidArgumentError(
+        absl::StrCat(what, ": no item matches --items ",
+                     absl::StrJoin(request.items(), " ")));
+  }
+  if (!made.ok()) {
+    RemoveFilesAndDir(fs_, making_dir);
+    return made;
+  }
+  record.set_topic(request.topic());
+  record.set_job(request.job());
+  record.set_step(request.step());
+  record.set_world_size(commit->world_size());
+  *record.mutable_items() = request.items();
+  record.set_cast(request.cast());
+  record.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+  record.set_source_node(options_.node_id);
+  absl::StatusOr<proto::VersionRecord> numbered =
+      coordinator_->AddVersion(record);
+  if (!numbered.ok()) {
+    RemoveFilesAndDir(fs_, making_dir);
+    return numbered.status();
+  }
+  RETURN_IF_ERROR(fs_->Rename(
+      making_dir, VersionDir(request.topic(), numbered->version())));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const Labels labels = {{"topic", request.topic()}};
+  metrics_->Add("ckpt_published_versions_total", labels);
+  metrics_->Add("ckpt_published_bytes_total", labels,
+                static_cast<double>(numbered->bytes()));
+  metrics_->Observe("ckpt_publish_seconds", labels, seconds);
+  CKPT_LOG_INFO("{}: version {} ({} items, {} bytes{}) in {:.1f} ms", what,
+                numbered->version(), making.chosen().size(), numbered->bytes(),
+                request.cast().empty() ? "" : ", cast to " + request.cast(),
+                seconds * 1e3);
+  CollectGarbage(request.topic());
+  absl::MutexLock lock(&mu_);
+  ++made_;
+  published_.SignalAll();
+  return numbered;
+}
+
+absl::StatusOr<proto::VersionRecord> Publisher::WaitForVersion(
+    const std::string& topic, uint64_t after, absl::Time deadline) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  for (;;) {
+    ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
+                     coordinator_->ListVersions(topic));
+    if (!versions.empty() && versions.back().version() > after) {
+      return versions.back();
+    }
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "topic ", topic, " has no version above ", after,
+          versions.empty() ? " (it has none yet)"
+                           : absl::StrCat(" (its newest is ",
+                                          versions.back().version(), ")")));
+    }
+    // Versions made on other nodes are seen by looking again.
+    published_.WaitWithDeadline(
+        &mu_, std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+  }
+}
+
+absl::StatusOr<proto::OpenVersionResponse> Publisher::OpenVersion(
+    const std::string& topic, uint64_t version) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
+                   coordinator_->ListVersions(topic));
+  if (versions.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "topic ", topic, " has no version (ckpt topics lists ", "the topics)"));
+  }
+  const proto::VersionRecord* record = &versions.back();
+  if (version != 0) {
+    record = nullptr;
+    for (const proto::VersionRecord& v : versions) {
+      if (v.version() == version) record = &v;
+    }
+    if (record == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("topic ", topic, " has no version ", version,
+                       " (its newest is ", versions.back().version(), ")"));
+    }
+  }
+  proto::OpenVersionResponse response;
+  *response.mutable_record() = *record;
+  const std::string dir = VersionDir(topic, record->version());
+  for (uint32_t rank = 0; rank < record->world_size(); ++rank) {
+    const std::string path = io::JoinPath(dir, RankFileName(rank));
+    if (!fs_->Exists(path).value_or(false)) {
+      return absl::NotFoundError(
+          absl::StrCat("version ", record->version(), " of topic ", topic,
+                       " is not on this node (any more); it was made on node ",
+                       record->source_node()));
+    }
+    response.add_paths(path);
+  }
+  return response;
+}
+
+std::set<uint64_t> Publisher::Held(const std::string& topic) const {
+  std::set<uint64_t> held;
+  absl::StatusOr<std::vector<std::string>> entries =
+      fs_->ListDir(TopicDir(topic));
+  if (!entries.ok()) return held;
+  for (const std::string& entry : *entries) {
+    uint64_t version = 0;
+    if (absl::SimpleAtoi(entry, &version)) held.insert(version);
+  }
+  return held;
+}
+
+absl::StatusOr<proto::ListTopicsResponse> Publisher::ListTopics() {
+  ASSIGN_OR_RETURN(std::vector<std::string> topics, coordinator_->ListTopics());
+  proto::ListTopicsResponse response;
+  for (const std::string& topic : topics) {
+    ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
+                     coordinator_->ListVersions(topic));
+    if (versions.empty()) continue;
+    proto::TopicSummary* summary = response.add_topics();
+    summary->set_topic(topic);
+    summary->set_newest(versions.back().version());
+    summary->set_versions(static_cast<uint32_t>(versions.size()));
+    *summary->mutable_newest_record() = versions.back();
+    for (uint64_t v : Held(topic)) summary->add_held(v);
+  }
+  return response;
+}
+
+void Publisher::CollectGarbage(const std::string& topic) {
+  std::set<uint64_t> held = Held(topic);
+  while (held.size() > static_cast<size_t>(options_.keep_versions)) {
+    RemoveFilesAndDir(fs_, VersionDir(topic, *held.begin()));
+    held.erase(held.begin());
+  }
+}
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,113 @@
+// Publisher is ckptd's side of publication (issue #37): a committed step, or
+// the items of it that globs choose, becomes version V of a topic that
+// rollout and inference engines read.
+//
+// Publishing reads each rank's persisted shard of the step on this node
+// (every chunk verified), keeps the chosen items, casts float32 items to
+// bfloat16 when asked (rounded to nearest even, NaN quiet: bit-identical to
+// torch's `.to(torch.bfloat16)`), and writes one self-contained, sealed file
+// per rank, stored raw so readers copy straight out of it, into
+// `<dir>/<topic>/<version>/`. Only then is the version numbered, through the
+// coordinator (Coordinator::AddVersion: versions increase monotonically, and
+// a version's record never changes), and its directory renamed into place:
+// a reader never finds a version whose files are not all there.
+//
+// This node keeps the newest `keep_versions` versions of each topic it made;
+// an older version's files are removed, and a reader that opened them keeps
+// reading them (the kernel keeps an open file until it is closed).
+//
+// Thread-safety: thread-safe. Publishes run one at a time.
+#ifndef CKPT_DAEMON_PUBLISH_PUBLISHER_H_
+#define CKPT_DAEMON_PUBLISH_PUBLISHER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
+#include "daemon/common/metrics.h"
+#include "daemon/coord/coordinator.h"
+#include "io/file_system.h"
+#include "proto/publish.pb.h"
+
+namespace ckpt::daemon {
+
+struct PublishOptions {
+  std::string node_id;
+  // tmpfs (memory): the versions this node holds.
+  std::string dir;
+  int keep_versions = 2;  // per topic
+};
+
+class Publisher {
+ public:
+  // The path of this node's persisted shard of a rank, if it has one.
+  using LocalShardFile =
+      std::function<absl::StatusOr<absl::optional<std::string>>(
+          const std::string& job, uint64_t step, uint32_t rank)>;
+
+  // Creates `options.dir` (mode 0700) and removes what a publish cut short
+  // left there.
+  static absl::StatusOr<std::unique_ptr<Publisher>> Open(
+      io::FileSystem* fs, PublishOptions options, Coordinator* coordinator,
+      Metrics* metrics, LocalShardFile local_file);
+
+  // Makes the next version of `request.topic` from step `request.step` of
+  // `request.job`, committed on disk with every rank's shard on this node.
+  // InvalidArgument names a bad topic, cast or glob (one that matches no
+  // item); FailedPrecondition a step not committed on disk or a rank whose
+  // shard is not here.
+  absl::StatusOr<proto::VersionRecord> Publish(
+      const proto::PublishRequest& request);
+
+  // The newest version of `topic` above `after`, once there is one;
+  // DeadlineExceeded at `deadline`.
+  absl::StatusOr<proto::VersionRecord> WaitForVersion(const std::string& topic,
+                                                      uint64_t after,
+                                                      absl::Time deadline);
+
+  // Where version `version` (0: the newest) of `topic` lies here: its record
+  // and a file per rank. NotFound when this node does not hold it (any
+  // more).
+  absl::StatusOr<proto::OpenVersionResponse> OpenVersion(
+      const std::string& topic, uint64_t version);
+
+  // Every topic: its newest version and the versions held here.
+  absl::StatusOr<proto::ListTopicsResponse> ListTopics();
+
+  // The versions of `topic` whose files this node holds.
+  std::set<uint64_t> Held(const std::string& topic) const;
+
+ private:
+  Publisher(io::FileSystem* fs, PublishOptions options,
+            Coordinator* coordinator, Metrics* metrics,
+            LocalShardFile local_file);
+  class Making;  // one version's files being made (publisher.cc)
+
+  std::string TopicDir(const std::string& topic) const;
+  std::string VersionDir(const std::string& topic, uint64_t version) const;
+  // Removes the versions of `topic` beyond the newest keep_versions.
+  void CollectGarbage(const std::string& topic);
+
+  io::FileSystem* const fs_;
+  const PublishOptions options_;
+  Coordinator* const coordinator_;
+  Metrics* const metrics_;
+  const LocalShardFile local_file_;
+
+  absl::Mutex publish_mu_;  // one publish at a time
+  mutable absl::Mutex mu_;
+  absl::CondVar published_;  // a version was made here
+  uint64_t made_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_PUBLISH_PUBLISHER_H_
