@@ -40,6 +40,7 @@
 #include "client/restore_context.h"
 #include "kernels/device.h"
 #include "proto/catalog.pb.h"
+#include "proto/publish.pb.h"
 
 namespace ckpt::client {
 
@@ -179,6 +180,13 @@ class SaveHandle {
   // Waits until every rank's shard of the step reached `tier`.
   absl::Status WaitCommitted(proto::Tier tier = proto::TIER_LOCAL_DISK,
                              absl::Duration timeout = absl::Minutes(10));
+  // Once the step is committed on disk, publishes it as the next version of
+  // `topic` for rollout and inference readers (docs/publish.md): the items
+  // `items` globs choose (none: all), float32 cast to bfloat16 with `cast`
+  // "bf16". One rank calls it, on a node that holds every rank's shard.
+  absl::StatusOr<proto::VersionRecord> Publish(
+      const std::string& topic, const std::vector<std::string>& items = {},
+      const std::string& cast = "", absl::Duration timeout = absl::Minutes(10));
 
  private:
   friend class SaveStager;

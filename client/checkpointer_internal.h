@@ -37,6 +37,8 @@ class CheckpointerRpc {
         timeout_(timeout),
         socket_path_(std::move(socket_path)) {}
 
+  const std::string& socket_path() const { return socket_path_; }
+
   template <typename Request, typename Response, typename Method>
   absl::Status Call(Method method, const Request& request, Response* response,
                     absl::string_view what,

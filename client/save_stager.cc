@@ -8,6 +8,7 @@
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
 #include "client/parallel_copy.h"
+#include "client/subscriber.h"
 #include "io/errno_status.h"
 #include "io/file_system.h"
 #include "io/kill_point.h"
@@ -121,6 +122,19 @@ absl::Status SaveHandle::WaitCommitted(proto::Tier tier,
       absl::StrCat("waiting for step ", step_, " to commit"), timeout);
   if (!s.ok()) failures_->Record(s);
   return s;
+}
+
+absl::StatusOr<proto::VersionRecord> SaveHandle::Publish(
+    const std::string& topic, const std::vector<std::string>& items,
+    const std::string& cast, absl::Duration timeout) {
+  RETURN_IF_ERROR(WaitCommitted(proto::TIER_LOCAL_DISK, timeout));
+  proto::PublishRequest request;
+  request.set_job(job_);
+  request.set_step(step_);
+  request.set_topic(topic);
+  for (const std::string& glob : items) request.add_items(glob);
+  request.set_cast(cast);
+  return client::Publish(rpc_->socket_path(), request);
 }
 
 bool SaveStager::ShouldFork(const std::vector<HostRegion>& regions) {

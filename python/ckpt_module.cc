@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "client/checkpointer.h"
 #include "client/elastic.h"
+#include "client/subscriber.h"
 #include "snapshot/dtype.h"
 
 namespace py = pybind11;
@@ -92,11 +93,24 @@ proto::Tier ParseTier(const std::string& name) {
 absl::Duration Seconds(double seconds) { return absl::Seconds(seconds); }
 
 // A save in progress; see client::SaveHandle.
+// A version's record as a dict (publication, below).
+py::dict VersionDict(const proto::VersionRecord& v);
+
 class PySaveHandle {
  public:
   explicit PySaveHandle(std::shared_ptr<client::SaveHandle> handle)
       : handle_(std::move(handle)) {}
   uint64_t step() const { return handle_->step(); }
+  py::dict Publish(const std::string& topic,
+                   const std::vector<std::string>& items,
+                   const std::string& cast, double timeout_s) {
+    absl::StatusOr<proto::VersionRecord> version;
+    {
+      py::gil_scoped_release release;
+      version = handle_->Publish(topic, items, cast, Seconds(timeout_s));
+    }
+    return VersionDict(ValueOrRaise(std::move(version)));
+  }
   void WaitStaged() {
     absl::Status status;
     {
@@ -372,6 +386,107 @@ py::dict Rejoin(const std::string& job, uint32_t min_ranks, uint32_t max_ranks,
   return d;
 }
 
+// --- publication (issue #37) ---
+
+std::string SocketOr(const std::string& socket) {
+  return socket.empty() ? client::DefaultSocketPath() : socket;
+}
+
+py::dict VersionDict(const proto::VersionRecord& v) {
+  py::dict d;
+  d["topic"] = v.topic();
+  d["version"] = v.version();
+  d["job"] = v.job();
+  d["step"] = v.step();
+  d["world_size"] = v.world_size();
+  d["items"] = std::vector<std::string>(v.items().begin(), v.items().end());
+  d["cast"] = v.cast();
+  d["bytes"] = v.bytes();
+  d["source_node"] = v.source_node();
+  d["created_unix_micros"] = v.created_unix_micros();
+  return d;
+}
+
+py::dict Publish(const std::string& job, uint64_t step,
+                 const std::string& topic,
+                 const std::vector<std::string>& items, const std::string& cast,
+                 const std::string& socket) {
+  proto::PublishRequest request;
+  request.set_job(job);
+  request.set_step(step);
+  request.set_topic(topic);
+  for (const std::string& glob : items) request.add_items(glob);
+  request.set_cast(cast);
+  absl::StatusOr<proto::VersionRecord> version;
+  {
+    py::gil_scoped_release release;
+    version = client::Publish(SocketOr(socket), request);
+  }
+  return VersionDict(ValueOrRaise(std::move(version)));
+}
+
+// A version opened: its files stay readable while this object lives.
+class PyPublishedVersion {
+ public:
+  explicit PyPublishedVersion(std::unique_ptr<client::PublishedVersion> impl)
+      : impl_(std::move(impl)) {}
+  uint64_t version() const { return impl_->version(); }
+  py::dict record() const { return VersionDict(impl_->record()); }
+  py::list items() const {
+    py::list out;
+    for (const client::PublishedItem& item : impl_->items()) {
+      py::dict d;
+      d["name"] = item.name;
+      d["tensor"] = item.is_tensor;
+      d["dtype"] = item.is_tensor ? snapshot::DTypeName(item.dtype) : "";
+      d["shape"] = item.shape;
+      d["bytes"] = item.bytes;
+      out.append(d);
+    }
+    return out;
+  }
+  // Reads item `name` whole into `nbytes` bytes at `data_ptr`.
+  void ReadInto(const std::string& name, uintptr_t data_ptr, uint64_t nbytes) {
+    absl::Status read;
+    {
+      py::gil_scoped_release release;
+      read = impl_->Read(name, {reinterpret_cast<uint8_t*>(data_ptr),
+                                static_cast<size_t>(nbytes)});
+    }
+    RaiseIfError(read);
+  }
+
+ private:
+  std::unique_ptr<client::PublishedVersion> impl_;
+};
+
+class PySubscriber {
+ public:
+  PySubscriber(const std::string& topic, const std::string& socket)
+      : impl_(ValueOrRaise(
+            client::Subscriber::Connect(SocketOr(socket), topic))) {}
+  py::dict WaitForVersion(uint64_t after, double timeout_s) {
+    absl::StatusOr<proto::VersionRecord> version;
+    {
+      py::gil_scoped_release release;
+      version = impl_->WaitForVersion(after, Seconds(timeout_s));
+    }
+    return VersionDict(ValueOrRaise(std::move(version)));
+  }
+  std::unique_ptr<PyPublishedVersion> Open(uint64_t version) {
+    absl::StatusOr<std::unique_ptr<client::PublishedVersion>> opened;
+    {
+      py::gil_scoped_release release;
+      opened = impl_->Open(version);
+    }
+    return std::make_unique<PyPublishedVersion>(
+        ValueOrRaise(std::move(opened)));
+  }
+
+ private:
+  std::unique_ptr<client::Subscriber> impl_;
+};
+
 std::vector<std::string> DTypeNames() {
   std::vector<std::string> names;
   for (proto::DType d : snapshot::AllDTypes()) {
@@ -401,6 +516,27 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("default_socket", &ckpt::client::DefaultSocketPath,
         "ckptd's default socket for this uid.");
 
+  m.def("publish", &ckpt::python::Publish, py::arg("job"), py::arg("step"),
+        py::arg("topic"), py::arg("items") = std::vector<std::string>(),
+        py::arg("cast") = "", py::arg("socket") = "",
+        "Publishes committed `step` of `job` as the next version of `topic` "
+        "(the items the globs choose; cast 'bf16': float32 items become "
+        "bfloat16); returns the version's record.");
+  py::class_<ckpt::python::PyPublishedVersion>(m, "PublishedVersion")
+      .def_property_readonly("version",
+                             &ckpt::python::PyPublishedVersion::version)
+      .def("record", &ckpt::python::PyPublishedVersion::record)
+      .def("items", &ckpt::python::PyPublishedVersion::items)
+      .def("read_into", &ckpt::python::PyPublishedVersion::ReadInto,
+           py::arg("name"), py::arg("data_ptr"), py::arg("nbytes"),
+           "Reads item `name` whole into `nbytes` bytes at `data_ptr`.");
+  py::class_<ckpt::python::PySubscriber>(m, "Subscriber")
+      .def(py::init<const std::string&, const std::string&>(), py::arg("topic"),
+           py::arg("socket") = "")
+      .def("wait_for_version", &ckpt::python::PySubscriber::WaitForVersion,
+           py::arg("after") = 0, py::arg("timeout") = 600.0)
+      .def("open", &ckpt::python::PySubscriber::Open, py::arg("version") = 0);
+
   py::class_<PySaveHandle>(m, "SaveHandle")
       .def_property_readonly("step", &PySaveHandle::step)
       .def("wait_staged", &PySaveHandle::WaitStaged,
@@ -415,7 +551,12 @@ PYBIND11_MODULE(_ckpt, m) {
            "tensors: wait_staged().")
       .def("wait_committed", &PySaveHandle::WaitCommitted,
            py::arg("tier") = "disk", py::arg("timeout") = 600.0,
-           "Waits until every rank's shard of the step reached `tier`.");
+           "Waits until every rank's shard of the step reached `tier`.")
+      .def("publish", &PySaveHandle::Publish, py::arg("topic"),
+           py::arg("items") = std::vector<std::string>(), py::arg("cast") = "",
+           py::arg("timeout") = 600.0,
+           "Once the step is committed on disk, publishes it as the next "
+           "version of `topic` (one rank calls it); returns the record.");
 
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,

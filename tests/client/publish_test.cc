@@ -36,8 +36,8 @@ class PublishTest : public ::testing::Test {
       ASSERT_NE(ranks_[r], nullptr);
     }
   }
-  // Saves `step` (its values depend on it), committed on disk.
-  void Save(uint64_t step) {
+  // The state of `step` (its values depend on it).
+  void Fill(uint64_t step) {
     for (uint32_t r = 0; r < kWorld; ++r) {
       for (int64_t i = 0; i < kPerRank; ++i) {
         w_[r][i] = static_cast<float>(step) + 0.001f * (i + r * kPerRank) +
@@ -45,6 +45,10 @@ class PublishTest : public ::testing::Test {
       }
       rng_[r] = absl::StrCat("rng-", step, "-", r);
     }
+  }
+  // Saves `step`, committed on disk.
+  void Save(uint64_t step) {
+    Fill(step);
     std::vector<std::shared_ptr<SaveHandle>> saves;
     for (uint32_t r = 0; r < kWorld; ++r) {
       auto save = ranks_[r]->SaveAsync(step);
@@ -155,12 +159,19 @@ TEST_F(PublishTest, AReaderKeepsItsVersionWhileNewerOnesArrive) {
   absl::StatusOr<proto::VersionRecord> waited;
   std::thread waiter(
       [&] { waited = (*subscriber)->WaitForVersion(1, absl::Seconds(60)); });
-  for (uint64_t step = 2; step <= 3; ++step) {
-    Save(step);
-    auto v = PublishStep(step);
-    ASSERT_TRUE(v.ok()) << v.status();
-    EXPECT_EQ(v->version(), step);
-  }
+  Save(2);
+  auto second = PublishStep(2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version(), 2u);
+  // From a save handle: published once the step is committed on disk.
+  Fill(3);
+  auto save = ranks_[0]->SaveAsync(3);
+  auto other = ranks_[1]->SaveAsync(3);
+  ASSERT_TRUE(save.ok() && other.ok());
+  auto third = (*save)->Publish("policy", {"model/*"}, "bf16");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->version(), 3u);
+  EXPECT_EQ(third->step(), 3u);
   waiter.join();
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_GE(waited->version(), 2u);

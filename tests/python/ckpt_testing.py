@@ -79,7 +79,8 @@ class Daemon:
     def cleanup(self):
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        for suffix in ("", ".peer", ".publish"):
+            shutil.rmtree(self.staging + suffix, ignore_errors=True)
 
     def __enter__(self):
         return self.start()

@@ -1,7 +1,7 @@
 // Every --json output is one JSON document on stdout and nothing else (logs go
 // to stderr): each command's stdout, alone, goes through a strict parser.
-// ckpt's subcommands against a real ckptd, ckpt-chaos, ckpt-bench
-// control-plane.
+// ckpt's subcommands against a real ckptd (publish and topics too),
+// ckpt-chaos, ckpt-bench control-plane.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -83,6 +83,20 @@ TEST(JsonOutputTest, CkptSubcommands) {
     nlohmann::json j = ParseStdout(ckpt + args);
     EXPECT_FALSE(j.is_null()) << args;
   }
+  // Publication: the version made, then the topic listed with it held here.
+  nlohmann::json published = ParseStdout(
+      ckpt + "publish job 2 --topic policy --cast bf16 --json" + socket);
+  EXPECT_EQ(published["version"], 1);
+  EXPECT_EQ(published["cast"], "bf16");
+  nlohmann::json topics = ParseStdout(ckpt + "topics --json" + socket);
+  ASSERT_TRUE(topics.is_array() && topics.size() == 1) << topics;
+  EXPECT_EQ(topics[0]["topic"], "policy");
+  EXPECT_EQ(topics[0]["held"], nlohmann::json::array({1}));
+  // A step that is not committed: exit 1, nothing on stdout.
+  const Output refused =
+      RunStdout(ckpt + "publish job 9 --topic policy --json" + socket);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_EQ(refused.out, "");
 }
 
 TEST(JsonOutputTest, ChaosReport) {

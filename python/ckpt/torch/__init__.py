@@ -32,11 +32,14 @@ step and restored with it (rng=False turns that off).
 Rank and world size default to torchrun's RANK and WORLD_SIZE. Errors are the
 exceptions of ckpt.errors, carrying ckptd's message. ckpt.torch.dcp holds a
 storage backend for torch.distributed.checkpoint (PyTorch 2.x).
+ckpt.torch.publish and ckpt.torch.Subscriber publish committed steps to
+rollout and inference engines and read them (docs/publish.md).
 """
 
 from ckpt.torch._state import Sharded, TensorRef
 from ckpt.torch.checkpointer import Checkpointer
+from ckpt.torch.subscriber import Subscriber, publish
 
 _TensorRef = TensorRef  # skeletons pickled by earlier releases name it here
 
-__all__ = ["Checkpointer", "Sharded"]
+__all__ = ["Checkpointer", "Sharded", "Subscriber", "publish"]
