@@ -91,7 +91,7 @@ class Publisher::Making {
           reader->ReadItem(item.name(), absl::MakeSpan(kept.back())));
       RETURN_IF_ERROR(Add(writer, item, kept));
     }
-    ASSIGN_OR_RETURN(proto::ShardManifest manifest, writer.Commit());
+    RETURN_IF_ERROR(writer.Commit().status());
     ASSIGN_OR_RETURN(const uint64_t bytes, fs->FileSize(path));
     proto::VersionFile file;
     file.set_rank(rank);
@@ -103,6 +103,57 @@ class Publisher::Making {
 
   // The names chosen in any rank so far.
   const std::set<std::string>& chosen() const { return chosen_; }
+
+  // Removes the files unless they were placed.
+  ~Making() {
+    if (!placed_) RemoveFilesAndDir(publisher_.fs_, dir_);
+  }
+
+  // Every rank's file, from its shard at `sources[rank]`; the version's
+  // record, not yet numbered. InvalidArgument when no item was chosen.
+  absl::StatusOr<proto::VersionRecord> MakeFiles(
+      const std::vector<std::string>& sources, const std::string& what) {
+    RETURN_IF_ERROR(publisher_.fs_->CreatePrivateDirs(dir_));
+    proto::VersionRecord record;
+    for (uint32_t rank = 0; rank < sources.size(); ++rank) {
+      absl::StatusOr<proto::VersionFile> file =
+          MakeRankFile(rank, sources[rank]);
+      if (!file.ok()) {
+        return absl::Status(
+            file.status().code(),
+            absl::StrCat(what, ": rank ", rank, ": ", file.status().message()));
+      }
+      record.set_bytes(record.bytes() + file->file_bytes());
+      *record.add_files() = *std::move(file);
+    }
+    if (chosen_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": no item matches --items ",
+                       absl::StrJoin(request_.items(), " ")));
+    }
+    record.set_topic(request_.topic());
+    record.set_job(request_.job());
+    record.set_step(request_.step());
+    record.set_world_size(world_size_);
+    *record.mutable_items() = request_.items();
+    record.set_cast(request_.cast());
+    record.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+    record.set_source_node(publisher_.options_.node_id);
+    return record;
+  }
+
+  // Renames the files' directory to `version_dir`. A directory of the same
+  // version left by an earlier life of this node (its coordinator's records
+  // gone since) is not this version: it goes first.
+  absl::Status PlaceAs(const std::string& version_dir) {
+    io::FileSystem* fs = publisher_.fs_;
+    if (fs->Exists(version_dir).value_or(false)) {
+      RemoveFilesAndDir(fs, version_dir);
+    }
+    RETURN_IF_ERROR(fs->Rename(dir_, version_dir));
+    placed_ = true;
+    return absl::OkStatus();
+  }
 
  private:
   bool Chosen(const std::string& name) const {
@@ -144,6 +195,7 @@ class Publisher::Making {
   const uint32_t world_size_;
   const std::string dir_;
   std::set<std::string> chosen_;
+  bool placed_ = false;
 };
 
 Publisher::Publisher(io::FileSystem* fs, PublishOptions options,
@@ -165,8 +217,11 @@ absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
     return absl::InvalidArgumentError(
         "publication: at least one version per topic must be kept");
   }
-  RETURN_IF_ERROR(fs->CreatePrivateDirs(options.dir));
-  ASSIGN_OR_RETURN(std::vector<std::string> topics, fs->ListDir(options.dir));
+  // Made at the first publish: a ckptd that never publishes leaves nothing.
+  std::vector<std::string> topics;
+  if (fs->Exists(options.dir).value_or(false)) {
+    ASSIGN_OR_RETURN(topics, fs->ListDir(options.dir));
+  }
   for (const std::string& topic : topics) {
     const std::string topic_dir = io::JoinPath(options.dir, topic);
     absl::StatusOr<std::vector<std::string>> entries = fs->ListDir(topic_dir);
@@ -206,6 +261,27 @@ absl::StatusOr<proto::VersionRecord> Publisher::Publish(
   const std::string what =
       absl::StrCat("publishing step ", request.step(), " of job ",
                    request.job(), " as topic ", request.topic());
+  ASSIGN_OR_RETURN(std::vector<std::string> sources, SourcesOf(request, what));
+  absl::MutexLock one_at_a_time(&publish_mu_);
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(fs_->CreatePrivateDirs(options_.dir));
+  RETURN_IF_ERROR(fs_->CreatePrivateDirs(TopicDir(request.topic())));
+  Making making(
+      *this, request, static_cast<uint32_t>(sources.size()),
+      io::JoinPath(TopicDir(request.topic()),
+                   absl::StrCat(kMakingPrefix, absl::ToUnixMicros(start))));
+  ASSIGN_OR_RETURN(proto::VersionRecord record,
+                   making.MakeFiles(sources, what));
+  ASSIGN_OR_RETURN(proto::VersionRecord numbered,
+                   coordinator_->AddVersion(std::move(record)));
+  RETURN_IF_ERROR(
+      making.PlaceAs(VersionDir(request.topic(), numbered.version())));
+  Published(numbered, making.chosen().size(), start, what);
+  return numbered;
+}
+
+absl::StatusOr<std::vector<std::string>> Publisher::SourcesOf(
+    const proto::PublishRequest& request, const std::string& what) {
   ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> commit,
                    coordinator_->GetCommit(request.job(), request.step(),
                                            proto::TIER_LOCAL_DISK));
@@ -224,67 +300,25 @@ absl::StatusOr<proto::VersionRecord> Publisher::Publish(
     }
     sources.push_back(*path);
   }
-  absl::MutexLock one_at_a_time(&publish_mu_);
-  const absl::Time start = absl::Now();
-  const std::string making_dir =
-      io::JoinPath(TopicDir(request.topic()),
-                   absl::StrCat(kMakingPrefix, absl::ToUnixMicros(start)));
-  RETURN_IF_ERROR(fs_->CreatePrivateDirs(making_dir));
-  absl::Status made = absl::OkStatus();
-  proto::VersionRecord record;
-  Making making(*this, request, commit->world_size(), making_dir);
-  for (uint32_t rank = 0; rank < sources.size() && made.ok(); ++rank) {
-    absl::StatusOr<proto::VersionFile> file =
-        making.MakeRankFile(rank, sources[rank]);
-    if (!file.ok()) {
-      made = absl::Status(
-          file.status().code(),
-          absl::StrCat(what, ": rank ", rank, ": ", file.status().message()));
-      break;
-    }
-    record.set_bytes(record.bytes() + file->file_bytes());
-    *record.add_files() = *std::move(file);
-  }
-  if (made.ok() && making.chosen().empty()) {
-    made = absl::InvalidArgumentError(
-        absl::StrCat(what, ": no item matches --items ",
-                     absl::StrJoin(request.items(), " ")));
-  }
-  if (!made.ok()) {
-    RemoveFilesAndDir(fs_, making_dir);
-    return made;
-  }
-  record.set_topic(request.topic());
-  record.set_job(request.job());
-  record.set_step(request.step());
-  record.set_world_size(commit->world_size());
-  *record.mutable_items() = request.items();
-  record.set_cast(request.cast());
-  record.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
-  record.set_source_node(options_.node_id);
-  absl::StatusOr<proto::VersionRecord> numbered =
-      coordinator_->AddVersion(record);
-  if (!numbered.ok()) {
-    RemoveFilesAndDir(fs_, making_dir);
-    return numbered.status();
-  }
-  RETURN_IF_ERROR(fs_->Rename(
-      making_dir, VersionDir(request.topic(), numbered->version())));
+  return sources;
+}
+
+void Publisher::Published(const proto::VersionRecord& version, size_t items,
+                          absl::Time start, const std::string& what) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const Labels labels = {{"topic", request.topic()}};
+  const Labels labels = {{"topic", version.topic()}};
   metrics_->Add("ckpt_published_versions_total", labels);
   metrics_->Add("ckpt_published_bytes_total", labels,
-                static_cast<double>(numbered->bytes()));
+                static_cast<double>(version.bytes()));
   metrics_->Observe("ckpt_publish_seconds", labels, seconds);
   CKPT_LOG_INFO("{}: version {} ({} items, {} bytes{}) in {:.1f} ms", what,
-                numbered->version(), making.chosen().size(), numbered->bytes(),
-                request.cast().empty() ? "" : ", cast to " + request.cast(),
+                version.version(), items, version.bytes(),
+                version.cast().empty() ? "" : ", cast to " + version.cast(),
                 seconds * 1e3);
-  CollectGarbage(request.topic());
+  CollectGarbage(version.topic());
   absl::MutexLock lock(&mu_);
   ++made_;
   published_.SignalAll();
-  return numbered;
 }
 
 absl::StatusOr<proto::VersionRecord> Publisher::WaitForVersion(

@@ -53,8 +53,8 @@ class Publisher {
       std::function<absl::StatusOr<absl::optional<std::string>>(
           const std::string& job, uint64_t step, uint32_t rank)>;
 
-  // Creates `options.dir` (mode 0700) and removes what a publish cut short
-  // left there.
+  // Removes what a publish cut short left in `options.dir` (made, mode 0700,
+  // at the first publish).
   static absl::StatusOr<std::unique_ptr<Publisher>> Open(
       io::FileSystem* fs, PublishOptions options, Coordinator* coordinator,
       Metrics* metrics, LocalShardFile local_file);
@@ -90,6 +90,14 @@ class Publisher {
             Coordinator* coordinator, Metrics* metrics,
             LocalShardFile local_file);
   class Making;  // one version's files being made (publisher.cc)
+
+  // Publish's steps: every rank's persisted shard of the step on this node
+  // (the step committed on disk); and, once a version is numbered and in
+  // place, its figures, the older versions dropped, waiters woken.
+  absl::StatusOr<std::vector<std::string>> SourcesOf(
+      const proto::PublishRequest& request, const std::string& what);
+  void Published(const proto::VersionRecord& version, size_t items,
+                 absl::Time start, const std::string& what);
 
   std::string TopicDir(const std::string& topic) const;
   std::string VersionDir(const std::string& topic, uint64_t version) const;
