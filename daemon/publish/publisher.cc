@@ -365,6 +365,13 @@ absl::StatusOr<proto::OpenVersionResponse> Publisher::OpenVersion(
                        " (its newest is ", versions.back().version(), ")"));
     }
   }
+  // A record is read from the coordinator: its world size is trusted only
+  // as far as the files it lists.
+  if (record->files_size() != static_cast<int>(record->world_size())) {
+    return absl::DataLossError(absl::StrCat(
+        "version ", record->version(), " of topic ", topic, " lists ",
+        record->files_size(), " files for ", record->world_size(), " ranks"));
+  }
   proto::OpenVersionResponse response;
   *response.mutable_record() = *record;
   const std::string dir = VersionDir(topic, record->version());
