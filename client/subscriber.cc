@@ -60,6 +60,20 @@ absl::StatusOr<proto::ListTopicsResponse> ListTopics(
       absl::Seconds(30));
 }
 
+absl::StatusOr<bool> Subscribe(const std::string& socket_path,
+                               const std::string& topic) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  proto::SubscribeRequest request;
+  request.set_topic(topic);
+  auto stub = StubFor(socket_path);
+  ASSIGN_OR_RETURN(proto::SubscribeResponse response,
+                   (Call<proto::SubscribeRequest, proto::SubscribeResponse>(
+                       stub.get(), &proto::CkptPublish::Stub::Subscribe,
+                       request, absl::StrCat("subscribing to topic ", topic),
+                       socket_path, absl::Seconds(30))));
+  return !response.already();
+}
+
 Subscriber::Subscriber(std::string socket_path, std::string topic)
     : socket_path_(std::move(socket_path)),
       topic_(std::move(topic)),

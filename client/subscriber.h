@@ -34,6 +34,11 @@ absl::StatusOr<proto::VersionRecord> Publish(
 absl::StatusOr<proto::ListTopicsResponse> ListTopics(
     const std::string& socket_path);
 
+// Makes the node of the ckptd at `socket_path` a subscriber of `topic`: it
+// fetches each new version from its peers. False: it was one already.
+absl::StatusOr<bool> Subscribe(const std::string& socket_path,
+                               const std::string& topic);
+
 // An item of a version as a whole: a tensor's global shape, or a byte
 // string.
 struct PublishedItem {

@@ -4,8 +4,8 @@
 # client/ (libckpt, linked into trainers) includes daemon code, and tools/
 # reads the daemon through daemon/api/ only (but for the benchmark of the
 # coordinator's backends themselves). Inside daemon/, the subsystems run one
-# way too: api -> server -> service -> (peer, publish) -> (persist, memory, health,
-# coord) -> catalog -> common (health reads coord's tier names). Run as a
+# way too: api -> server -> service -> publish -> peer -> (persist, memory,
+# health, coord) -> catalog -> common (health reads coord's tier names). Run as a
 # test:
 #   cmake -DSOURCE_DIR=<repo> -P cmake/check_layers.cmake
 # It fails naming every file and line whose include crosses a layer upward.
@@ -34,7 +34,7 @@ set(daemon_memory  memory common)
 set(daemon_persist persist common)
 set(daemon_health  health coord catalog common)
 set(daemon_peer    peer persist coord catalog common)
-set(daemon_publish publish coord catalog common)
+set(daemon_publish publish peer persist coord catalog common)
 set(daemon_service service peer publish persist memory health coord catalog common)
 set(daemon_server  server service peer publish persist memory health coord catalog common)
 set(daemon_api     api server service peer publish persist memory health coord catalog common)

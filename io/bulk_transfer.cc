@@ -176,7 +176,8 @@ BulkServer::~BulkServer() {
   tickets_.clear();
 }
 
-absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
+absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path,
+                                                     uint64_t offset) {
   RETURN_IF_ERROR(RoomForTicket());
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return io::ErrnoToStatus(errno, "opening " + path);
@@ -191,8 +192,15 @@ absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path) {
     ::close(fd);
     return io::ErrnoToStatus(err, "fstat " + path);
   }
-  return Issue(Offered{fd, static_cast<uint64_t>(st.st_size),
-                       absl::Now() + kTicketLife, nullptr});
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (offset > size) {
+    ::close(fd);
+    return absl::OutOfRangeError(absl::StrCat("offset ", offset,
+                                              " is past the end of ", path,
+                                              " (", size, " bytes)"));
+  }
+  return Issue(
+      Offered{fd, size - offset, absl::Now() + kTicketLife, nullptr, offset});
 }
 
 absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(
@@ -305,7 +313,7 @@ void BulkServer::Serve(int connection) {
   --serving_;
 }
 
-void BulkServer::Send(int connection, const Offered& offered) {
+void BulkServer::Send(int connection, const Offered& offered) const {
   const uint64_t bytes = offered.bytes;
   if (offered.fd < 0) {
     std::vector<uint8_t> buffer(std::min<uint64_t>(bytes, 1u << 20));
@@ -313,6 +321,7 @@ void BulkServer::Send(int connection, const Offered& offered) {
       CKPT_KILL_POINT("bulk.sending");
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(buffer.size(), bytes - at));
+      AcquireSend(limits_.send_rate, n);
       absl::Status read =
           offered.file->Read(at, absl::MakeSpan(buffer.data(), n));
       if (!read.ok() || !SendAll(connection, buffer.data(), n)) {
@@ -324,13 +333,16 @@ void BulkServer::Send(int connection, const Offered& offered) {
     }
     return;
   }
-  off_t at = 0;
-  while (static_cast<uint64_t>(at) < bytes) {
+  off_t at = static_cast<off_t>(offered.start);
+  const uint64_t end = offered.start + bytes;
+  while (static_cast<uint64_t>(at) < end) {
     CKPT_KILL_POINT("bulk.sending");
-    const ssize_t sent =
-        ::sendfile(connection, offered.fd, &at,
-                   static_cast<size_t>(std::min<uint64_t>(
-                       bytes - static_cast<uint64_t>(at), 1u << 30)));
+    // Paced in pieces of 1 MiB when the sends are capped.
+    const size_t n = static_cast<size_t>(
+        std::min<uint64_t>(end - static_cast<uint64_t>(at),
+                           limits_.send_rate != nullptr ? 1u << 20 : 1u << 30));
+    AcquireSend(limits_.send_rate, n);
+    const ssize_t sent = ::sendfile(connection, offered.fd, &at, n);
     if (sent < 0 && errno == EINTR) continue;
     if (sent <= 0) {
       CKPT_LOG_WARN("bulk transfer: sent {} of {} bytes: {}", at, bytes,

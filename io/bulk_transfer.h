@@ -44,12 +44,15 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "io/file_system.h"
+#include "io/rate_limiter.h"
 
 namespace ckpt::io {
 
 struct BulkLimits {
   size_t max_connections = 64;
   size_t max_tickets = 4096;
+  // Every byte sent draws on it (null: as fast as the link goes); not owned.
+  RateLimiter* send_rate = nullptr;
 };
 
 class BulkServer {
@@ -70,8 +73,8 @@ class BulkServer {
     std::string token;  // kTicketBytes random bytes
     uint64_t bytes = 0;
   };
-  // Opens `path` and returns a ticket that sends it once.
-  absl::StatusOr<Ticket> Offer(const std::string& path);
+  // Opens `path` and returns a ticket that sends it once, from `offset` on.
+  absl::StatusOr<Ticket> Offer(const std::string& path, uint64_t offset = 0);
   // A ticket that sends the first `bytes` bytes of `file` once (a file that is
   // not one on disk: a shard's self-contained view), read piece by piece.
   absl::StatusOr<Ticket> Offer(std::unique_ptr<ReadableFile> file,
@@ -92,14 +95,15 @@ class BulkServer {
   void Expire() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Offered {
-    int fd;  // -1: `file`
-    uint64_t bytes;
+    int fd;          // -1: `file`
+    uint64_t bytes;  // to send
     absl::Time expires;
     std::shared_ptr<ReadableFile> file;
+    uint64_t start = 0;  // of `fd`'s bytes
   };
   Ticket Issue(Offered offered);
   // Sends `offered`'s bytes (sendfile, or reads of its file).
-  static void Send(int connection, const Offered& offered);
+  void Send(int connection, const Offered& offered) const;
 
   const int listener_;
   const int port_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "io/aligned_buffer.h"
 #include "io/status_macros.h"
+#include "io/sync_readable_file.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/format.h"
 #include "snapshot/manifest_seal.h"
@@ -18,7 +19,7 @@ namespace {
 
 // The view: consecutive byte ranges, each read from a file (a chunk where it
 // lies) or from memory (the new manifest, padding and footer).
-class View : public io::ReadableFile {
+class View : public io::SyncReadableFile {
  public:
   struct Segment {
     uint64_t start = 0;  // in the view
@@ -60,18 +61,6 @@ class View : public io::ReadableFile {
     }
     return absl::OkStatus();
   }
-  absl::Status ReadAsync(uint64_t offset, absl::Span<uint8_t> dst,
-                         ReadCallback done) override {
-    done(Read(offset, dst));
-    return absl::OkStatus();
-  }
-  absl::Status WaitAny() override { return absl::OkStatus(); }
-  absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) override {
-    absl::Status s = Read(offset, dst);
-    if (!s.ok() && queued_.ok()) queued_ = s;
-    return absl::OkStatus();
-  }
-  absl::Status WaitReads() override { return std::exchange(queued_, {}); }
   absl::StatusOr<uint64_t> Size() override { return size_; }
   const std::string& path() const override { return reader_->path(); }
 
@@ -80,7 +69,6 @@ class View : public io::ReadableFile {
   std::vector<Segment> segments_;
   std::string tail_;
   uint64_t size_;
-  absl::Status queued_;
 };
 
 }  // namespace

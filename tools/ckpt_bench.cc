@@ -10,6 +10,7 @@
 // Runs are interleaved; medians are reported.
 //
 //   ckpt-bench recovery [--dir DIR] [--state-mib N] [--redundancy rs:K+M]
+//   ckpt-bench publish [--dir DIR] [--mib N] [--rate-mib N] [--runs N]
 //   [--json]
 //
 // `recovery` loses a node of a job on three local ckptd with peer replication
@@ -131,6 +132,27 @@ int main(int argc, char** argv) {
   rec_cmd->add_option(
       "--redundancy", redundancy,
       "rs:K+M: six ckptd, M of them lost at once, parity against M replicas");
+  uint64_t publish_mib = 256, publish_rate_mib = 256;
+  CLI::App* publish_cmd = app.add_subcommand(
+      "publish",
+      "a version's reach to 1..8 subscriber ckptds (a chain, sends capped) "
+      "vs the source sending to each, vs gloo's broadcast; load_into vs "
+      "memcpy");
+  publish_cmd->add_option("--dir", dir, "where the nodes keep their data");
+  publish_cmd
+      ->add_option("--mib", publish_mib,
+                   "the published weights, MiB (every subscriber holds a "
+                   "copy per topic: 15 copies in all)")
+      ->check(CLI::Range(4, 1 << 16))
+      ->capture_default_str();
+  publish_cmd
+      ->add_option("--rate-mib", publish_rate_mib,
+                   "each daemon's --peer-send-rate, MiB/s")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  publish_cmd->add_option("--runs", runs, "versions per count; medians")
+      ->check(CLI::Range(1, 100));
+  publish_cmd->add_flag("--json", json, "print one JSON object");
   std::string codec_data = "build/bench-data";
   CLI::App* codec_cmd = app.add_subcommand(
       "codec",
@@ -161,6 +183,10 @@ int main(int argc, char** argv) {
   }
 
   if (*codec_cmd) return ckpt::bench::RunCodec(codec_data, dir, json);
+  if (*publish_cmd) {
+    return ckpt::bench::RunPublish(dir + "/ckpt-bench-publish", publish_mib,
+                                   publish_rate_mib, runs, json);
+  }
   if (*gpu_cmd) return ckpt::bench::RunGpu(dir, gpu_mib, runs, json);
   if (*save_cmd) {
     return ckpt::bench::RunSave(dir, sizes_mib, runs, warmup, json,

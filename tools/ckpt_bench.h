@@ -74,6 +74,12 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json);
 int RunRedundancy(const std::string& dir, uint64_t state_mib,
                   const std::string& redundancy, bool json);
 
+// `ckpt-bench publish`: a version's reach to 1..8 subscriber ckptds through
+// the chain, against the source sending to all 8 itself and against gloo's
+// broadcast; load_into against a memcpy. ckpt_bench_publish.cc.
+int RunPublish(const std::string& dir, uint64_t mib, uint64_t rate_mib,
+               int runs, bool json);
+
 // `ckpt-bench codec`: real training state from gen_training_state.py in
 // `data`: ckpt's stored size and codec speed against byte-shuffle + zstd -1
 // (one core), bytes written by incremental saves (fine-tuning with ~90%

@@ -33,6 +33,7 @@
 #include "io/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "snapshot/erasure_code.h"
+#include "tools/bench_cluster.h"
 #include "tools/bench_stats.h"
 #include "tools/ckpt_bench.h"
 #include "tools/process.h"
@@ -44,13 +45,6 @@ namespace ckpt::bench {
 namespace {
 
 constexpr int kNodes = 6;
-
-struct Node {
-  std::string id, dir, staging;
-  pid_t pid = -1;
-  std::string socket() const { return dir + "/run/ckptd.sock"; }
-  std::string peer_dir() const { return staging + ".peer"; }
-};
 
 uint64_t BytesUnder(const std::string& dir) {
   uint64_t n = 0;
@@ -71,104 +65,29 @@ struct Phase {
   uint64_t restored_bytes = 0;  // their state
 };
 
-class Cluster {
- public:
-  Cluster(std::string dir, std::vector<std::string> mode_args)
-      : dir_(std::move(dir)), etcd_(dir_ + "/etcd") {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    std::filesystem::create_directories(dir_);
-    if (!etcd_.Start()) {
-      error_ = "etcd did not start; see " + etcd_.log_path();
-      return;
-    }
-    for (int i = 0; i < kNodes; ++i) {
-      Node n;
-      n.id = std::string("node-") + static_cast<char>('a' + i);
-      n.dir = dir_ + "/" + n.id;
-      n.staging = absl::StrCat("/dev/shm/ckpt-bench-redundancy-", ::getpid(),
-                               "-", n.id);
-      std::vector<std::string> args = {
-          tools::Sibling({"../daemon/ckptd", "ckptd"}),
-          "--socket",
-          n.socket(),
-          "--data-dir",
-          n.dir + "/data",
-          "--staging-dir",
-          n.staging,
-          "--memory-budget",
-          "1G",
-          "--replica-budget",
-          "1G",
-          "--coordinator",
-          "etcd://" + etcd_.endpoint(),
-          "--lease-ttl",
-          "2",
-          "--node-id",
-          n.id,
-          "--peer-address",
-          "127.0.0.1:0"};
-      args.insert(args.end(), mode_args.begin(), mode_args.end());
-      n.pid = tools::Spawn(args, n.dir + ".log");
-      nodes_.push_back(n);
-    }
-    for (Node& n : nodes_) {
-      bool up = false;
-      for (int i = 0; i < 400 && !up; ++i) {
-        up = client::Checkpointer::Connect({"probe", 0, 1, n.socket()}).ok();
-        if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      }
-      if (!up) error_ = n.id + " did not start; see " + n.dir + ".log";
-    }
-  }
-  ~Cluster() {
-    std::error_code ec;
-    for (Node& n : nodes_) {
-      Kill(n);
-      std::filesystem::remove_all(n.staging, ec);
-      std::filesystem::remove_all(n.peer_dir(), ec);
-    }
-    etcd_.Kill();
-  }
-  const std::string& error() const { return error_; }
-  std::vector<Node>& nodes() { return nodes_; }
-  static void Kill(Node& n) {
-    if (n.pid <= 0) return;
-    ::kill(n.pid, SIGKILL);
-    ::waitpid(n.pid, nullptr, 0);
-    n.pid = -1;
-  }
-  // Lost with everything it had.
-  static void Lose(Node& n) {
-    Kill(n);
-    std::error_code ec;
-    std::filesystem::remove_all(n.dir + "/data", ec);
-    std::filesystem::remove_all(n.staging, ec);
-    std::filesystem::remove_all(n.peer_dir(), ec);
-  }
-
- private:
-  std::string dir_;
-  tools::LocalEtcd etcd_;
-  std::vector<Node> nodes_;
-  std::string error_;
-};
-
 // Saves one step of `state` (kNodes ranks, rank r on node r), loses `lost`
 // nodes at once and restores their ranks on the nodes after them.
 absl::StatusOr<Phase> RunPhase(const std::string& dir,
                                std::vector<std::string> mode_args,
                                const std::vector<std::vector<float>>& state,
                                int lost) {
-  Cluster cluster(dir, std::move(mode_args));
+  std::vector<BenchCluster::Spec> specs;
+  for (int i = 0; i < kNodes; ++i) {
+    BenchCluster::Spec spec{
+        std::string("node-") + static_cast<char>('a' + i),
+        {"--memory-budget", "1G", "--replica-budget", "1G"}};
+    spec.args.insert(spec.args.end(), mode_args.begin(), mode_args.end());
+    specs.push_back(std::move(spec));
+  }
+  BenchCluster cluster(dir, "redundancy", specs);
   if (!cluster.error().empty()) {
     return absl::UnavailableError(cluster.error());
   }
-  std::vector<Node>& nodes = cluster.nodes();
+  std::vector<BenchNode>& nodes = cluster.nodes();
   const int64_t per_rank = static_cast<int64_t>(state[0].size());
   const int64_t global = per_rank * kNodes;
   auto connect =
-      [&](const Node& n, uint32_t rank,
+      [&](const BenchNode& n, uint32_t rank,
           float* w) -> absl::StatusOr<std::unique_ptr<client::Checkpointer>> {
     auto c = client::Checkpointer::Connect(
         {"redundancy", rank, static_cast<uint32_t>(kNodes), n.socket()});
@@ -202,8 +121,9 @@ absl::StatusOr<Phase> RunPhase(const std::string& dir,
     }
     phase.disk_to_peer_s = Seconds(protecting);
   }
-  for (Node& n : nodes) phase.held_bytes += BytesUnder(n.peer_dir() + "/held");
-  for (Node& n : nodes) {
+  for (BenchNode& n : nodes)
+    phase.held_bytes += BytesUnder(n.peer_dir() + "/held");
+  for (BenchNode& n : nodes) {
     phase.held_bytes += BytesUnder(n.peer_dir() + "/parity");
   }
   // A survivor's trainer watches for failures.
@@ -215,7 +135,7 @@ absl::StatusOr<Phase> RunPhase(const std::string& dir,
       [&](const std::vector<std::string>&) { told = true; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto killed = std::chrono::steady_clock::now();
-  for (int i = 0; i < lost; ++i) Cluster::Lose(nodes[i]);
+  for (int i = 0; i < lost; ++i) BenchCluster::Lose(nodes[i]);
   while (!told && Seconds(killed) < 60) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

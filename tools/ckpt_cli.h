@@ -167,8 +167,13 @@ int Publish(const std::string& socket_path, const std::string& job,
             const std::string& step, const std::string& topic,
             const std::vector<std::string>& items, const std::string& cast,
             bool json);
-// ckpt topics: the topics, their newest versions, what this node holds.
+// ckpt topics: the topics, their newest versions, what this node holds,
+// the subscribers.
 int Topics(const std::string& socket_path, bool json);
+// ckpt subscribe TOPIC: the node's ckptd fetches each new version of TOPIC
+// from its peers from now on.
+int Subscribe(const std::string& socket_path, const std::string& topic,
+              bool json);
 
 int Main(int argc, char** argv);
 

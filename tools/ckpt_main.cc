@@ -193,6 +193,16 @@ int Main(int argc, char** argv) {
   topics->add_option("--socket", socket_path, "ckptd's socket");
   topics->add_flag("--json", json, "print JSON");
 
+  std::string subscribe_topic;
+  CLI::App* subscribe = app.add_subcommand(
+      "subscribe",
+      "TOPIC: this node's ckptd fetches each new version of TOPIC from its "
+      "peers as it is published, until it stops (ckptd --subscribe keeps "
+      "it across restarts)");
+  subscribe->add_option("topic", subscribe_topic, "the topic")->required();
+  subscribe->add_option("--socket", socket_path, "ckptd's socket");
+  subscribe->add_flag("--json", json, "print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -216,6 +226,7 @@ int Main(int argc, char** argv) {
                    cast, json);
   }
   if (*topics) return Topics(socket_path, json);
+  if (*subscribe) return Subscribe(socket_path, subscribe_topic, json);
   if (*restore) {
     return Restore(data_dir, socket_path, restore_job, restore_step, into,
                    discard_newer, json);

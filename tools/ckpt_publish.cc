@@ -1,5 +1,6 @@
-// ckpt publish and ckpt topics: publication of committed steps to readers
-// (issue #37), through the node's ckptd.
+// ckpt publish, ckpt topics and ckpt subscribe: publication of committed steps
+// to readers (issue #37), through the node's ckptd.
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,24 @@ nlohmann::json VersionJson(const proto::VersionRecord& v) {
       {"source_node", v.source_node()},
       {"created_unix_micros", v.created_unix_micros()},
       {"files", files}};
+}
+
+// Versions a subscriber is behind the newest (its newest held).
+uint64_t Lag(uint64_t newest, const proto::SubscriberRecord& s) {
+  uint64_t held = 0;
+  for (uint64_t v : s.held()) held = std::max(held, v);
+  return newest - std::min(newest, held);
+}
+
+nlohmann::json SubscribersJson(const proto::TopicSummary& t) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const proto::SubscriberRecord& s : t.subscribers()) {
+    out.push_back(
+        {{"node", s.node()},
+         {"held", std::vector<uint64_t>(s.held().begin(), s.held().end())},
+         {"lag", Lag(t.newest(), s)}});
+  }
+  return out;
 }
 
 }  // namespace
@@ -71,6 +90,8 @@ int Topics(const std::string& socket_path, bool json) {
            {"newest", t.newest()},
            {"versions", t.versions()},
            {"held", std::vector<uint64_t>(t.held().begin(), t.held().end())},
+           {"subscribed", t.subscribed()},
+           {"subscribers", SubscribersJson(t)},
            {"newest_record", VersionJson(t.newest_record())}});
     }
     std::cout << out.dump(2) << "\n";
@@ -80,14 +101,36 @@ int Topics(const std::string& socket_path, bool json) {
     std::cout << "no topics (ckpt publish JOB STEP --topic T makes one)\n";
     return 0;
   }
-  std::cout << "TOPIC  NEWEST  FROM  SIZE  HELD HERE\n";
+  std::cout << "TOPIC  NEWEST  FROM  SIZE  HELD HERE  SUBSCRIBERS (LAG)\n";
   for (const proto::TopicSummary& t : topics->topics()) {
     const proto::VersionRecord& v = t.newest_record();
+    std::vector<std::string> subscribers;
+    for (const proto::SubscriberRecord& s : t.subscribers()) {
+      subscribers.push_back(
+          absl::StrCat(s.node(), " (", Lag(t.newest(), s), ")"));
+    }
     std::cout << t.topic() << "  " << t.newest() << "  " << v.job() << "@"
               << v.step() << "  " << HumanBytes(v.bytes()) << "  "
               << (t.held_size() == 0 ? "-" : absl::StrJoin(t.held(), ","))
+              << "  "
+              << (subscribers.empty() ? "-" : absl::StrJoin(subscribers, ", "))
               << "\n";
   }
+  return 0;
+}
+
+int Subscribe(const std::string& socket_path, const std::string& topic,
+              bool json) {
+  absl::StatusOr<bool> added = client::Subscribe(socket_path, topic);
+  if (!added.ok()) return Fail("subscribe", added.status());
+  if (json) {
+    std::cout << nlohmann::json{{"topic", topic}, {"already", !*added}}.dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << (*added ? "subscribed to topic "
+                       : "already subscribed to topic ")
+            << topic << "\n";
   return 0;
 }
 

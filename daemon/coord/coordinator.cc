@@ -436,6 +436,10 @@ std::string VersionKey(const std::string& topic, uint64_t version) {
   return VersionsPrefix(topic) + digits;
 }
 
+std::string SubscribersPrefix(const std::string& topic) {
+  return absl::StrCat(kTopicsPrefix, topic, "/subscribers/");
+}
+
 }  // namespace
 
 absl::StatusOr<proto::VersionRecord> Coordinator::AddVersion(
@@ -467,6 +471,27 @@ absl::StatusOr<std::vector<proto::VersionRecord>> Coordinator::ListVersions(
     versions.push_back(std::move(v));
   }
   return versions;
+}
+
+absl::Status Coordinator::PutSubscriber(const proto::SubscriberRecord& record) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(record.topic()));
+  RETURN_IF_ERROR(snapshot::ValidateJobId(record.node()));
+  return StorePut(SubscribersPrefix(record.topic()) + record.node(),
+                  record.SerializeAsString(), /*ephemeral=*/true);
+}
+
+absl::StatusOr<std::vector<proto::SubscriberRecord>>
+Coordinator::ListSubscribers(const std::string& topic) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  ASSIGN_OR_RETURN(auto entries, StoreScan(SubscribersPrefix(topic)));
+  std::vector<proto::SubscriberRecord> subscribers;
+  for (const auto& [key, value] : entries) {
+    ASSIGN_OR_RETURN(proto::SubscriberRecord record,
+                     ParseRecord<proto::SubscriberRecord>(
+                         SubscribersPrefix(topic) + key, value));
+    subscribers.push_back(std::move(record));
+  }
+  return subscribers;
 }
 
 absl::StatusOr<std::vector<std::string>> Coordinator::ListTopics() {

@@ -153,6 +153,13 @@ class Coordinator {
       const std::string& topic);
   // The topics with a version.
   absl::StatusOr<std::vector<std::string>> ListTopics();
+  // A node subscribed to a topic, under
+  // /ckpt/@topics/<topic>/subscribers/<node> (with etcd, while its lease
+  // lives); the record replaces the node's last one.
+  absl::Status PutSubscriber(const proto::SubscriberRecord& record);
+  // The subscribers of `topic`, by node id.
+  absl::StatusOr<std::vector<proto::SubscriberRecord>> ListSubscribers(
+      const std::string& topic);
 
  protected:
   // Per job, the newest step with any record.

@@ -44,12 +44,13 @@ class ContributionPush {
   ContributionPush(const snapshot::ErasureCode& code,
                    const proto::ShardRecord& shard,
                    const proto::ParityGroup& group, uint32_t position,
-                   const std::string& from_node)
+                   const std::string& from_node, io::RateLimiter* send_rate)
       : code_(code),
         shard_(shard),
         group_(group),
         position_(position),
-        from_node_(from_node) {}
+        from_node_(from_node),
+        send_rate_(send_rate) {}
 
   // A stream to parity block `index` on `node`.
   void Open(uint32_t index, const std::string& node,
@@ -158,6 +159,7 @@ class ContributionPush {
       piece.set_data(std::move(coded));
     }
     XXH3_64bits_update(s.hash, piece.data().data(), segment.size());
+    io::AcquireSend(send_rate_, piece.data().size());
     if (!s.writer->Write(piece)) {
       return absl::UnavailableError(absl::StrCat(
           "node ", s.node, " stopped taking parity block ", s.index));
@@ -170,6 +172,7 @@ class ContributionPush {
   const proto::ParityGroup& group_;
   const uint32_t position_;
   const std::string from_node_;
+  io::RateLimiter* const send_rate_;  // null: uncapped
   std::vector<std::unique_ptr<Stream>> streams_;
   bool first_ = true;
   std::vector<std::string> errors_;
@@ -501,7 +504,8 @@ absl::Status ParityTier::PushContributions(
     const std::map<std::string, proto::PeerInfo>& live) {
   ASSIGN_OR_RETURN(snapshot::SelfContained view,
                    snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  ContributionPush push(code_, shard, group, position, options_.node_id);
+  ContributionPush push(code_, shard, group, position, options_.node_id,
+                        options_.send_rate);
   for (uint32_t j : indices) {
     auto peer = live.find(holders[j]);
     if (peer == live.end()) {

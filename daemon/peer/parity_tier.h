@@ -39,6 +39,7 @@
 #include "daemon/peer/parity_plan.h"
 #include "daemon/peer/parity_store.h"
 #include "io/file_system.h"
+#include "io/rate_limiter.h"
 #include "proto/catalog.pb.h"
 #include "proto/peer.pb.h"
 #include "snapshot/erasure_code.h"
@@ -59,6 +60,8 @@ struct ParityOptions {
   std::string dir;
   uint64_t budget_bytes = 1ull << 30;
   absl::Duration retry_interval = absl::Seconds(1);
+  // The node's cap on sends to peers (the replicator's); null: none.
+  io::RateLimiter* send_rate = nullptr;
 };
 
 class ParityTier {

@@ -41,11 +41,12 @@ absl::Status CheckSize(const std::string& what, absl::optional<uint64_t> size,
 absl::Status ReadBulk(
     const std::string& address, const proto::ShardOffer& offer,
     absl::optional<uint64_t> size, const std::string& what,
-    const std::function<absl::StatusOr<FetchSink>(uint64_t)>& open) {
+    const std::function<absl::StatusOr<FetchSink>(uint64_t)>& open,
+    absl::Duration stall) {
   RETURN_IF_ERROR(CheckSize(what, size, offer.file_bytes()));
   ASSIGN_OR_RETURN(std::string host, io::HostOfAddress(address));
   absl::StatusOr<std::unique_ptr<io::BulkStream>> bulk = io::BulkStream::Open(
-      host, static_cast<int>(offer.port()), offer.ticket(), absl::Seconds(30));
+      host, static_cast<int>(offer.port()), offer.ticket(), stall);
   if (!bulk.ok()) return Prefixed(what, bulk.status());
   const uint64_t total = (*bulk)->size();
   if (total != offer.file_bytes()) {
@@ -135,7 +136,7 @@ absl::Status FetchFromPeer(
     const std::string& address, absl::optional<uint64_t> size,
     const std::string& what, const PeerFileCalls& calls,
     const std::function<absl::StatusOr<FetchSink>(uint64_t size)>& open,
-    std::string* via) {
+    std::string* via, absl::Duration stall) {
   {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -143,7 +144,7 @@ absl::Status FetchFromPeer(
     grpc::Status offered = calls.offer(&context, &offer);
     if (offered.ok()) {
       if (via != nullptr) *via = "a bulk transfer";
-      return ReadBulk(address, offer, size, what, open);
+      return ReadBulk(address, offer, size, what, open, stall);
     }
     if (offered.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
         offered.error_code() != grpc::StatusCode::UNIMPLEMENTED) {

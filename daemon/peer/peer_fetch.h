@@ -50,12 +50,13 @@ struct PeerFileCalls {
 // offers through `calls`. `size`: the size expected (nullopt: the peer's
 // word). `open(size)` is called once, before any byte arrives. Errors start
 // with `what`. `via`, when given, is told which way the bytes came ("a bulk
-// transfer" or "gRPC").
+// transfer" or "gRPC"). A bulk transfer fails once the peer sends nothing for
+// `stall`.
 absl::Status FetchFromPeer(
     const std::string& address, absl::optional<uint64_t> size,
     const std::string& what, const PeerFileCalls& calls,
     const std::function<absl::StatusOr<FetchSink>(uint64_t size)>& open,
-    std::string* via = nullptr);
+    std::string* via = nullptr, absl::Duration stall = absl::Seconds(30));
 
 }  // namespace ckpt::daemon
 

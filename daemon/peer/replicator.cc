@@ -503,6 +503,7 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
     read = file->Read(
         at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
     if (!read.ok()) break;
+    io::AcquireSend(options_.send_rate.get(), n);
     if (!writer->Write(piece)) break;  // the stream broke: Finish says why
     at += n;
     piece.Clear();

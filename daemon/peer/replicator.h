@@ -38,6 +38,7 @@
 #include "daemon/peer/peer_directory.h"
 #include "daemon/peer/replica_store.h"
 #include "io/file_system.h"
+#include "io/rate_limiter.h"
 #include "proto/catalog.pb.h"
 #include "proto/daemon.pb.h"
 #include "proto/peer.pb.h"
@@ -74,6 +75,9 @@ struct ReplicationOptions {
   // parity, data shards rebuilt on stand-ins) is made again only then.
   absl::Duration reprotect_delay = absl::Seconds(10);
   int max_message_bytes = 8 << 20;
+  // Every byte this node sends to peers draws on it (--peer-send-rate:
+  // replicas, parity, copies served, published versions); null: uncapped.
+  std::shared_ptr<io::RateLimiter> send_rate;
 };
 
 class Replicator {
@@ -169,6 +173,8 @@ class Replicator {
   // A channel to a peer (one per address, reused). With mutual TLS the
   // peer's certificate must name the node that published `address`.
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+  // The cap on this node's sends to peers (null: none).
+  io::RateLimiter* send_rate() const { return options_.send_rate.get(); }
   // Who is in the cluster (the peer service checks callers against it).
   PeerDirectory* directory() { return &directory_; }
 

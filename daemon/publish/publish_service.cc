@@ -59,4 +59,14 @@ grpc::Status PublishService::ListTopics(grpc::ServerContext*,
   return Answer(publisher_->ListTopics(), response);
 }
 
+grpc::Status PublishService::Subscribe(grpc::ServerContext*,
+                                       const proto::SubscribeRequest* request,
+                                       proto::SubscribeResponse* response) {
+  if (publisher_ == nullptr) return NoPublisher();
+  absl::StatusOr<bool> added = subscribe_(request->topic());
+  if (!added.ok()) return ToGrpc(added.status());
+  response->set_already(!*added);
+  return grpc::Status::OK;
+}
+
 }  // namespace ckpt::daemon

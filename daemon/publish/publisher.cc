@@ -21,6 +21,7 @@ namespace ckpt::daemon {
 namespace {
 
 constexpr char kMakingPrefix[] = ".making-";
+constexpr char kReceivingPrefix[] = ".receiving-";
 
 std::string RankFileName(uint32_t rank) {
   return absl::StrCat("rank-", rank, ".shard");
@@ -227,11 +228,22 @@ absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
     absl::StatusOr<std::vector<std::string>> entries = fs->ListDir(topic_dir);
     if (!entries.ok()) continue;
     for (const std::string& entry : *entries) {
-      if (absl::StartsWith(entry, kMakingPrefix)) {
+      if (absl::StartsWith(entry, kMakingPrefix) ||
+          absl::StartsWith(entry, kReceivingPrefix)) {
         RemoveFilesAndDir(fs, io::JoinPath(topic_dir, entry));
       }
     }
   }
+  metrics->Declare("ckpt_received_versions_total", Metrics::Type::kCounter,
+                   "Versions of a topic received here from peers "
+                   "(subscriptions), whole and verified.");
+  metrics->Declare("ckpt_version_bytes_served_total", Metrics::Type::kCounter,
+                   "Bytes of versions this node was asked to send to "
+                   "subscribers (the fan-out's load on it).");
+  metrics->Declare("ckpt_version_reach_seconds", Metrics::Type::kHistogram,
+                   "Time from a version's making to its placing here, on "
+                   "a subscriber.",
+                   Metrics::SecondsBuckets());
   metrics->Declare("ckpt_published_versions_total", Metrics::Type::kCounter,
                    "Versions of a topic published from this node.");
   metrics->Declare("ckpt_published_bytes_total", Metrics::Type::kCounter,
@@ -327,18 +339,27 @@ absl::StatusOr<proto::VersionRecord> Publisher::WaitForVersion(
   for (;;) {
     ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
                      coordinator_->ListVersions(topic));
-    if (!versions.empty() && versions.back().version() > after) {
-      return versions.back();
+    // Only a version whose files are here is one a reader here can open.
+    const std::set<uint64_t> held = Held(topic);
+    for (auto v = versions.rbegin(); v != versions.rend(); ++v) {
+      if (v->version() <= after) break;
+      if (held.count(v->version()) != 0) return *v;
     }
     absl::MutexLock lock(&mu_);
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "topic ", topic, " has no version above ", after,
-          versions.empty() ? " (it has none yet)"
-                           : absl::StrCat(" (its newest is ",
-                                          versions.back().version(), ")")));
+          "topic ", topic, " has no version above ", after, " on this node",
+          versions.empty()
+              ? " (it has none yet)"
+              : absl::StrCat(" (its newest is ", versions.back().version(),
+                             held.empty() ? ", and this node holds none of "
+                                            "its versions: subscribe to it, "
+                                            "ckpt subscribe "
+                                          : ", arriving here",
+                             held.empty() ? topic : "", ")")));
     }
-    // Versions made on other nodes are seen by looking again.
+    // Versions made or received here wake the wait; those made on other
+    // nodes are seen by looking again.
     published_.WaitWithDeadline(
         &mu_, std::min(deadline, absl::Now() + absl::Milliseconds(200)));
   }
@@ -406,15 +427,150 @@ absl::StatusOr<proto::ListTopicsResponse> Publisher::ListTopics() {
   for (const std::string& topic : topics) {
     ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
                      coordinator_->ListVersions(topic));
-    if (versions.empty()) continue;
+    ASSIGN_OR_RETURN(std::vector<proto::SubscriberRecord> subscribers,
+                     coordinator_->ListSubscribers(topic));
     proto::TopicSummary* summary = response.add_topics();
     summary->set_topic(topic);
-    summary->set_newest(versions.back().version());
     summary->set_versions(static_cast<uint32_t>(versions.size()));
-    *summary->mutable_newest_record() = versions.back();
+    if (!versions.empty()) {
+      summary->set_newest(versions.back().version());
+      *summary->mutable_newest_record() = versions.back();
+    }
     for (uint64_t v : Held(topic)) summary->add_held(v);
+    for (proto::SubscriberRecord& s : subscribers) {
+      if (s.node() == options_.node_id) summary->set_subscribed(true);
+      *summary->add_subscribers() = std::move(s);
+    }
   }
   return response;
+}
+
+absl::StatusOr<std::shared_ptr<Arrival>> Publisher::BeginArrival(
+    const proto::VersionRecord& record) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(record.topic()));
+  const auto key = std::make_pair(record.topic(), record.version());
+  {
+    absl::MutexLock lock(&mu_);
+    if (arriving_.count(key) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("version ", record.version(),
+                                                   " of topic ", record.topic(),
+                                                   " is arriving already"));
+    }
+  }
+  RETURN_IF_ERROR(fs_->CreatePrivateDirs(options_.dir));
+  RETURN_IF_ERROR(fs_->CreatePrivateDirs(TopicDir(record.topic())));
+  const std::string dir =
+      io::JoinPath(TopicDir(record.topic()),
+                   absl::StrCat(kReceivingPrefix, record.version()));
+  if (fs_->Exists(dir).value_or(false)) RemoveFilesAndDir(fs_, dir);
+  ASSIGN_OR_RETURN(std::shared_ptr<Arrival> arrival,
+                   Arrival::Create(fs_, record, dir));
+  absl::MutexLock lock(&mu_);
+  arriving_[key] = arrival;
+  published_.SignalAll();
+  return arrival;
+}
+
+absl::Status Publisher::PlaceArrival(Arrival& arrival) {
+  const proto::VersionRecord& record = arrival.record();
+  const std::string version_dir = VersionDir(record.topic(), record.version());
+  if (fs_->Exists(version_dir).value_or(false)) {
+    RemoveFilesAndDir(fs_, version_dir);
+  }
+  absl::Status placed = fs_->Rename(arrival.dir(), version_dir);
+  if (!placed.ok()) {
+    AbandonArrival(arrival, placed);
+    return placed;
+  }
+  arrival.Finish(absl::OkStatus());
+  const Labels labels = {{"topic", record.topic()}};
+  metrics_->Add("ckpt_received_versions_total", labels);
+  metrics_->Observe(
+      "ckpt_version_reach_seconds", labels,
+      std::max(0.0, absl::ToDoubleSeconds(
+                        absl::Now() -
+                        absl::FromUnixMicros(record.created_unix_micros()))));
+  CollectGarbage(record.topic());
+  absl::MutexLock lock(&mu_);
+  arriving_.erase({record.topic(), record.version()});
+  ++made_;
+  published_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Publisher::AbandonArrival(Arrival& arrival, const absl::Status& why) {
+  arrival.Finish(why);
+  RemoveFilesAndDir(fs_, arrival.dir());
+  absl::MutexLock lock(&mu_);
+  arriving_.erase({arrival.record().topic(), arrival.record().version()});
+}
+
+absl::StatusOr<absl::optional<Publisher::PeerRead>> Publisher::PlacedForPeer(
+    const proto::VersionFileRequest& request) {
+  const std::string path =
+      io::JoinPath(VersionDir(request.topic(), request.version()),
+                   RankFileName(request.rank()));
+  if (!fs_->Exists(path).value_or(false)) return absl::nullopt;
+  ASSIGN_OR_RETURN(const uint64_t size, fs_->FileSize(path));
+  if (request.offset() > size) {
+    return absl::OutOfRangeError(absl::StrCat("offset ", request.offset(),
+                                              " is past the end of ", path));
+  }
+  PeerRead read;
+  read.path = path;
+  read.offset = request.offset();
+  read.bytes = size - request.offset();
+  return read;
+}
+
+absl::StatusOr<Publisher::PeerRead> Publisher::OpenForPeer(
+    const proto::VersionFileRequest& request, absl::Duration wait,
+    absl::Duration stall) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(request.topic()));
+  const auto key = std::make_pair(request.topic(), request.version());
+  const absl::Time deadline = absl::Now() + wait;
+  // Once more after the version was found neither arriving nor newer: it may
+  // have been placed in between.
+  bool last_look = false;
+  for (;;) {
+    ASSIGN_OR_RETURN(absl::optional<PeerRead> placed, PlacedForPeer(request));
+    if (placed.has_value()) return Served(request, *std::move(placed));
+    std::shared_ptr<Arrival> arrival;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = arriving_.find(key);
+      if (it != arriving_.end()) arrival = it->second;
+      const std::set<uint64_t> held = Held(request.topic());
+      const bool newer = held.empty() || *held.rbegin() < request.version();
+      if (arrival == nullptr && !newer && !last_look) {
+        last_look = true;
+        continue;
+      }
+      if (arrival == nullptr && (!newer || absl::Now() >= deadline)) {
+        return absl::NotFoundError(
+            absl::StrCat("this node neither holds nor receives version ",
+                         request.version(), " of topic ", request.topic()));
+      }
+      if (arrival == nullptr) {
+        published_.WaitWithDeadline(&mu_, deadline);
+        continue;
+      }
+    }
+    PeerRead read;
+    read.offset = request.offset();
+    ASSIGN_OR_RETURN(
+        read.arriving,
+        arrival->ReaderFrom(request.rank(), request.offset(), stall));
+    ASSIGN_OR_RETURN(read.bytes, read.arriving->Size());
+    return Served(request, std::move(read));
+  }
+}
+
+Publisher::PeerRead Publisher::Served(const proto::VersionFileRequest& request,
+                                      PeerRead read) {
+  metrics_->Add("ckpt_version_bytes_served_total", {{"topic", request.topic()}},
+                static_cast<double>(read.bytes));
+  return read;
 }
 
 void Publisher::CollectGarbage(const std::string& topic) {

@@ -12,7 +12,12 @@
 // a version's record never changes), and its directory renamed into place:
 // a reader never finds a version whose files are not all there.
 //
-// This node keeps the newest `keep_versions` versions of each topic it made;
+// A subscriber node receives versions made elsewhere into the same layout
+// (BeginArrival: an Arrival in `<dir>/<topic>/.receiving-<version>/`, served
+// to the peers downstream while it arrives; PlaceArrival once every file is
+// whole and verified). Local readers see only placed versions.
+//
+// This node keeps the newest `keep_versions` versions of each topic it holds;
 // an older version's files are removed, and a reader that opened them keeps
 // reading them (the kernel keeps an open file until it is closed).
 //
@@ -22,9 +27,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +41,7 @@
 #include "absl/types/optional.h"
 #include "daemon/common/metrics.h"
 #include "daemon/coord/coordinator.h"
+#include "daemon/publish/arrival.h"
 #include "io/file_system.h"
 #include "proto/publish.pb.h"
 
@@ -85,6 +93,32 @@ class Publisher {
   // The versions of `topic` whose files this node holds.
   std::set<uint64_t> Held(const std::string& topic) const;
 
+  // A version made on another node begins to arrive here (the files created,
+  // empty); AlreadyExists when it is arriving already.
+  absl::StatusOr<std::shared_ptr<Arrival>> BeginArrival(
+      const proto::VersionRecord& record);
+  // Every file of `arrival` is whole and verified: the version is placed
+  // (readable here), the older ones beyond keep_versions dropped.
+  absl::Status PlaceArrival(Arrival& arrival);
+  // The arrival is given up: its files go, its readers fail with `why`.
+  void AbandonArrival(Arrival& arrival, const absl::Status& why);
+
+  // What a peer asked for: bytes of a rank's file of a version from an
+  // offset on. Either a placed file (`path`, read from `offset`), or the
+  // version arriving here (`arriving`, which waits for the bytes).
+  struct PeerRead {
+    std::string path;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;  // from the offset to the end
+    std::unique_ptr<io::ReadableFile> arriving;
+  };
+  // A version newer than every one held here may be about to arrive: asked
+  // for it, this waits up to `wait` for it to begin. NotFound when it does
+  // not; `stall`: how long a read of an arriving file waits for a piece.
+  absl::StatusOr<PeerRead> OpenForPeer(const proto::VersionFileRequest& request,
+                                       absl::Duration wait,
+                                       absl::Duration stall);
+
  private:
   Publisher(io::FileSystem* fs, PublishOptions options,
             Coordinator* coordinator, Metrics* metrics,
@@ -100,6 +134,11 @@ class Publisher {
                  absl::Time start, const std::string& what);
 
   std::string TopicDir(const std::string& topic) const;
+  // A placed version's file of `request`, if this node holds it.
+  absl::StatusOr<absl::optional<PeerRead>> PlacedForPeer(
+      const proto::VersionFileRequest& request);
+  // `read` as served: counted in the figures.
+  PeerRead Served(const proto::VersionFileRequest& request, PeerRead read);
   std::string VersionDir(const std::string& topic, uint64_t version) const;
   // Removes the versions of `topic` beyond the newest keep_versions.
   void CollectGarbage(const std::string& topic);
@@ -112,8 +151,11 @@ class Publisher {
 
   absl::Mutex publish_mu_;  // one publish at a time
   mutable absl::Mutex mu_;
-  absl::CondVar published_;  // a version was made here
+  absl::CondVar published_;  // a version was made or placed here
   uint64_t made_ ABSL_GUARDED_BY(mu_) = 0;
+  // Versions arriving, by topic and version.
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Arrival>> arriving_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt::daemon

@@ -16,9 +16,11 @@
 #include "daemon/server/peer_service.h"
 #include "io/host.h"
 #include "io/logging.h"
+#include "io/rate_limiter.h"
 #include "io/status_macros.h"
 #include "snapshot/erasure_code.h"
 #include "snapshot/format.h"
+#include "snapshot/names.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -264,6 +266,11 @@ void AddPeerOptions(CLI::App& app, CkptdFlags& f) {
                "--peer-address: anyone who reaches the port can then read, "
                "forge and delete checkpoints (only for a network every host "
                "of which is trusted); warned at every start");
+  app.add_option("--peer-send-rate", f.peer_send_rate,
+                 "bytes per second this node sends to its peers at most, "
+                 "e.g. 256M (replicas, parity, copies served, published "
+                 "versions alike), so checkpoint traffic cannot starve the "
+                 "job's own collectives; default: uncapped");
   app.add_option("--peer-idle-timeout", f.peer_idle_timeout_s,
                  "seconds a peer's push or fetch may stay without progress "
                  "before it is cancelled and what it reserved is released")
@@ -292,6 +299,24 @@ void AddSharedAndRunOptions(CLI::App& app, CkptdFlags& f) {
                  "published versions of each topic this node keeps (readers "
                  "that opened an older one keep reading it)")
       ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--subscribe", f.subscribe,
+                 "subscribe to a published topic: fetch each new version "
+                 "from the peers as it is published, and forward it to the "
+                 "subscribers below this node (repeat for more topics; needs "
+                 "--peer-address); config: subscribe = [\"policy\"]");
+  app.add_option("--fanout-degree", f.fanout_degree,
+                 "subscribers each node forwards a version to: 1 is a chain "
+                 "(each byte sent once per node), more a tree; 0 chooses (a "
+                 "chain unless there are more subscribers than 1 MiB pieces "
+                 "in the version)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  app.add_option("--subscribe-stall", f.subscribe_stall_s,
+                 "seconds a subscriber waits for the next piece from a peer "
+                 "before it fetches from the next one (routing around a "
+                 "dead or stuck node)")
+      ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
   app.add_flag("--fault-injection", f.fault_injection,
                "chaos testing: write through the fault-injecting file system "
@@ -400,6 +425,46 @@ absl::StatusOr<EtcdOptions> EtcdOptionsFrom(const CkptdFlags& f) {
   return o;
 }
 
+// --subscribe and its settings; --peer-send-rate.
+absl::Status SubscriptionsFrom(const CkptdFlags& f, ServiceOptions& options) {
+  if (!f.peer_send_rate.empty()) {
+    uint64_t rate = 0;
+    if (!ParseBytes(f.peer_send_rate, &rate)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer-send-rate \"", f.peer_send_rate,
+                       "\" is not a rate in bytes per second (e.g. 256M)"));
+    }
+    if (f.peer_address.empty()) {
+      return absl::InvalidArgumentError(
+          "--peer-send-rate caps sends to peers: it needs --peer-address");
+    }
+    options.replication.send_rate = std::make_shared<io::RateLimiter>(rate);
+  }
+  // For --subscribe's topics and those `ckpt subscribe` adds.
+  options.subscription.node_id = f.node_id;
+  options.subscription.degree = f.fanout_degree;
+  options.subscription.stall = absl::Seconds(f.subscribe_stall_s);
+  if (f.subscribe.empty()) return absl::OkStatus();
+  if (f.peer_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--subscribe needs --peer-address: a subscriber fetches versions "
+        "from its peers");
+  }
+  if (options.publish.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--subscribe needs publication on (not --publish-dir none): the "
+        "versions received are kept there");
+  }
+  for (const std::string& topic : f.subscribe) {
+    if (absl::Status valid = snapshot::ValidateTopic(topic); !valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--subscribe: ", valid.message()));
+    }
+  }
+  options.subscribe = f.subscribe;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   ServiceOptions options;
   options.data_dir = f.data_dir;
@@ -487,6 +552,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
     options.publish.keep_versions = f.keep_versions;
     options.publish.node_id = f.node_id;
   }
+  RETURN_IF_ERROR(SubscriptionsFrom(f, options));
   return options;
 }
 

@@ -53,6 +53,10 @@ struct CkptdFlags {
   int keep_shared = 2;
   std::string publish_dir;
   int keep_versions = 2;
+  std::vector<std::string> subscribe;
+  int fanout_degree = 0;
+  double subscribe_stall_s = 5;
+  std::string peer_send_rate;  // bytes/s; empty: uncapped
   bool fault_injection = false;
   double stop_timeout_s = 60;
   bool print_config = false;

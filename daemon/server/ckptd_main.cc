@@ -200,7 +200,9 @@ class Daemon {
                      .tls_ca_file = f_.tls_ca,
                      .tls_cert_file = f_.tls_cert,
                      .tls_key_file = f_.tls_key,
-                     .idle_timeout = absl::Seconds(f_.peer_idle_timeout_s)}));
+                     .idle_timeout = absl::Seconds(f_.peer_idle_timeout_s),
+                     .send_rate = service_->replicator()->send_rate(),
+                     .version_stall = absl::Seconds(f_.subscribe_stall_s)}));
     service_->replicator()->SetAddress(peers_->address());
     CKPT_LOG_INFO("ckptd: peer service on {}{} ({})", peers_->address(),
                   f_.tls_ca.empty() ? "" : " with mutual TLS",

@@ -335,7 +335,10 @@ absl::StatusOr<std::unique_ptr<LocalApiServer>> LocalApiServer::Start(
   server->service_ = std::make_unique<DaemonService>(service, options.faults);
   grpc::ServerBuilder builder;
   builder.RegisterService(server->service_.get());
-  server->publish_ = std::make_unique<PublishService>(service->publisher());
+  server->publish_ = std::make_unique<PublishService>(
+      service->publisher(), [service](const std::string& topic) {
+        return service->Subscribe(topic);
+      });
   builder.RegisterService(server->publish_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);

@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
+#include "io/rate_limiter.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
 #include "snapshot/self_contained.h"
@@ -49,7 +52,8 @@ class PeerService final : public proto::CkptPeer::Service {
  public:
   PeerService(CheckpointService* service, Replicator* replicator,
               io::BulkServer* bulk, ParityStore* parity, io::FileSystem* fs,
-              bool tls, CallWatchdog* watchdog)
+              bool tls, CallWatchdog* watchdog, io::RateLimiter* send_rate,
+              absl::Duration version_stall)
       : service_(service),
         replicator_(replicator),
         bulk_(bulk),
@@ -57,6 +61,8 @@ class PeerService final : public proto::CkptPeer::Service {
         fs_(fs),
         tls_(tls),
         watchdog_(watchdog),
+        send_rate_(send_rate),
+        version_stall_(version_stall),
         authorization_(
             [service](const std::string& job, uint64_t step) {
               return service->coordinator()->GetParityPlan(job, step);
@@ -150,20 +156,12 @@ class PeerService final : public proto::CkptPeer::Service {
     absl::StatusOr<ParityStore::Complete> block =
         parity_->OpenComplete(req->block());
     if (!block.ok()) return ToGrpc(block.status());
-    const uint64_t size = block->map->size();
-    auto watch = watchdog_->Start(ctx, "a parity fetch");
-    proto::ShardPiece piece;
-    piece.set_file_bytes(size);
-    for (uint64_t at = 0; at < size && !ctx->IsCancelled();) {
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - at));
-      piece.set_data(block->map->data() + at, n);
-      if (!writer->Write(piece)) break;
-      watch->Touch();
-      at += n;
-      piece.Clear();
-    }
-    return grpc::Status::OK;
+    const uint8_t* data = block->map->data();
+    return SendPieces(ctx, writer, block->map->size(), "a parity fetch",
+                      [data](uint64_t at, absl::Span<uint8_t> dst) {
+                        std::memcpy(dst.data(), data + at, dst.size());
+                        return absl::OkStatus();
+                      });
   }
 
   grpc::Status PullReplica(grpc::ServerContext* ctx,
@@ -267,24 +265,56 @@ class PeerService final : public proto::CkptPeer::Service {
     absl::StatusOr<snapshot::SelfContained> view =
         snapshot::OpenSelfContained(fs_, copy->path);
     if (!view.ok()) return ToGrpc(view.status());
-    std::unique_ptr<io::ReadableFile>* file = &view->file;
-    absl::StatusOr<uint64_t> size = view->size;
-    auto watch = watchdog_->Start(ctx, "a shard fetch");
-    proto::ShardPiece piece;
-    piece.set_file_bytes(*size);
-    for (uint64_t at = 0; at < *size && !ctx->IsCancelled();) {
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(kPieceBytes, *size - at));
-      std::string* data = piece.mutable_data();
-      data->resize(n);
-      absl::Status read = (*file)->Read(
-          at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
-      if (!read.ok()) return ToGrpc(read);
-      if (!writer->Write(piece)) break;
-      watch->Touch();
-      at += n;
-      piece.Clear();
+    io::ReadableFile* file = view->file.get();
+    return SendPieces(ctx, writer, view->size, "a shard fetch",
+                      [file](uint64_t at, absl::Span<uint8_t> dst) {
+                        return file->Read(at, dst);
+                      });
+  }
+
+  grpc::Status FetchVersionFile(
+      grpc::ServerContext* ctx, const proto::VersionFileRequest* req,
+      grpc::ServerWriter<proto::ShardPiece>* writer) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
+    absl::StatusOr<Publisher::PeerRead> read = OpenVersionFile(*req);
+    if (!read.ok()) return ToGrpc(read.status());
+    std::unique_ptr<io::ReadableFile> file = std::move(read->arriving);
+    uint64_t start = 0;  // an arriving file's reader starts at the offset
+    if (file == nullptr) {
+      absl::StatusOr<std::unique_ptr<io::ReadableFile>> placed =
+          fs_->NewReadableFile(read->path, {});
+      if (!placed.ok()) return ToGrpc(placed.status());
+      file = *std::move(placed);
+      start = read->offset;
     }
+    io::ReadableFile* f = file.get();
+    return SendPieces(ctx, writer, read->bytes, "a version fetch",
+                      [f, start](uint64_t at, absl::Span<uint8_t> dst) {
+                        return f->Read(start + at, dst);
+                      });
+  }
+
+  grpc::Status OfferVersionFile(grpc::ServerContext* ctx,
+                                const proto::VersionFileRequest* req,
+                                proto::ShardOffer* resp) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
+    if (bulk_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "bulk transfers are off on this node (mutual TLS): "
+                          "use FetchVersionFile");
+    }
+    absl::StatusOr<Publisher::PeerRead> read = OpenVersionFile(*req);
+    if (!read.ok()) return ToGrpc(read.status());
+    const uint64_t bytes = read->bytes;
+    absl::StatusOr<io::BulkServer::Ticket> ticket =
+        read->arriving != nullptr
+            ? bulk_->Offer(std::move(read->arriving), bytes)
+            : bulk_->Offer(read->path, read->offset);
+    if (!ticket.ok()) return ToGrpc(ticket.status());
+    resp->set_tier(proto::TIER_MEMORY);
+    resp->set_file_bytes(ticket->bytes);
+    resp->set_ticket(ticket->token);
+    resp->set_port(static_cast<uint32_t>(bulk_->port()));
     return grpc::Status::OK;
   }
 
@@ -455,6 +485,44 @@ class PeerService final : public proto::CkptPeer::Service {
         absl::StrCat("this node has no copy of ", Describe(key)));
   }
 
+  // Sends `size` bytes in pieces, each read by `read(at, dst)` and paced by
+  // the send cap; `what` names the call for the idle watchdog.
+  grpc::Status SendPieces(
+      grpc::ServerContext* ctx, grpc::ServerWriter<proto::ShardPiece>* writer,
+      uint64_t size, const char* what,
+      const std::function<absl::Status(uint64_t, absl::Span<uint8_t>)>& read) {
+    auto watch = watchdog_->Start(ctx, what);
+    proto::ShardPiece piece;
+    piece.set_file_bytes(size);
+    for (uint64_t at = 0; at < size && !ctx->IsCancelled();) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - at));
+      std::string* data = piece.mutable_data();
+      data->resize(n);
+      absl::Status got =
+          read(at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
+      if (!got.ok()) return ToGrpc(got);
+      io::AcquireSend(send_rate_, n);
+      if (!writer->Write(piece)) break;
+      watch->Touch();
+      at += n;
+      piece.Clear();
+    }
+    return grpc::Status::OK;
+  }
+
+  // A version's file as a peer asked for it: held here, or arriving (a
+  // version about to arrive is waited for as long as a stalled piece).
+  absl::StatusOr<Publisher::PeerRead> OpenVersionFile(
+      const proto::VersionFileRequest& req) {
+    Publisher* publisher = service_->publisher();
+    if (publisher == nullptr) {
+      return absl::FailedPreconditionError(
+          "publication is off on this node (--publish-dir none)");
+    }
+    return publisher->OpenForPeer(req, version_stall_, version_stall_);
+  }
+
   static grpc::Status NoParity() {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this node keeps no parity: start every node of the "
@@ -468,6 +536,8 @@ class PeerService final : public proto::CkptPeer::Service {
   io::FileSystem* const fs_;    // where copies served are read
   const bool tls_;              // mutual TLS: callers are authenticated
   CallWatchdog* const watchdog_;
+  io::RateLimiter* const send_rate_;  // null: sends uncapped
+  const absl::Duration version_stall_;
   PeerAuthorization authorization_;
 };
 
@@ -507,14 +577,17 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
   server->replicator_ = replicator;
   if (tls_files == 0) {
     // Plain TCP like the peer service itself; with TLS, bytes stay in it.
-    ASSIGN_OR_RETURN(server->bulk_,
-                     io::BulkServer::Start(options.address.substr(0, colon)));
+    io::BulkLimits limits;
+    limits.send_rate = options.send_rate;
+    ASSIGN_OR_RETURN(
+        server->bulk_,
+        io::BulkServer::Start(options.address.substr(0, colon), limits));
     replicator->SetBulkServer(server->bulk_);
   }
   server->watchdog_ = std::make_unique<CallWatchdog>(options.idle_timeout);
   server->service_ = std::make_unique<PeerService>(
       service, replicator, server->bulk_.get(), parity, fs, tls_files == 3,
-      server->watchdog_.get());
+      server->watchdog_.get(), options.send_rate, options.version_stall);
   grpc::ServerBuilder builder;
   // At most `max_calls` calls run at once (more are refused
   // RESOURCE_EXHAUSTED), and a connection opens at most 16 streams at once.

@@ -7,8 +7,10 @@
 // Without, it also runs a BulkServer on the same host, which sends offered
 // shard files over plain TCP (the fast path of restores from peers). With the
 // erasure-coded peer tier, it also takes the parity contributions data nodes
-// push (into the ParityStore) and serves complete parity blocks. What a peer
-// may push is PeerAuthorization's to say (peer_authorization.h). Limits:
+// push (into the ParityStore) and serves complete parity blocks. It serves
+// the published versions this node holds or is receiving to subscribers
+// (daemon/publish/subscriptions.h). Every send draws on the send cap. What a
+// peer may push is PeerAuthorization's to say (peer_authorization.h). Limits:
 // at most `max_calls` calls at once, and a push or fetch idle for
 // `idle_timeout` is cancelled, releasing what it reserved.
 //
@@ -27,6 +29,7 @@
 #include "daemon/service/checkpoint_service.h"
 #include "io/bulk_transfer.h"
 #include "io/file_system.h"
+#include "io/rate_limiter.h"
 
 namespace grpc {
 class Server;
@@ -48,6 +51,11 @@ struct PeerServerOptions {
   absl::Duration idle_timeout = absl::Seconds(30);
   // Calls served at once (server threads); more are refused.
   int max_calls = 64;
+  // Every byte sent to peers draws on it (--peer-send-rate; null: uncapped).
+  io::RateLimiter* send_rate = nullptr;
+  // How long a peer's read of a version still arriving here waits for a
+  // piece before it fails (and the peer asks another node).
+  absl::Duration version_stall = absl::Seconds(5);
 };
 
 class PeerServer {

@@ -176,6 +176,7 @@ absl::Status CheckpointService::StartParityTier() {
     parity.dir = io::JoinPath(options_.replication.dir, "parity");
   }
   Replicator* replicator = replicator_.get();
+  parity.send_rate = replicator->send_rate();
   ASSIGN_OR_RETURN(
       parity_,
       ParityTier::Start(
@@ -216,7 +217,37 @@ absl::Status CheckpointService::StartPublisher() {
                                           uint32_t rank) {
                                      return LocalShardFile(job, step, rank);
                                    }));
+  if (replicator_ != nullptr) {
+    SubscriptionOptions subscription = options_.subscription;
+    if (subscription.node_id.empty()) subscription.node_id = options_.node_id;
+    Replicator* replicator = replicator_.get();
+    subscriptions_ = std::make_unique<Subscriptions>(
+        io::DefaultFileSystem(), publisher_.get(), coordinator_.get(),
+        &metrics_,
+        [replicator](const std::string& address) {
+          return replicator->ChannelTo(address);
+        },
+        std::move(subscription));
+  }
+  for (const std::string& topic : options_.subscribe) {
+    RETURN_IF_ERROR(Subscribe(topic).status());
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CheckpointService::Subscribe(const std::string& topic) {
+  if (publisher_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot subscribe to topic ", topic,
+                     ": publication is off on this node (--publish-dir none)"));
+  }
+  if (subscriptions_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot subscribe to topic ", topic,
+        ": a subscriber fetches versions from its peers, and this node has "
+        "no peer tier (start ckptd with --peer-address)"));
+  }
+  return subscriptions_->Add(topic);
 }
 
 absl::Status CheckpointService::StartSharedTier() {
@@ -260,6 +291,7 @@ CheckpointService::~CheckpointService() {
   queue_.Stop();
   for (std::thread& t : workers_) t.join();
   if (housekeeper_.joinable()) housekeeper_.join();
+  subscriptions_.reset();  // fetches through the replicator's channels
   // The parity tier's callbacks use the replicator and the catalog.
   if (replicator_ != nullptr) replicator_->SetRebuilder(nullptr);
   if (parity_ != nullptr) parity_->SetRepair(nullptr);

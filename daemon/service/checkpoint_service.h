@@ -59,6 +59,7 @@
 #include "daemon/persist/persist_queue.h"
 #include "daemon/persist/retention.h"
 #include "daemon/publish/publisher.h"
+#include "daemon/publish/subscriptions.h"
 #include "io/file_system.h"
 #include "proto/daemon.pb.h"
 #include "snapshot/shard_writer.h"
@@ -95,6 +96,11 @@ struct ServiceOptions {
   // Publication of committed steps to readers (issue #37): on when
   // `publish.dir` is set (ckptd: <staging-dir>.publish by default).
   PublishOptions publish;
+  // Topics this node subscribes to (--subscribe): each new version is
+  // fetched from the peers (needs `replication`, the peer tier) and
+  // publication on.
+  std::vector<std::string> subscribe;
+  SubscriptionOptions subscription;
   // A job with no trainer attached for this long gives up its memory-tier
   // copies once they are safe at a durable tier; InfiniteDuration: never.
   absl::Duration idle_job_memory_ttl = absl::Minutes(10);
@@ -230,6 +236,9 @@ class CheckpointService {
   ParityTier* parity() { return parity_.get(); }
   // Null when publication is off.
   Publisher* publisher() { return publisher_.get(); }
+  // Makes this node a subscriber of `topic` (false: it was one already).
+  // FailedPrecondition without the peer tier or publication.
+  absl::StatusOr<bool> Subscribe(const std::string& topic);
   std::string ShardPath(const std::string& job, uint64_t step,
                         uint32_t rank) const;
 
@@ -420,6 +429,8 @@ class CheckpointService {
   std::unique_ptr<ParityTier> parity_;
   std::unique_ptr<SharedTier> shared_;
   std::unique_ptr<Publisher> publisher_;
+  // After publisher_: stops before it.
+  std::unique_ptr<Subscriptions> subscriptions_;
 
   // The objects below own their state and their locks. Lock order (the
   // only nesting there is): gc_mu_, then the pin lock (an

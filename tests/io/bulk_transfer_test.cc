@@ -86,7 +86,7 @@ TEST_F(BulkTransferTest, SendsAnOfferedReadableFile) {
   ASSERT_TRUE(ticket.ok());
   std::string longer(contents_.size() + 4096, '\0');
   EXPECT_FALSE(Fetch(ticket->token, &longer).ok());
-  EXPECT_FALSE(server_->Offer(nullptr, 1).ok());
+  EXPECT_FALSE(server_->Offer(std::unique_ptr<io::ReadableFile>(), 1).ok());
 }
 
 TEST_F(BulkTransferTest, RefusesUnknownTicketsWrongSizesAndMissingFiles) {

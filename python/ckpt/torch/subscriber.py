@@ -72,6 +72,8 @@ class Subscriber:
                             f"version {opened.version} of topic {self.topic} "
                             f"has no item '{item}' for '{name}'", "NOT_FOUND")
                     continue
+                if opened.read_in_place(item, target):
+                    continue
                 whole = opened.tensor(item)
                 if tuple(whole.shape) != tuple(target.shape):
                     raise errors.InvalidArgumentError(
@@ -99,6 +101,19 @@ class Version:
 
     def record(self):
         return self._native.record()
+
+    def read_in_place(self, name, target):
+        """Reads tensor `name` straight into `target` when it is a plain,
+        contiguous CPU tensor of the item's dtype and shape (one copy, out of
+        the version's files); False otherwise."""
+        item = self._by_name.get(name)
+        if (item is None or not item["tensor"] or is_dtensor(target)
+                or target.device.type != "cpu" or not target.is_contiguous()
+                or target.dtype != TORCH_DTYPES[item["dtype"]]
+                or tuple(target.shape) != tuple(item["shape"])):
+            return False
+        self._native.read_into(name, target.data_ptr(), item["bytes"])
+        return True
 
     def tensor(self, name):
         """Item `name`, whole, as a CPU tensor of its dtype."""

@@ -1,0 +1,270 @@
+#include "daemon/publish/subscriptions.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/peer/peer_fetch.h"
+#include "daemon/publish/fanout.h"
+#include "io/logging.h"
+#include "io/status_macros.h"
+#include "proto/peer.grpc.pb.h"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/names.h"
+#include "snapshot/shard_reader.h"
+
+namespace ckpt::daemon {
+namespace {
+
+// Passes over every source this many times before a version is given up
+// (the next round begins it again).
+constexpr int kRounds = 3;
+
+}  // namespace
+
+// One version received: each rank's file fetched from the first source that
+// delivers it whole and verified.
+class Subscriptions::Receiving {
+ public:
+  using Sources = std::vector<std::pair<std::string, std::string>>;
+  Receiving(Subscriptions& subscriptions, Arrival& arrival, Sources sources)
+      : s_(subscriptions),
+        arrival_(arrival),
+        sources_(std::move(sources)),
+        what_(absl::StrCat("version ", arrival.record().version(), " of topic ",
+                           arrival.record().topic())) {}
+
+  absl::Status Run() {
+    if (sources_.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          what_, ": no peer to fetch it from (its source node ",
+          arrival_.record().source_node(), " publishes no peer address)"));
+    }
+    for (uint32_t rank = 0; rank < arrival_.record().world_size(); ++rank) {
+      RETURN_IF_ERROR(ReceiveRank(rank));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // From each source in turn, resuming where the last one stopped.
+  absl::Status ReceiveRank(uint32_t rank) {
+    absl::Status last;
+    for (int round = 0; round < kRounds; ++round) {
+      for (const auto& [node, address] : sources_) {
+        if (s_.stopping_.HasBeenNotified()) {
+          return absl::CancelledError(absl::StrCat(what_, ": ckptd stops"));
+        }
+        last = FetchFrom(rank, node, address);
+        if (last.ok()) {
+          last = Verify(rank);
+          if (last.ok()) return absl::OkStatus();
+          arrival_.Restart(rank);  // bad bytes: from the start, elsewhere
+        }
+        s_.metrics_->Add("ckpt_version_refetches_total",
+                         {{"topic", arrival_.record().topic()}});
+        CKPT_LOG_WARN("{}: rank {} from node {}: {}; trying the next source",
+                      what_, rank, node, last.ToString());
+      }
+      if (s_.stopping_.WaitForNotificationWithTimeout(absl::Milliseconds(500)))
+        break;
+    }
+    return absl::Status(
+        last.code(), absl::StrCat(what_, ": rank ", rank, ": no source ",
+                                  "delivered it; the last: ", last.message()));
+  }
+
+  absl::Status FetchFrom(uint32_t rank, const std::string& node,
+                         const std::string& address) {
+    const uint64_t size = arrival_.SizeOf(rank);
+    uint64_t at = arrival_.ArrivedOf(rank);
+    if (at == size) return absl::OkStatus();
+    proto::VersionFileRequest request;
+    request.set_topic(arrival_.record().topic());
+    request.set_version(arrival_.record().version());
+    request.set_rank(rank);
+    request.set_offset(at);
+    auto stub = proto::CkptPeer::NewStub(s_.channel_to_(address));
+    PeerFileCalls calls;
+    calls.offer = [&](grpc::ClientContext* context, proto::ShardOffer* offer) {
+      return stub->OfferVersionFile(context, request, offer);
+    };
+    calls.stream = [&](grpc::ClientContext* context) {
+      return stub->FetchVersionFile(context, request);
+    };
+    auto open = [&](uint64_t) -> absl::StatusOr<FetchSink> {
+      FetchSink sink;
+      // A piece at a time, so the peers below get each as it arrives.
+      sink.space = [&]() -> absl::StatusOr<absl::Span<uint8_t>> {
+        absl::Span<uint8_t> space = arrival_.Space(rank, at);
+        return space.subspan(0,
+                             std::min<size_t>(space.size(), kFanoutPieceBytes));
+      };
+      sink.arrived = [&](uint64_t n) {
+        at += n;
+        arrival_.Arrived(rank, at);
+      };
+      return sink;
+    };
+    return FetchFromPeer(
+        address, size - at,
+        absl::StrCat(what_, ", rank ", rank, " from node ", node), calls, open,
+        nullptr, s_.options_.stall);
+  }
+
+  // Every chunk's checksum, the manifest's seal, and the manifest the
+  // version's record names.
+  absl::Status Verify(uint32_t rank) {
+    const std::string path = arrival_.PathOf(rank);
+    snapshot::ShardReaderOptions options;
+    options.direct_io = false;
+    ASSIGN_OR_RETURN(std::unique_ptr<snapshot::ShardReader> reader,
+                     snapshot::ShardReader::Open(s_.fs_, path, options));
+    const std::string& manifest = reader->manifest_bytes();
+    const uint64_t xxh3 = snapshot::Checksum(
+        {reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()});
+    const proto::VersionFile& file = arrival_.record().files(rank);
+    if (xxh3 != file.manifest_xxh3() || reader->manifest().rank() != rank) {
+      return absl::DataLossError(absl::StrCat(
+          what_, ": rank ", rank, "'s file is not the one the version names"));
+    }
+    std::vector<absl::Status> bad = reader->VerifyAll();
+    if (!bad.empty()) return bad.front();
+    return absl::OkStatus();
+  }
+
+  Subscriptions& s_;
+  Arrival& arrival_;
+  const Sources sources_;
+  const std::string what_;
+};
+
+Subscriptions::Subscriptions(io::FileSystem* fs, Publisher* publisher,
+                             Coordinator* coordinator, Metrics* metrics,
+                             ChannelTo channel_to, SubscriptionOptions options)
+    : fs_(fs),
+      publisher_(publisher),
+      coordinator_(coordinator),
+      metrics_(metrics),
+      channel_to_(std::move(channel_to)),
+      options_(std::move(options)) {
+  metrics_->Declare("ckpt_subscriber_lag_versions", Metrics::Type::kGauge,
+                    "A subscribed topic's newest version less the newest "
+                    "one this node holds.");
+  metrics_->Declare("ckpt_version_refetches_total", Metrics::Type::kCounter,
+                    "Files of a version fetched again from another peer: "
+                    "the one asked failed, stalled or sent bad bytes.");
+}
+
+Subscriptions::~Subscriptions() {
+  stopping_.Notify();
+  std::map<std::string, std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    threads.swap(threads_);
+  }
+  for (auto& [topic, thread] : threads) thread.join();
+}
+
+absl::StatusOr<bool> Subscriptions::Add(const std::string& topic) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  absl::MutexLock lock(&mu_);
+  if (threads_.count(topic) != 0) return false;
+  threads_.emplace(topic, std::thread([this, topic] { Follow(topic); }));
+  CKPT_LOG_INFO("subscriptions: following topic {}", topic);
+  return true;
+}
+
+bool Subscriptions::Follows(const std::string& topic) const {
+  absl::MutexLock lock(&mu_);
+  return threads_.count(topic) != 0;
+}
+
+void Subscriptions::Follow(const std::string& topic) {
+  std::set<uint64_t> recorded = {~uint64_t{0}};  // never put yet
+  std::string last_error;
+  do {
+    absl::Status round = CatchUp(topic, recorded);
+    // Each new error once, not every round.
+    if (!round.ok() && round.ToString() != last_error) {
+      CKPT_LOG_WARN("subscriptions: topic {}: {}", topic, round.ToString());
+    }
+    last_error = round.ok() ? "" : round.ToString();
+  } while (!stopping_.WaitForNotificationWithTimeout(options_.poll));
+}
+
+absl::Status Subscriptions::CatchUp(const std::string& topic,
+                                    std::set<uint64_t>& recorded) {
+  ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
+                   coordinator_->ListVersions(topic));
+  std::set<uint64_t> held = publisher_->Held(topic);
+  const uint64_t newest = versions.empty() ? 0 : versions.back().version();
+  const uint64_t newest_held = held.empty() ? 0 : *held.rbegin();
+  metrics_->Set("ckpt_subscriber_lag_versions", {{"topic", topic}},
+                static_cast<double>(newest - std::min(newest, newest_held)));
+  if (newest > newest_held && !held.count(newest)) {
+    absl::Status received = Receive(versions.back());
+    if (!received.ok() && !absl::IsAlreadyExists(received)) return received;
+    held = publisher_->Held(topic);
+  }
+  if (held != recorded) {
+    proto::SubscriberRecord record;
+    record.set_topic(topic);
+    record.set_node(options_.node_id);
+    for (uint64_t v : held) record.add_held(v);
+    record.set_updated_unix_micros(absl::ToUnixMicros(absl::Now()));
+    RETURN_IF_ERROR(coordinator_->PutSubscriber(record));
+    recorded = held;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Subscriptions::Receive(const proto::VersionRecord& version) {
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(Receiving::Sources sources, SourcesOf(version));
+  ASSIGN_OR_RETURN(std::shared_ptr<Arrival> arrival,
+                   publisher_->BeginArrival(version));
+  absl::Status received = Receiving(*this, *arrival, std::move(sources)).Run();
+  if (!received.ok()) {
+    publisher_->AbandonArrival(*arrival, received);
+    return received;
+  }
+  RETURN_IF_ERROR(publisher_->PlaceArrival(*arrival));
+  CKPT_LOG_INFO(
+      "subscriptions: version {} of topic {} ({} bytes) received in {:.1f} "
+      "ms",
+      version.version(), version.topic(), version.bytes(),
+      absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+Subscriptions::SourcesOf(const proto::VersionRecord& version) {
+  ASSIGN_OR_RETURN(std::vector<proto::SubscriberRecord> subscribers,
+                   coordinator_->ListSubscribers(version.topic()));
+  FanoutNodes nodes;
+  nodes.source = version.source_node();
+  for (const proto::SubscriberRecord& s : subscribers) {
+    nodes.subscribers.push_back(s.node());
+    const auto& held = s.held();
+    if (std::find(held.begin(), held.end(), version.version()) != held.end()) {
+      nodes.holders.insert(s.node());
+    }
+  }
+  const int degree = options_.degree > 0 ? options_.degree
+                                         : AutoDegree(nodes.subscribers.size(),
+                                                      version.bytes());
+  ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers,
+                   coordinator_->ListPeers());
+  std::map<std::string, std::string> address_of;
+  for (const proto::PeerInfo& p : peers) address_of[p.node_id()] = p.address();
+  std::vector<std::pair<std::string, std::string>> sources;
+  for (const std::string& node : FetchOrder(nodes, options_.node_id, degree)) {
+    auto it = address_of.find(node);
+    if (it != address_of.end()) sources.emplace_back(node, it->second);
+  }
+  return sources;
+}
+
+}  // namespace ckpt::daemon
