@@ -1,12 +1,16 @@
 #include "client/subscriber.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "client/daemon_admin.h"
+#include "io/errno_status.h"
 #include "io/file_system.h"
 #include "io/host.h"
 #include "io/status_macros.h"
@@ -109,11 +113,18 @@ absl::StatusOr<std::unique_ptr<PublishedVersion>> Subscriber::Open(
                        socket_path_, absl::Seconds(30))));
   auto out = std::unique_ptr<PublishedVersion>(new PublishedVersion());
   out->record_ = opened.record();
+  snapshot::ShardReaderOptions options;
+  options.direct_io = false;  // tmpfs, and reads of any size
   for (const std::string& path : opened.paths()) {
     ASSIGN_OR_RETURN(
         std::unique_ptr<snapshot::ShardReader> reader,
-        snapshot::ShardReader::Open(io::DefaultFileSystem(), path));
+        snapshot::ShardReader::Open(io::DefaultFileSystem(), path, options));
     out->readers_.push_back(std::move(reader));
+    out->paths_.push_back(path);
+    // Opened now: ckptd may drop the version while it is read.
+    io::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) return io::ErrnoToStatus(errno, "opening " + path);
+    out->files_.push_back(std::move(fd));
   }
   RETURN_IF_ERROR(out->Index());
   return out;
@@ -160,6 +171,14 @@ absl::Status PublishedVersion::Read(const std::string& name,
         absl::StrCat("item \"", name, "\" has ", whole.bytes,
                      " bytes; its destination ", out.size()));
   }
+  if (std::optional<size_t> rank = WholeIn(whole); rank.has_value()) {
+    const proto::Item& item = **readers_[*rank]->FindItem(name);
+    if (ItemView::StoredInPlace(item)) {
+      // One copy, from the page cache (ckptd verified every chunk).
+      return ItemView::ReadInPlace(files_[*rank].get(), paths_[*rank], item,
+                                   out);
+    }
+  }
   if (!whole.is_tensor) {
     for (const auto& reader : readers_) {
       if (reader->FindItem(name).ok()) return reader->ReadItem(name, out);
@@ -184,9 +203,18 @@ absl::Status PublishedVersion::Read(const std::string& name,
     if (box.offset == global.offset && box.length == global.length) {
       return reader->ReadItem(name, out);  // one rank holds it whole
     }
-    part.resize((*item)->raw_size());
-    RETURN_IF_ERROR(reader->ReadItem(name, absl::MakeSpan(part)));
-    covered += snapshot::CopyBoxIntersection(part, box, out, global, width);
+    ASSIGN_OR_RETURN(
+        ItemView * mapped,
+        ViewOf(static_cast<size_t>(&reader - readers_.data()), **item));
+    absl::Span<const uint8_t> bytes;
+    if (mapped != nullptr) {
+      bytes = mapped->bytes();
+    } else {
+      part.resize((*item)->raw_size());
+      RETURN_IF_ERROR(reader->ReadItem(name, absl::MakeSpan(part)));
+      bytes = part;
+    }
+    covered += snapshot::CopyBoxIntersection(bytes, box, out, global, width);
   }
   if (covered < global.elements()) {
     return absl::DataLossError(absl::StrCat(
@@ -194,6 +222,50 @@ absl::Status PublishedVersion::Read(const std::string& name,
         "cover ", covered, " of its ", global.elements(), " elements"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ItemView*> PublishedVersion::ViewOf(size_t rank,
+                                                   const proto::Item& item) {
+  absl::MutexLock lock(&mu_);
+  auto key = std::make_pair(rank, item.name());
+  auto it = views_.find(key);
+  if (it == views_.end()) {
+    absl::StatusOr<std::unique_ptr<ItemView>> view =
+        ItemView::Map(files_[rank].get(), paths_[rank], item);
+    if (absl::IsFailedPrecondition(view.status())) view = nullptr;
+    if (!view.ok()) return view.status();
+    it = views_.emplace(key, *std::move(view)).first;
+  }
+  return it->second.get();
+}
+
+std::optional<size_t> PublishedVersion::WholeIn(
+    const PublishedItem& whole) const {
+  for (size_t rank = 0; rank < readers_.size(); ++rank) {
+    absl::StatusOr<const proto::Item*> item =
+        readers_[rank]->FindItem(whole.name);
+    if (!item.ok()) continue;
+    if (!whole.is_tensor) return rank;
+    const snapshot::Box box = BoxOf(**item);
+    if (box.offset == std::vector<int64_t>(whole.shape.size(), 0) &&
+        box.length == whole.shape) {
+      return rank;
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<absl::Span<uint8_t>> PublishedVersion::View(
+    const std::string& name) {
+  ASSIGN_OR_RETURN(PublishedItem whole, Find(name));
+  if (std::optional<size_t> rank = WholeIn(whole); rank.has_value()) {
+    ASSIGN_OR_RETURN(ItemView * view,
+                     ViewOf(*rank, **readers_[*rank]->FindItem(name)));
+    if (view != nullptr) return view->bytes();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "item \"", name, "\" of version ", version(),
+      " is not held whole, stored in place, by one rank: read it"));
 }
 
 }  // namespace ckpt::client

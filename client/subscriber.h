@@ -4,22 +4,31 @@
 // that publishes a committed step (`ckpt publish`, a trainer after a save).
 //
 // A version opened stays readable while its PublishedVersion lives, even
-// after ckptd dropped it for newer ones: its files are open here. Every
-// chunk read is checked against its checksum.
+// after ckptd dropped it for newer ones: its files are open here. ckptd
+// placed it only once every chunk verified; Read maps the chunks stored in
+// place (every chunk of 64 KiB or more of a version) and copies out of the
+// mapping, and checks the others against their checksums as it reads them.
+// View gives a tensor's bytes without a copy.
 //
-// Thread-safety: Subscriber is thread-safe; a PublishedVersion is read from
-// one thread at a time.
+// Thread-safety: Subscriber and PublishedVersion are thread-safe.
 #ifndef CKPT_CLIENT_SUBSCRIBER_H_
 #define CKPT_CLIENT_SUBSCRIBER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/item_view.h"
+#include "io/unique_fd.h"
 #include "proto/publish.grpc.pb.h"
 #include "snapshot/shard_reader.h"
 
@@ -64,14 +73,30 @@ class PublishedVersion {
   // when a chunk does not match its checksum, or the ranks' boxes leave part
   // of the tensor uncovered.
   absl::Status Read(const std::string& name, absl::Span<uint8_t> out);
+  // Item `name` whole, mapped without a copy (private: writes to it change
+  // nothing), valid while this version lives: a tensor one rank holds whole,
+  // or a byte item, whose chunks are stored in place. FailedPrecondition
+  // otherwise: Read it.
+  absl::StatusOr<absl::Span<uint8_t>> View(const std::string& name);
 
  private:
   friend class Subscriber;
   absl::Status Index();
+  // `rank`'s box of item `name`, mapped (made once, kept); nullptr when its
+  // chunks are not stored in place.
+  absl::StatusOr<ItemView*> ViewOf(size_t rank, const proto::Item& item);
+  // The rank whose box of `whole` is all of it (a byte item: the first that
+  // has it); nullopt when it is split over ranks.
+  std::optional<size_t> WholeIn(const PublishedItem& whole) const;
 
   proto::VersionRecord record_;
+  std::vector<std::string> paths_;   // by rank
+  std::vector<io::UniqueFd> files_;  // by rank, open: views map them
   std::vector<std::unique_ptr<snapshot::ShardReader>> readers_;  // by rank
   std::vector<PublishedItem> items_;
+  absl::Mutex mu_;
+  std::map<std::pair<size_t, std::string>, std::unique_ptr<ItemView>> views_
+      ABSL_GUARDED_BY(mu_);
 };
 
 class Subscriber {

@@ -176,9 +176,7 @@ BulkServer::~BulkServer() {
   tickets_.clear();
 }
 
-absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path,
-                                                     uint64_t offset) {
-  RETURN_IF_ERROR(RoomForTicket());
+absl::StatusOr<int> BulkServer::OpenForOffer(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return io::ErrnoToStatus(errno, "opening " + path);
   // Held while the ticket lives: the file is not recycled under the sender.
@@ -186,6 +184,13 @@ absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path,
     ::close(fd);
     return locked;
   }
+  return fd;
+}
+
+absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path,
+                                                     uint64_t offset) {
+  RETURN_IF_ERROR(RoomForTicket());
+  ASSIGN_OR_RETURN(const int fd, OpenForOffer(path));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -201,6 +206,20 @@ absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path,
   }
   return Issue(
       Offered{fd, size - offset, absl::Now() + kTicketLife, nullptr, offset});
+}
+
+absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(const std::string& path,
+                                                     uint64_t offset,
+                                                     uint64_t size,
+                                                     Arriving arriving) {
+  if (offset > size) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "offset ", offset, " is past the end of ", path, " (", size, ")"));
+  }
+  RETURN_IF_ERROR(RoomForTicket());
+  ASSIGN_OR_RETURN(const int fd, OpenForOffer(path));
+  return Issue(Offered{fd, size - offset, absl::Now() + kTicketLife, nullptr,
+                       offset, std::move(arriving)});
 }
 
 absl::StatusOr<BulkServer::Ticket> BulkServer::Offer(
@@ -337,10 +356,18 @@ void BulkServer::Send(int connection, const Offered& offered) const {
   const uint64_t end = offered.start + bytes;
   while (static_cast<uint64_t>(at) < end) {
     CKPT_KILL_POINT("bulk.sending");
-    // Paced in pieces of 1 MiB when the sends are capped.
-    const size_t n = static_cast<size_t>(
-        std::min<uint64_t>(end - static_cast<uint64_t>(at),
-                           limits_.send_rate != nullptr ? 1u << 20 : 1u << 30));
+    // In pieces of 1 MiB when the sends are capped or the file arrives.
+    const bool paced = limits_.send_rate != nullptr || offered.arriving;
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(
+        end - static_cast<uint64_t>(at), paced ? 1u << 20 : 1u << 30));
+    if (offered.arriving) {
+      if (absl::Status there = offered.arriving(static_cast<uint64_t>(at) + n);
+          !there.ok()) {
+        CKPT_LOG_WARN("bulk transfer: sent {} of {} bytes: {}", at, bytes,
+                      there.ToString());
+        return;
+      }
+    }
     AcquireSend(limits_.send_rate, n);
     const ssize_t sent = ::sendfile(connection, offered.fd, &at, n);
     if (sent < 0 && errno == EINTR) continue;

@@ -75,6 +75,13 @@ class BulkServer {
   };
   // Opens `path` and returns a ticket that sends it once, from `offset` on.
   absl::StatusOr<Ticket> Offer(const std::string& path, uint64_t offset = 0);
+  // Waits until the file's bytes before `end` are there; an error ends the
+  // transfer.
+  using Arriving = std::function<absl::Status(uint64_t end)>;
+  // The same for a file still being written, `size` bytes when whole: each
+  // piece is sent (sendfile) once `arriving` says it is there.
+  absl::StatusOr<Ticket> Offer(const std::string& path, uint64_t offset,
+                               uint64_t size, Arriving arriving);
   // A ticket that sends the first `bytes` bytes of `file` once (a file that is
   // not one on disk: a shard's self-contained view), read piece by piece.
   absl::StatusOr<Ticket> Offer(std::unique_ptr<ReadableFile> file,
@@ -100,7 +107,10 @@ class BulkServer {
     absl::Time expires;
     std::shared_ptr<ReadableFile> file;
     uint64_t start = 0;  // of `fd`'s bytes
+    Arriving arriving;   // `fd` is still being written
   };
+  // Opens `path` for a ticket (locked for reading while it lives).
+  static absl::StatusOr<int> OpenForOffer(const std::string& path);
   Ticket Issue(Offered offered);
   // Sends `offered`'s bytes (sendfile, or reads of its file).
   void Send(int connection, const Offered& offered) const;

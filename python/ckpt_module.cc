@@ -425,7 +425,16 @@ py::dict Publish(const std::string& job, uint64_t step,
   return VersionDict(ValueOrRaise(std::move(version)));
 }
 
-// A version opened: its files stay readable while this object lives.
+// An item's bytes mapped without a copy (PublishedVersion::View), as a
+// Python buffer (writable: the mapping is private); it keeps its version
+// open, so a tensor made over it (torch.frombuffer) pins the version.
+struct PyVersionView {
+  std::shared_ptr<client::PublishedVersion> version;
+  absl::Span<uint8_t> bytes;
+};
+
+// A version opened: its files stay readable while this object lives (and
+// while any view of it does).
 class PyPublishedVersion {
  public:
   explicit PyPublishedVersion(std::unique_ptr<client::PublishedVersion> impl)
@@ -455,9 +464,19 @@ class PyPublishedVersion {
     }
     RaiseIfError(read);
   }
+  // Item `name` mapped without a copy; None when it cannot be (read it).
+  std::optional<PyVersionView> View(const std::string& name) {
+    absl::StatusOr<absl::Span<uint8_t>> view;
+    {
+      py::gil_scoped_release release;
+      view = impl_->View(name);
+    }
+    if (absl::IsFailedPrecondition(view.status())) return std::nullopt;
+    return PyVersionView{impl_, ValueOrRaise(std::move(view))};
+  }
 
  private:
-  std::unique_ptr<client::PublishedVersion> impl_;
+  std::shared_ptr<client::PublishedVersion> impl_;
 };
 
 class PySubscriber {
@@ -529,7 +548,19 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("items", &ckpt::python::PyPublishedVersion::items)
       .def("read_into", &ckpt::python::PyPublishedVersion::ReadInto,
            py::arg("name"), py::arg("data_ptr"), py::arg("nbytes"),
-           "Reads item `name` whole into `nbytes` bytes at `data_ptr`.");
+           "Reads item `name` whole into `nbytes` bytes at `data_ptr`.")
+      .def("view", &ckpt::python::PyPublishedVersion::View, py::arg("name"),
+           "Item `name` mapped without a copy (a buffer that keeps the "
+           "version open), or None when it must be read.");
+  py::class_<ckpt::python::PyVersionView>(m, "VersionView",
+                                          py::buffer_protocol())
+      .def_buffer([](ckpt::python::PyVersionView& v) {
+        return py::buffer_info(v.bytes.data(), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(v.bytes.size())}, {1});
+      })
+      .def("__len__",
+           [](const ckpt::python::PyVersionView& v) { return v.bytes.size(); });
   py::class_<ckpt::python::PySubscriber>(m, "Subscriber")
       .def(py::init<const std::string&, const std::string&>(), py::arg("topic"),
            py::arg("socket") = "")

@@ -84,6 +84,7 @@ def load_into(sock, topic, nbytes, runs):
     dst = torch.empty_like(src)
     dst.copy_(src)  # pages faulted in, as the module's are after a load
     sub.load_into(module)
+    opens, views = [], []
     for _ in range(runs):
         start = time.perf_counter()
         sub.load_into(module)
@@ -91,7 +92,15 @@ def load_into(sock, topic, nbytes, runs):
         start = time.perf_counter()
         dst.copy_(src)
         copies.append(time.perf_counter() - start)
-    return statistics.median(loads), statistics.median(copies)
+        # Where load_into's time goes: opening, mapping.
+        start = time.perf_counter()
+        opened = sub.open()
+        opens.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        opened.tensor("model/w")
+        views.append(time.perf_counter() - start)
+    return (statistics.median(loads), statistics.median(copies),
+            statistics.median(opens), statistics.median(views))
 
 
 def main():
@@ -103,12 +112,14 @@ def main():
     parser.add_argument("--world", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    load_s, memcpy_s = load_into(args.socket, args.topic, args.bytes,
-                                 max(args.runs, 3))
+    load_s, memcpy_s, open_s, view_s = load_into(
+        args.socket, args.topic, args.bytes, max(args.runs, 3))
     out = {
         "gloo_broadcast_s": gloo_broadcast(args.bytes, args.world, args.runs),
         "load_into_s": load_s,
         "memcpy_s": memcpy_s,
+        "load_into_open_s": open_s,
+        "load_into_view_s": view_s,
         "torch": torch.__version__,
     }
     with open(args.out, "w") as f:

@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   rec_cmd->add_option(
       "--redundancy", redundancy,
       "rs:K+M: six ckptd, M of them lost at once, parity against M replicas");
-  uint64_t publish_mib = 256, publish_rate_mib = 256;
+  uint64_t publish_mib = 256, publish_rate_mib = 64;
   CLI::App* publish_cmd = app.add_subcommand(
       "publish",
       "a version's reach to 1..8 subscriber ckptds (a chain, sends capped) "

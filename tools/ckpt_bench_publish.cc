@@ -251,6 +251,8 @@ int RunPublish(const std::string& dir, uint64_t mib, uint64_t rate_mib,
         (*free_n4)[0] / python["gloo_broadcast_s"].get<double>();
     out["load_into_s"] = python["load_into_s"];
     out["memcpy_s"] = python["memcpy_s"];
+    out["load_into_open_s"] = python["load_into_open_s"];
+    out["load_into_view_s"] = python["load_into_view_s"];
     out["load_into_vs_memcpy"] =
         python["memcpy_s"].get<double>() / python["load_into_s"].get<double>();
   } else {

@@ -436,6 +436,10 @@ std::string VersionKey(const std::string& topic, uint64_t version) {
   return VersionsPrefix(topic) + digits;
 }
 
+std::string NewestKey(const std::string& topic) {
+  return absl::StrCat(kTopicsPrefix, topic, "/newest");
+}
+
 std::string SubscribersPrefix(const std::string& topic) {
   return absl::StrCat(kTopicsPrefix, topic, "/subscribers/");
 }
@@ -453,10 +457,46 @@ absl::StatusOr<proto::VersionRecord> Coordinator::AddVersion(
     ASSIGN_OR_RETURN(bool created,
                      StoreCreate(VersionKey(record.topic(), version),
                                  record.SerializeAsString()));
-    if (created) return record;
+    if (created) {
+      RETURN_IF_ERROR(RecordNewest(record));
+      return record;
+    }
   }
   return absl::AbortedError(absl::StrCat("topic ", record.topic(),
                                          ": no free version after 100 tries"));
+}
+
+absl::Status Coordinator::RecordNewest(const proto::VersionRecord& record) {
+  // Racing publishers may leave an older one here: NewestVersion looks past.
+  return StorePut(NewestKey(record.topic()), record.SerializeAsString(),
+                  /*ephemeral=*/false);
+}
+
+absl::StatusOr<absl::optional<proto::VersionRecord>> Coordinator::NewestVersion(
+    const std::string& topic) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  ASSIGN_OR_RETURN(absl::optional<std::string> value,
+                   StoreGet(NewestKey(topic)));
+  absl::optional<proto::VersionRecord> newest;
+  if (value.has_value()) {
+    ASSIGN_OR_RETURN(
+        newest, ParseRecord<proto::VersionRecord>(NewestKey(topic), *value));
+  } else {
+    // No record of the newest (none published yet): the list says.
+    ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
+                     ListVersions(topic));
+    if (versions.empty()) return absl::nullopt;
+    newest = versions.back();
+  }
+  // The versions after it (numbered in order) that a racing publisher's
+  // record left out.
+  for (;;) {
+    const std::string key =
+        VersionKey(topic, newest ? newest->version() + 1 : 1);
+    ASSIGN_OR_RETURN(absl::optional<std::string> next, StoreGet(key));
+    if (!next.has_value()) return newest;
+    ASSIGN_OR_RETURN(newest, ParseRecord<proto::VersionRecord>(key, *next));
+  }
 }
 
 absl::StatusOr<std::vector<proto::VersionRecord>> Coordinator::ListVersions(

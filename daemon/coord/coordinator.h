@@ -144,10 +144,15 @@ class Coordinator {
   absl::StatusOr<absl::optional<proto::ClusterKeyRecord>> GetClusterKey();
 
   // Publication (publish.proto): a topic's versions, each created once under
-  // /ckpt/@topics/<topic>/versions/<version> ('@' is in no job id). Keeps
+  // /ckpt/@topics/<topic>/versions/<version> ('@' is in no job id), the
+  // newest also under /ckpt/@topics/<topic>/newest. Keeps
   // `record` as the topic's next version, above every version kept (a race
   // with another publisher takes the one after); returns it numbered.
   absl::StatusOr<proto::VersionRecord> AddVersion(proto::VersionRecord record);
+  // The newest version of `topic` (one read: what subscribers poll);
+  // nullopt when it has none.
+  absl::StatusOr<absl::optional<proto::VersionRecord>> NewestVersion(
+      const std::string& topic);
   // The versions of `topic` kept, oldest first (none: empty).
   absl::StatusOr<std::vector<proto::VersionRecord>> ListVersions(
       const std::string& topic);
@@ -162,6 +167,8 @@ class Coordinator {
       const std::string& topic);
 
  protected:
+  // Records `record` as the topic's newest version.
+  absl::Status RecordNewest(const proto::VersionRecord& record);
   // Per job, the newest step with any record.
   absl::StatusOr<std::map<std::string, uint64_t>> NewestStepOfEachJob();
 

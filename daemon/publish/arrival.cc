@@ -146,6 +146,14 @@ absl::Status Arrival::WaitFor(uint32_t rank, uint64_t end, uint64_t generation,
       before, " of ", SizeOf(rank), " bytes)"));
 }
 
+std::function<absl::Status(uint64_t)> Arrival::Waiter(uint32_t rank,
+                                                      absl::Duration stall) {
+  return [self = shared_from_this(), rank, stall,
+          generation = GenerationOf(rank)](uint64_t end) {
+    return self->WaitFor(rank, end, generation, stall);
+  };
+}
+
 absl::StatusOr<std::unique_ptr<io::ReadableFile>> Arrival::ReaderFrom(
     uint32_t rank, uint64_t offset, absl::Duration stall) {
   if (rank >= record_.world_size()) {

@@ -17,6 +17,7 @@
 #define CKPT_DAEMON_PUBLISH_ARRIVAL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,11 @@ class Arrival : public std::enable_shared_from_this<Arrival> {
   // `offset` to the end.
   absl::StatusOr<std::unique_ptr<io::ReadableFile>> ReaderFrom(
       uint32_t rank, uint64_t offset, absl::Duration stall);
+  // For a sender that reads `rank`'s file itself (sendfile): waits until its
+  // bytes before `end` arrived, failing as a reader's read would. Keeps the
+  // arrival alive.
+  std::function<absl::Status(uint64_t end)> Waiter(uint32_t rank,
+                                                   absl::Duration stall);
 
  private:
   class Reader;

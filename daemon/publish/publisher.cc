@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "io/aligned_buffer.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/cast.h"
@@ -22,6 +23,8 @@ namespace {
 
 constexpr char kMakingPrefix[] = ".making-";
 constexpr char kReceivingPrefix[] = ".receiving-";
+// A placed version's record, beside its files: opening one asks nobody.
+constexpr char kRecordFile[] = "version.pb";
 
 std::string RankFileName(uint32_t rank) {
   return absl::StrCat("rank-", rank, ".shard");
@@ -82,14 +85,15 @@ class Publisher::Making {
     snapshot::ShardWriter writer(
         fs, path, {request_.job(), request_.step(), rank, world_size_},
         options);
-    // Every chosen item's bytes, kept until the writer committed them.
-    std::vector<std::vector<uint8_t>> kept;
+    // Every chosen item's bytes, kept until the writer committed them, page
+    // aligned: its chunks are stored in place, so readers map them
+    // (client/subscriber.h's views).
+    std::vector<io::AlignedBuffer> kept;
     for (const proto::Item& item : reader->manifest().items()) {
       if (!Chosen(item.name())) continue;
       chosen_.insert(item.name());
       kept.emplace_back(item.raw_size());
-      RETURN_IF_ERROR(
-          reader->ReadItem(item.name(), absl::MakeSpan(kept.back())));
+      RETURN_IF_ERROR(reader->ReadItem(item.name(), kept.back().span()));
       RETURN_IF_ERROR(Add(writer, item, kept));
     }
     RETURN_IF_ERROR(writer.Commit().status());
@@ -146,8 +150,11 @@ class Publisher::Making {
   // Renames the files' directory to `version_dir`. A directory of the same
   // version left by an earlier life of this node (its coordinator's records
   // gone since) is not this version: it goes first.
-  absl::Status PlaceAs(const std::string& version_dir) {
+  absl::Status PlaceAs(const std::string& version_dir,
+                       const proto::VersionRecord& record) {
     io::FileSystem* fs = publisher_.fs_;
+    RETURN_IF_ERROR(io::WriteStringToFile(fs, io::JoinPath(dir_, kRecordFile),
+                                          record.SerializeAsString()));
     if (fs->Exists(version_dir).value_or(false)) {
       RemoveFilesAndDir(fs, version_dir);
     }
@@ -167,9 +174,9 @@ class Publisher::Making {
 
   // The item as read into kept.back(), cast when asked.
   absl::Status Add(snapshot::ShardWriter& writer, const proto::Item& item,
-                   std::vector<std::vector<uint8_t>>& kept) {
+                   std::vector<io::AlignedBuffer>& kept) {
     if (item.kind() != proto::ITEM_KIND_TENSOR) {
-      return writer.AddBytes(item.name(), kept.back());
+      return writer.AddBytes(item.name(), kept.back().span());
     }
     snapshot::TensorRef tensor;
     tensor.name = item.name();
@@ -181,13 +188,13 @@ class Publisher::Making {
     tensor.box_length.assign(item.box_length().begin(),
                              item.box_length().end());
     if (request_.cast() == "bf16" && item.dtype() == proto::DTYPE_FLOAT32) {
-      std::vector<uint8_t> cast(kept.back().size() / 2);
+      io::AlignedBuffer cast(kept.back().size() / 2);
       RETURN_IF_ERROR(
-          snapshot::CastFloat32ToBfloat16(kept.back(), absl::MakeSpan(cast)));
+          snapshot::CastFloat32ToBfloat16(kept.back().span(), cast.span()));
       kept.back() = std::move(cast);
       tensor.dtype = proto::DTYPE_BFLOAT16;
     }
-    tensor.data = kept.back();
+    tensor.data = kept.back().span();
     return writer.AddTensor(tensor);
   }
 
@@ -286,8 +293,8 @@ absl::StatusOr<proto::VersionRecord> Publisher::Publish(
                    making.MakeFiles(sources, what));
   ASSIGN_OR_RETURN(proto::VersionRecord numbered,
                    coordinator_->AddVersion(std::move(record)));
-  RETURN_IF_ERROR(
-      making.PlaceAs(VersionDir(request.topic(), numbered.version())));
+  RETURN_IF_ERROR(making.PlaceAs(
+      VersionDir(request.topic(), numbered.version()), numbered));
   Published(numbered, making.chosen().size(), start, what);
   return numbered;
 }
@@ -368,45 +375,58 @@ absl::StatusOr<proto::VersionRecord> Publisher::WaitForVersion(
 absl::StatusOr<proto::OpenVersionResponse> Publisher::OpenVersion(
     const std::string& topic, uint64_t version) {
   RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  ASSIGN_OR_RETURN(proto::VersionRecord record, HeldRecord(topic, version));
+  // A record is read from a file or the coordinator: its world size is
+  // trusted only as far as the files it lists.
+  if (record.files_size() != static_cast<int>(record.world_size())) {
+    return absl::DataLossError(absl::StrCat(
+        "version ", record.version(), " of topic ", topic, " lists ",
+        record.files_size(), " files for ", record.world_size(), " ranks"));
+  }
+  proto::OpenVersionResponse response;
+  const std::string dir = VersionDir(topic, record.version());
+  for (uint32_t rank = 0; rank < record.world_size(); ++rank) {
+    const std::string path = io::JoinPath(dir, RankFileName(rank));
+    if (!fs_->Exists(path).value_or(false)) {
+      return absl::NotFoundError(
+          absl::StrCat("version ", record.version(), " of topic ", topic,
+                       " is not on this node (any more); it was made on node ",
+                       record.source_node()));
+    }
+    response.add_paths(path);
+  }
+  *response.mutable_record() = std::move(record);
+  return response;
+}
+
+absl::StatusOr<proto::VersionRecord> Publisher::HeldRecord(
+    const std::string& topic, uint64_t version) {
+  const std::set<uint64_t> held = Held(topic);
+  if (version == 0 && !held.empty()) version = *held.rbegin();
+  if (held.count(version) != 0) {
+    absl::StatusOr<std::string> bytes = io::ReadFileToString(
+        fs_, io::JoinPath(VersionDir(topic, version), kRecordFile));
+    proto::VersionRecord record;
+    if (bytes.ok() && record.ParseFromString(*bytes) &&
+        record.version() == version && record.topic() == topic) {
+      return record;
+    }
+  }
+  // Not here (or placed before records were kept beside the files): the
+  // coordinator's word, for the error or the record.
   ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
                    coordinator_->ListVersions(topic));
   if (versions.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        "topic ", topic, " has no version (ckpt topics lists ", "the topics)"));
+        "topic ", topic, " has no version (ckpt topics lists the topics)"));
   }
-  const proto::VersionRecord* record = &versions.back();
-  if (version != 0) {
-    record = nullptr;
-    for (const proto::VersionRecord& v : versions) {
-      if (v.version() == version) record = &v;
-    }
-    if (record == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("topic ", topic, " has no version ", version,
-                       " (its newest is ", versions.back().version(), ")"));
-    }
+  if (version == 0) return versions.back();
+  for (proto::VersionRecord& v : versions) {
+    if (v.version() == version) return std::move(v);
   }
-  // A record is read from the coordinator: its world size is trusted only
-  // as far as the files it lists.
-  if (record->files_size() != static_cast<int>(record->world_size())) {
-    return absl::DataLossError(absl::StrCat(
-        "version ", record->version(), " of topic ", topic, " lists ",
-        record->files_size(), " files for ", record->world_size(), " ranks"));
-  }
-  proto::OpenVersionResponse response;
-  *response.mutable_record() = *record;
-  const std::string dir = VersionDir(topic, record->version());
-  for (uint32_t rank = 0; rank < record->world_size(); ++rank) {
-    const std::string path = io::JoinPath(dir, RankFileName(rank));
-    if (!fs_->Exists(path).value_or(false)) {
-      return absl::NotFoundError(
-          absl::StrCat("version ", record->version(), " of topic ", topic,
-                       " is not on this node (any more); it was made on node ",
-                       record->source_node()));
-    }
-    response.add_paths(path);
-  }
-  return response;
+  return absl::NotFoundError(absl::StrCat("topic ", topic, " has no version ",
+                                          version, " (its newest is ",
+                                          versions.back().version(), ")"));
 }
 
 std::set<uint64_t> Publisher::Held(const std::string& topic) const {
@@ -477,7 +497,10 @@ absl::Status Publisher::PlaceArrival(Arrival& arrival) {
   if (fs_->Exists(version_dir).value_or(false)) {
     RemoveFilesAndDir(fs_, version_dir);
   }
-  absl::Status placed = fs_->Rename(arrival.dir(), version_dir);
+  absl::Status placed =
+      io::WriteStringToFile(fs_, io::JoinPath(arrival.dir(), kRecordFile),
+                            record.SerializeAsString());
+  if (placed.ok()) placed = fs_->Rename(arrival.dir(), version_dir);
   if (!placed.ok()) {
     AbandonArrival(arrival, placed);
     return placed;
@@ -562,6 +585,8 @@ absl::StatusOr<Publisher::PeerRead> Publisher::OpenForPeer(
         read.arriving,
         arrival->ReaderFrom(request.rank(), request.offset(), stall));
     ASSIGN_OR_RETURN(read.bytes, read.arriving->Size());
+    read.path = arrival->PathOf(request.rank());
+    read.wait = arrival->Waiter(request.rank(), stall);
     return Served(request, std::move(read));
   }
 }

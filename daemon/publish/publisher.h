@@ -81,9 +81,9 @@ class Publisher {
                                                       uint64_t after,
                                                       absl::Time deadline);
 
-  // Where version `version` (0: the newest) of `topic` lies here: its record
-  // and a file per rank. NotFound when this node does not hold it (any
-  // more).
+  // Where version `version` (0: the newest held here) of `topic` lies here:
+  // its record (kept beside the files) and a file per rank. NotFound when
+  // this node does not hold it (any more).
   absl::StatusOr<proto::OpenVersionResponse> OpenVersion(
       const std::string& topic, uint64_t version);
 
@@ -104,13 +104,15 @@ class Publisher {
   void AbandonArrival(Arrival& arrival, const absl::Status& why);
 
   // What a peer asked for: bytes of a rank's file of a version from an
-  // offset on. Either a placed file (`path`, read from `offset`), or the
-  // version arriving here (`arriving`, which waits for the bytes).
+  // offset on, at `path`. A file still arriving here also comes as
+  // `arriving` (its reads wait for the bytes) and `wait` (for a sender that
+  // reads `path` itself).
   struct PeerRead {
     std::string path;
     uint64_t offset = 0;
     uint64_t bytes = 0;  // from the offset to the end
     std::unique_ptr<io::ReadableFile> arriving;
+    std::function<absl::Status(uint64_t end)> wait;
   };
   // A version newer than every one held here may be about to arrive: asked
   // for it, this waits up to `wait` for it to begin. NotFound when it does
@@ -134,6 +136,10 @@ class Publisher {
                  absl::Time start, const std::string& what);
 
   std::string TopicDir(const std::string& topic) const;
+  // The record of `version` (0: the newest held here) of `topic`: from
+  // beside its files when held here, else from the coordinator.
+  absl::StatusOr<proto::VersionRecord> HeldRecord(const std::string& topic,
+                                                  uint64_t version);
   // A placed version's file of `request`, if this node holds it.
   absl::StatusOr<absl::optional<PeerRead>> PlacedForPeer(
       const proto::VersionFileRequest& request);

@@ -196,15 +196,16 @@ void Subscriptions::Follow(const std::string& topic) {
 
 absl::Status Subscriptions::CatchUp(const std::string& topic,
                                     std::set<uint64_t>& recorded) {
-  ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
-                   coordinator_->ListVersions(topic));
+  ASSIGN_OR_RETURN(absl::optional<proto::VersionRecord> newest,
+                   coordinator_->NewestVersion(topic));
   std::set<uint64_t> held = publisher_->Held(topic);
-  const uint64_t newest = versions.empty() ? 0 : versions.back().version();
+  const uint64_t newest_version = newest.has_value() ? newest->version() : 0;
   const uint64_t newest_held = held.empty() ? 0 : *held.rbegin();
   metrics_->Set("ckpt_subscriber_lag_versions", {{"topic", topic}},
-                static_cast<double>(newest - std::min(newest, newest_held)));
-  if (newest > newest_held && !held.count(newest)) {
-    absl::Status received = Receive(versions.back());
+                static_cast<double>(newest_version -
+                                    std::min(newest_version, newest_held)));
+  if (newest_version > newest_held) {
+    absl::Status received = Receive(*newest);
     if (!received.ok() && !absl::IsAlreadyExists(received)) return received;
     held = publisher_->Held(topic);
   }

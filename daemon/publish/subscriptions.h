@@ -54,7 +54,7 @@ struct SubscriptionOptions {
   // A peer that sends nothing this long is passed over.
   absl::Duration stall = absl::Seconds(5);
   // How often a topic's versions are looked at.
-  absl::Duration poll = absl::Milliseconds(200);
+  absl::Duration poll = absl::Milliseconds(50);
 };
 
 class Subscriptions {

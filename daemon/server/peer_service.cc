@@ -305,11 +305,11 @@ class PeerService final : public proto::CkptPeer::Service {
     }
     absl::StatusOr<Publisher::PeerRead> read = OpenVersionFile(*req);
     if (!read.ok()) return ToGrpc(read.status());
-    const uint64_t bytes = read->bytes;
+    // Sent from the file (sendfile), piece by piece as it arrives.
     absl::StatusOr<io::BulkServer::Ticket> ticket =
-        read->arriving != nullptr
-            ? bulk_->Offer(std::move(read->arriving), bytes)
-            : bulk_->Offer(read->path, read->offset);
+        read->wait ? bulk_->Offer(read->path, read->offset,
+                                  read->offset + read->bytes, read->wait)
+                   : bulk_->Offer(read->path, read->offset);
     if (!ticket.ok()) return ToGrpc(ticket.status());
     resp->set_tier(proto::TIER_MEMORY);
     resp->set_file_bytes(ticket->bytes);

@@ -88,6 +88,36 @@ class PublishTest(DaemonTestCase):
             self.assertTrue(torch.equal(other.state_dict()[name], value))
         ckp.close()
 
+    def test_named_tensors_are_views_pinned_while_held(self):
+        # 256 KiB of weights: stored in place, so mapped, not copied.
+        model = torch.nn.Linear(256, 256)
+        ckp = ckpt.torch.Checkpointer({"model": model}, job="views",
+                                      socket=self.daemon.socket)
+        self.save(ckp, 1)
+        ckpt.torch.publish("views", job="views", step=1, socket=self.daemon.socket)
+        sub = ckpt.torch.Subscriber("views", socket=self.daemon.socket)
+        original = model.weight.detach().clone()
+        kept = dict(sub.named_tensors(1))["model/weight"]
+        written = dict(sub.named_tensors(1))["model/weight"]
+        self.assertTrue(torch.equal(kept, original))
+        # A view is this process's: writing to it changes nothing in ckptd.
+        written.add_(1.0)
+        self.assertTrue(torch.equal(sub.open(1).tensor("model/weight"), original))
+        # Versions 2 and 3 arrive; ckptd keeps two, so it drops version 1,
+        # and the view still reads it.
+        for step in (2, 3):
+            with torch.no_grad():
+                model.weight.add_(1.0)
+            self.save(ckp, step)
+            ckpt.torch.publish("views", job="views", step=step,
+                               socket=self.daemon.socket)
+        with self.assertRaises(ckpt.errors.NotFoundError):
+            sub.open(1)
+        self.assertTrue(torch.equal(kept, original))
+        self.assertTrue(torch.equal(dict(sub.named_tensors())["model/weight"],
+                                    model.weight.detach()))
+        ckp.close()
+
     def test_bad_input_raises_naming_it(self):
         model, _ = trainer()
         ckp = ckpt.torch.Checkpointer({"model": model}, job="bad",

@@ -12,9 +12,14 @@ A trainer (or an operator: `ckpt publish JOB STEP --topic policy`) publishes:
     ckpt.torch.publish("policy", job="grpo", step=step, items=["model/*"],
                        cast="bf16")
 
-A version is opened whole: every byte read is checked, and a reader never
-mixes two versions.
+A version is opened whole, and a reader never mixes two versions: ckptd
+places a version only once every chunk of every file verified. Tensors are
+mapped out of ckptd's memory without a copy (`named_tensors`, and what
+`load_into` copies from): a view keeps its version open (pinned) until the
+last tensor over it goes, even after ckptd moved on to newer versions.
 """
+
+import warnings
 
 import torch
 
@@ -48,7 +53,10 @@ class Subscriber:
 
     def named_tensors(self, version=0):
         """(name, tensor) of every tensor of the version, each whole (its
-        global shape) on the CPU."""
+        global shape) on the CPU: views over ckptd's memory, the version
+        pinned while any of them lives (a tensor that cannot be mapped, split
+        over ranks or stored small, is read into memory of its own). Writes
+        to a view stay in this process."""
         opened = self.open(version)
         for item in opened.items:
             if item["tensor"]:
@@ -72,7 +80,7 @@ class Subscriber:
                             f"version {opened.version} of topic {self.topic} "
                             f"has no item '{item}' for '{name}'", "NOT_FOUND")
                     continue
-                if opened.read_in_place(item, target):
+                if opened.read_into_plain(item, target):
                     continue
                 whole = opened.tensor(item)
                 if tuple(whole.shape) != tuple(target.shape):
@@ -102,10 +110,10 @@ class Version:
     def record(self):
         return self._native.record()
 
-    def read_in_place(self, name, target):
-        """Reads tensor `name` straight into `target` when it is a plain,
-        contiguous CPU tensor of the item's dtype and shape (one copy, out of
-        the version's files); False otherwise."""
+    def read_into_plain(self, name, target):
+        """Reads tensor `name` straight into `target` (one copy out of
+        ckptd's memory) when it is a plain contiguous CPU tensor of the
+        item's dtype and shape; False otherwise."""
         item = self._by_name.get(name)
         if (item is None or not item["tensor"] or is_dtensor(target)
                 or target.device.type != "cpu" or not target.is_contiguous()
@@ -116,11 +124,19 @@ class Version:
         return True
 
     def tensor(self, name):
-        """Item `name`, whole, as a CPU tensor of its dtype."""
+        """Item `name`, whole, as a CPU tensor of its dtype: a view over
+        ckptd's memory when it can be mapped (the version stays open while
+        the view lives), else read into a tensor of its own."""
         item = self._by_name.get(name)
         if item is None or not item["tensor"]:
             raise errors.NotFoundError(
                 f"version {self.version} has no tensor '{name}'", "NOT_FOUND")
-        out = torch.empty(item["shape"], dtype=TORCH_DTYPES[item["dtype"]])
+        dtype = TORCH_DTYPES[item["dtype"]]
+        view = self._native.view(name) if item["bytes"] > 0 else None
+        if view is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a private mapping: writable
+                return torch.frombuffer(view, dtype=dtype).view(item["shape"])
+        out = torch.empty(item["shape"], dtype=dtype)
         self._native.read_into(name, out.data_ptr(), item["bytes"])
         return out
