@@ -407,6 +407,16 @@ py::dict VersionDict(const proto::VersionRecord& v) {
   return d;
 }
 
+// Makes the node a subscriber of `topic`; False when it was one already.
+bool Subscribe(const std::string& topic, const std::string& socket) {
+  absl::StatusOr<bool> added;
+  {
+    py::gil_scoped_release release;
+    added = client::Subscribe(SocketOr(socket), topic);
+  }
+  return ValueOrRaise(std::move(added));
+}
+
 py::dict Publish(const std::string& job, uint64_t step,
                  const std::string& topic,
                  const std::vector<std::string>& items, const std::string& cast,
@@ -541,6 +551,11 @@ PYBIND11_MODULE(_ckpt, m) {
         "Publishes committed `step` of `job` as the next version of `topic` "
         "(the items the globs choose; cast 'bf16': float32 items become "
         "bfloat16); returns the version's record.");
+  m.def("subscribe", &ckpt::python::Subscribe, py::arg("topic"),
+        py::arg("socket") = "",
+        "Makes the node's ckptd a subscriber of `topic`: it fetches each "
+        "new version from its peers (until it stops; ckptd --subscribe "
+        "keeps it). False when it was one already.");
   py::class_<ckpt::python::PyPublishedVersion>(m, "PublishedVersion")
       .def_property_readonly("version",
                              &ckpt::python::PyPublishedVersion::version)

@@ -133,6 +133,10 @@ class PublishTest(DaemonTestCase):
             sub.open()
         with self.assertRaises(ckpt.errors.DeadlineExceededError):
             sub.wait_for_version(after=0, timeout=0.3)
+        # One node, no peers: nothing to subscribe through.
+        with self.assertRaisesRegex(ckpt.errors.FailedPreconditionError,
+                                    "--peer-address"):
+            ckpt.torch.subscribe("p", socket=self.daemon.socket)
         ckpt.torch.publish("p", job="bad", step=1, socket=self.daemon.socket)
         wrong = torch.nn.Linear(16, 4)
         with self.assertRaisesRegex(ckpt.errors.InvalidArgumentError, "has shape"):

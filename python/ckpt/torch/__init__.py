@@ -38,8 +38,8 @@ rollout and inference engines and read them (docs/publish.md).
 
 from ckpt.torch._state import Sharded, TensorRef
 from ckpt.torch.checkpointer import Checkpointer
-from ckpt.torch.subscriber import Subscriber, publish
+from ckpt.torch.subscriber import Subscriber, publish, subscribe
 
 _TensorRef = TensorRef  # skeletons pickled by earlier releases name it here
 
-__all__ = ["Checkpointer", "Sharded", "Subscriber", "publish"]
+__all__ = ["Checkpointer", "Sharded", "Subscriber", "publish", "subscribe"]

@@ -35,6 +35,13 @@ def publish(topic, job, step, items=None, cast="", socket=""):
                          socket)
 
 
+def subscribe(topic, socket=""):
+    """Makes this node's ckptd a subscriber of `topic`: it fetches each new
+    version from its peers as it is published (until ckptd stops; its
+    --subscribe flag keeps it). False when it was one already."""
+    return _ckpt.subscribe(topic, socket)
+
+
 class Subscriber:
 
     def __init__(self, topic, socket=""):
