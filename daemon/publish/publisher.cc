@@ -344,32 +344,36 @@ absl::StatusOr<proto::VersionRecord> Publisher::WaitForVersion(
     const std::string& topic, uint64_t after, absl::Time deadline) {
   RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
   for (;;) {
-    ASSIGN_OR_RETURN(std::vector<proto::VersionRecord> versions,
-                     coordinator_->ListVersions(topic));
     // Only a version whose files are here is one a reader here can open.
     const std::set<uint64_t> held = Held(topic);
-    for (auto v = versions.rbegin(); v != versions.rend(); ++v) {
-      if (v->version() <= after) break;
-      if (held.count(v->version()) != 0) return *v;
+    if (!held.empty() && *held.rbegin() > after) {
+      return HeldRecord(topic, *held.rbegin());
     }
+    if (absl::Now() >= deadline) return NoVersionAbove(topic, after, held);
+    // Versions made or placed here wake the wait.
     absl::MutexLock lock(&mu_);
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "topic ", topic, " has no version above ", after, " on this node",
-          versions.empty()
-              ? " (it has none yet)"
-              : absl::StrCat(" (its newest is ", versions.back().version(),
-                             held.empty() ? ", and this node holds none of "
-                                            "its versions: subscribe to it, "
-                                            "ckpt subscribe "
-                                          : ", arriving here",
-                             held.empty() ? topic : "", ")")));
-    }
-    // Versions made or received here wake the wait; those made on other
-    // nodes are seen by looking again.
     published_.WaitWithDeadline(
         &mu_, std::min(deadline, absl::Now() + absl::Milliseconds(200)));
   }
+}
+
+absl::Status Publisher::NoVersionAbove(const std::string& topic,
+                                       uint64_t after,
+                                       const std::set<uint64_t>& held) {
+  ASSIGN_OR_RETURN(absl::optional<proto::VersionRecord> newest,
+                   coordinator_->NewestVersion(topic));
+  std::string why = " (it has none yet)";
+  if (newest.has_value()) {
+    why = held.empty() ? absl::StrCat(" (its newest is ", newest->version(),
+                                      ", and this node holds none of its "
+                                      "versions: subscribe to it, ckpt "
+                                      "subscribe ",
+                                      topic, ")")
+                       : absl::StrCat(" (its newest is ", newest->version(),
+                                      ", arriving here)");
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "topic ", topic, " has no version above ", after, " on this node", why));
 }
 
 absl::StatusOr<proto::OpenVersionResponse> Publisher::OpenVersion(

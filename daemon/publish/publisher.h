@@ -75,8 +75,8 @@ class Publisher {
   absl::StatusOr<proto::VersionRecord> Publish(
       const proto::PublishRequest& request);
 
-  // The newest version of `topic` above `after`, once there is one;
-  // DeadlineExceeded at `deadline`.
+  // The newest version of `topic` above `after` held here, once there is
+  // one; DeadlineExceeded at `deadline`, saying why.
   absl::StatusOr<proto::VersionRecord> WaitForVersion(const std::string& topic,
                                                       uint64_t after,
                                                       absl::Time deadline);
@@ -140,6 +140,9 @@ class Publisher {
   // beside its files when held here, else from the coordinator.
   absl::StatusOr<proto::VersionRecord> HeldRecord(const std::string& topic,
                                                   uint64_t version);
+  // WaitForVersion's error: what the coordinator knows of the topic.
+  absl::Status NoVersionAbove(const std::string& topic, uint64_t after,
+                              const std::set<uint64_t>& held);
   // A placed version's file of `request`, if this node holds it.
   absl::StatusOr<absl::optional<PeerRead>> PlacedForPeer(
       const proto::VersionFileRequest& request);

@@ -20,6 +20,8 @@ namespace {
 // Passes over every source this many times before a version is given up
 // (the next round begins it again).
 constexpr int kRounds = 3;
+// How often a subscriber's record is put again though nothing changed.
+constexpr absl::Duration kRecordAgain = absl::Seconds(10);
 
 }  // namespace
 
@@ -182,10 +184,17 @@ bool Subscriptions::Follows(const std::string& topic) const {
 }
 
 void Subscriptions::Follow(const std::string& topic) {
-  std::set<uint64_t> recorded = {~uint64_t{0}};  // never put yet
+  std::set<uint64_t> recorded;
+  absl::Time put = absl::InfinitePast();  // the record, last put
   std::string last_error;
   do {
+    // The record lives on the node's lease: put again now and then, so a
+    // lease lost and taken again does not leave the node unlisted.
+    if (absl::Now() - put > kRecordAgain) recorded = {~uint64_t{0}};
     absl::Status round = CatchUp(topic, recorded);
+    if (recorded.count(~uint64_t{0}) == 0 && put < absl::Now() - kRecordAgain) {
+      put = absl::Now();
+    }
     // Each new error once, not every round.
     if (!round.ok() && round.ToString() != last_error) {
       CKPT_LOG_WARN("subscriptions: topic {}: {}", topic, round.ToString());

@@ -1,10 +1,10 @@
 // Publication across nodes (issue #37), real ckptd processes on loopback with
 // a real etcd: subscriber nodes receive each version through the fan-out
-// (a chain: the source sends it once; a tree), bit-exact; a subscriber
-// SIGKILLed mid-transfer does not hold the others back and catches up from a
-// peer when it returns; with the source lost, a late joiner gets the version
-// from the subscribers; a corrupt copy is fetched again elsewhere and never
-// readable; a reader holding a version keeps it while newer ones arrive.
+// (a chain: the source sends it once; a tree of degree 2), bit-exact; a
+// subscriber SIGKILLed mid-transfer does not hold the others back and catches
+// up from a peer when it returns; with the source lost, a late joiner gets the
+// version from the subscribers; a corrupt copy is fetched again elsewhere and
+// never readable; a reader holding a version keeps it while newer ones arrive.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -156,6 +156,27 @@ TEST_F(PublishNodesTest, AChainSendsEachVersionOnceFromTheSourceBitExact) {
     EXPECT_EQ(*std::max_element(s.held().begin(), s.held().end()), 3u)
         << s.node();
   }
+}
+
+TEST_F(PublishNodesTest, ATreeOfDegreeTwoForwardsToTwoNodesEach) {
+  const std::vector<std::string> tree = {"--fanout-degree", "2"};
+  testing::DaemonProcess a(NodeArgs(etcd_, "node-a"));
+  testing::DaemonProcess b(Subscriber("node-b", tree)),
+      c(Subscriber("node-c", tree)), d(Subscriber("node-d", tree));
+  for (auto* n : {&a, &b, &c, &d}) ASSERT_TRUE(n->Start()) << n->log();
+  WaitForSubscribers(a, 3);
+  Rank r0(a.socket(), "pub", 0, 2, kGlobal),
+      r1(a.socket(), "pub", 1, 2, kGlobal);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt);
+  auto v1 = SaveAndPublish(a, r0, r1, 1);
+  ASSERT_TRUE(v1.ok()) << v1.status() << a.log();
+  for (auto* n : {&b, &c, &d}) ExpectVersion(*n, 1, 1);
+  // a -> (b, c), b -> d.
+  const double bytes = static_cast<double>(v1->bytes());
+  EXPECT_EQ(Metric(a, "ckpt_version_bytes_served_total"), 2 * bytes);
+  EXPECT_EQ(Metric(b, "ckpt_version_bytes_served_total"), bytes);
+  EXPECT_EQ(Metric(c, "ckpt_version_bytes_served_total"), 0);
+  EXPECT_EQ(Metric(d, "ckpt_version_bytes_served_total"), 0);
 }
 
 TEST_F(PublishNodesTest, AKilledSubscriberAndALostSourceHoldNobodyBack) {
