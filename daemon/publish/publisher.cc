@@ -357,8 +357,7 @@ absl::StatusOr<proto::VersionRecord> Publisher::WaitForVersion(
   }
 }
 
-absl::Status Publisher::NoVersionAbove(const std::string& topic,
-                                       uint64_t after,
+absl::Status Publisher::NoVersionAbove(const std::string& topic, uint64_t after,
                                        const std::set<uint64_t>& held) {
   ASSIGN_OR_RETURN(absl::optional<proto::VersionRecord> newest,
                    coordinator_->NewestVersion(topic));
