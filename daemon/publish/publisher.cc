@@ -23,12 +23,6 @@ namespace {
 
 constexpr char kMakingPrefix[] = ".making-";
 constexpr char kReceivingPrefix[] = ".receiving-";
-// A placed version's record, beside its files: opening one asks nobody.
-constexpr char kRecordFile[] = "version.pb";
-
-std::string RankFileName(uint32_t rank) {
-  return absl::StrCat("rank-", rank, ".shard");
-}
 
 absl::Status ValidateRequest(const proto::PublishRequest& r) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(r.job()));
@@ -47,53 +41,123 @@ absl::Status ValidateRequest(const proto::PublishRequest& r) {
   return absl::OkStatus();
 }
 
-// Removes a directory of files (a version's, or one cut short).
-void RemoveFilesAndDir(io::FileSystem* fs, const std::string& dir) {
-  absl::StatusOr<std::vector<std::string>> names = fs->ListDir(dir);
-  if (names.ok()) {
-    for (const std::string& name : *names) {
-      (void)fs->Unlink(io::JoinPath(dir, name));
-    }
-  }
-  if (absl::Status s = fs->RemoveDir(dir); !s.ok()) {
-    CKPT_LOG_WARN("publication: removing {}: {}", dir, s.ToString());
-  }
-}
-
 }  // namespace
 
 // One version's files, made rank by rank in a directory of their own.
 class Publisher::Making {
  public:
   Making(Publisher& publisher, const proto::PublishRequest& request,
-         uint32_t world_size, std::string dir)
-      : publisher_(publisher),
-        request_(request),
-        world_size_(world_size),
-        dir_(std::move(dir)) {}
+         std::string what)
+      : publisher_(publisher), request_(request), what_(std::move(what)) {}
 
-  // Rank `rank`'s file from its shard at `source`: the chosen items, cast.
-  absl::StatusOr<proto::VersionFile> MakeRankFile(uint32_t rank,
-                                                  const std::string& source) {
+  // Removes the files unless they were placed.
+  ~Making() {
+    if (!dir_.empty() && !placed_) publisher_.store_->RemoveDir(dir_);
+  }
+
+  // Opens every rank's shard (`sources[rank]`) and reserves room for the
+  // version's files in the store's budget, about as many bytes as the chosen
+  // items take, cast.
+  absl::Status Open(const std::vector<std::string>& sources) {
+    uint64_t estimate = 0;
+    for (uint32_t rank = 0; rank < sources.size(); ++rank) {
+      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
+          snapshot::ShardReader::Open(publisher_.fs_, sources[rank]);
+      if (!reader.ok()) return OfRank(rank, reader.status());
+      estimate += kFileOverhead;
+      for (const proto::Item& item : (*reader)->manifest().items()) {
+        if (Chosen(item.name())) estimate += StoredBytes(item);
+      }
+      readers_.push_back(*std::move(reader));
+    }
+    ASSIGN_OR_RETURN(room_, publisher_.store_->MakeRoom(estimate, what_));
+    return absl::OkStatus();
+  }
+
+  // Every rank's file; the version's record, not yet numbered.
+  // InvalidArgument when no item was chosen; ResourceExhausted when the
+  // files take more room than the budget has.
+  absl::StatusOr<proto::VersionRecord> MakeFiles(absl::Time start) {
+    ASSIGN_OR_RETURN(
+        dir_, publisher_.store_->NewDir(
+                  request_.topic(),
+                  absl::StrCat(kMakingPrefix, absl::ToUnixMicros(start))));
+    proto::VersionRecord record;
+    for (uint32_t rank = 0; rank < readers_.size(); ++rank) {
+      absl::StatusOr<proto::VersionFile> file = MakeRankFile(rank);
+      if (!file.ok()) return OfRank(rank, file.status());
+      record.set_bytes(record.bytes() + file->file_bytes());
+      *record.add_files() = *std::move(file);
+    }
+    if (chosen_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what_, ": no item matches --items ",
+                       absl::StrJoin(request_.items(), " ")));
+    }
+    RETURN_IF_ERROR(room_->GrowTo(record.bytes()));
+    record.set_topic(request_.topic());
+    record.set_job(request_.job());
+    record.set_step(request_.step());
+    record.set_world_size(static_cast<uint32_t>(readers_.size()));
+    *record.mutable_items() = request_.items();
+    record.set_cast(request_.cast());
+    record.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+    record.set_source_node(publisher_.options_.node_id);
+    return record;
+  }
+
+  // The names chosen in any rank.
+  const std::set<std::string>& chosen() const { return chosen_; }
+
+  // The version, numbered, goes into place.
+  absl::Status Place(const proto::VersionRecord& numbered) {
+    RETURN_IF_ERROR(publisher_.store_->Place(dir_, numbered));
+    placed_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status OfRank(uint32_t rank, const absl::Status& s) const {
+    return absl::Status(
+        s.code(), absl::StrCat(what_, ": rank ", rank, ": ", s.message()));
+  }
+
+  // A file's manifest and seal, about.
+  static constexpr uint64_t kFileOverhead = 64 << 10;
+
+  // What `item` takes in a version's file, about: cast, each chunk page
+  // aligned.
+  uint64_t StoredBytes(const proto::Item& item) const {
+    uint64_t bytes = item.raw_size();
+    if (request_.cast() == "bf16" && item.kind() == proto::ITEM_KIND_TENSOR &&
+        item.dtype() == proto::DTYPE_FLOAT32) {
+      bytes /= 2;
+    }
+    return bytes + bytes / 256 + (8 << 10);
+  }
+
+  // Rank `rank`'s file: the chosen items, cast.
+  absl::StatusOr<proto::VersionFile> MakeRankFile(uint32_t rank) {
     io::FileSystem* fs = publisher_.fs_;
-    ASSIGN_OR_RETURN(std::unique_ptr<snapshot::ShardReader> reader,
-                     snapshot::ShardReader::Open(fs, source));
-    const std::string path = io::JoinPath(dir_, RankFileName(rank));
+    snapshot::ShardReader& reader = *readers_[rank];
+    const std::string path =
+        io::JoinPath(dir_, VersionStore::RankFileName(rank));
     snapshot::ShardWriterOptions options;
     options.codec.codec = proto::CODEC_NONE;  // readers copy straight out
     options.direct_io = false;                // tmpfs
-    snapshot::ShardWriter writer(
-        fs, path, {request_.job(), request_.step(), rank, world_size_},
-        options);
+    snapshot::ShardWriter writer(fs, path,
+                                 {request_.job(), request_.step(), rank,
+                                  static_cast<uint32_t>(readers_.size())},
+                                 options);
     // Every chosen item's bytes, kept until the writer committed them, page
     // aligned: its chunks are stored in place, so readers map them
     // (client/subscriber.h's views).
     std::vector<io::AlignedBuffer> kept;
-    for (const proto::Item& item : reader->manifest().items()) {
+    for (const proto::Item& item : reader.manifest().items()) {
       if (!Chosen(item.name())) continue;
       chosen_.insert(item.name());
       kept.emplace_back(item.raw_size());
-      RETURN_IF_ERROR(reader->ReadItem(item.name(), kept.back().span()));
+      RETURN_IF_ERROR(reader.ReadItem(item.name(), kept.back().span()));
       RETURN_IF_ERROR(Add(writer, item, kept));
     }
     RETURN_IF_ERROR(writer.Commit().status());
@@ -106,64 +170,6 @@ class Publisher::Making {
     return file;
   }
 
-  // The names chosen in any rank so far.
-  const std::set<std::string>& chosen() const { return chosen_; }
-
-  // Removes the files unless they were placed.
-  ~Making() {
-    if (!placed_) RemoveFilesAndDir(publisher_.fs_, dir_);
-  }
-
-  // Every rank's file, from its shard at `sources[rank]`; the version's
-  // record, not yet numbered. InvalidArgument when no item was chosen.
-  absl::StatusOr<proto::VersionRecord> MakeFiles(
-      const std::vector<std::string>& sources, const std::string& what) {
-    RETURN_IF_ERROR(publisher_.fs_->CreatePrivateDirs(dir_));
-    proto::VersionRecord record;
-    for (uint32_t rank = 0; rank < sources.size(); ++rank) {
-      absl::StatusOr<proto::VersionFile> file =
-          MakeRankFile(rank, sources[rank]);
-      if (!file.ok()) {
-        return absl::Status(
-            file.status().code(),
-            absl::StrCat(what, ": rank ", rank, ": ", file.status().message()));
-      }
-      record.set_bytes(record.bytes() + file->file_bytes());
-      *record.add_files() = *std::move(file);
-    }
-    if (chosen_.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": no item matches --items ",
-                       absl::StrJoin(request_.items(), " ")));
-    }
-    record.set_topic(request_.topic());
-    record.set_job(request_.job());
-    record.set_step(request_.step());
-    record.set_world_size(world_size_);
-    *record.mutable_items() = request_.items();
-    record.set_cast(request_.cast());
-    record.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
-    record.set_source_node(publisher_.options_.node_id);
-    return record;
-  }
-
-  // Renames the files' directory to `version_dir`. A directory of the same
-  // version left by an earlier life of this node (its coordinator's records
-  // gone since) is not this version: it goes first.
-  absl::Status PlaceAs(const std::string& version_dir,
-                       const proto::VersionRecord& record) {
-    io::FileSystem* fs = publisher_.fs_;
-    RETURN_IF_ERROR(io::WriteStringToFile(fs, io::JoinPath(dir_, kRecordFile),
-                                          record.SerializeAsString()));
-    if (fs->Exists(version_dir).value_or(false)) {
-      RemoveFilesAndDir(fs, version_dir);
-    }
-    RETURN_IF_ERROR(fs->Rename(dir_, version_dir));
-    placed_ = true;
-    return absl::OkStatus();
-  }
-
- private:
   bool Chosen(const std::string& name) const {
     if (request_.items().empty()) return true;
     for (const std::string& glob : request_.items()) {
@@ -200,17 +206,21 @@ class Publisher::Making {
 
   Publisher& publisher_;
   const proto::PublishRequest& request_;
-  const uint32_t world_size_;
-  const std::string dir_;
+  const std::string what_;
+  std::vector<std::unique_ptr<snapshot::ShardReader>> readers_;  // by rank
+  std::unique_ptr<VersionStore::Room> room_;
+  std::string dir_;
   std::set<std::string> chosen_;
   bool placed_ = false;
 };
 
 Publisher::Publisher(io::FileSystem* fs, PublishOptions options,
+                     std::unique_ptr<VersionStore> store,
                      Coordinator* coordinator, Metrics* metrics,
                      LocalShardFile local_file)
     : fs_(fs),
       options_(std::move(options)),
+      store_(std::move(store)),
       coordinator_(coordinator),
       metrics_(metrics),
       local_file_(std::move(local_file)) {}
@@ -218,29 +228,9 @@ Publisher::Publisher(io::FileSystem* fs, PublishOptions options,
 absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
     io::FileSystem* fs, PublishOptions options, Coordinator* coordinator,
     Metrics* metrics, LocalShardFile local_file) {
-  if (options.dir.empty()) {
-    return absl::InvalidArgumentError("publication: no directory");
-  }
-  if (options.keep_versions < 1) {
-    return absl::InvalidArgumentError(
-        "publication: at least one version per topic must be kept");
-  }
-  // Made at the first publish: a ckptd that never publishes leaves nothing.
-  std::vector<std::string> topics;
-  if (fs->Exists(options.dir).value_or(false)) {
-    ASSIGN_OR_RETURN(topics, fs->ListDir(options.dir));
-  }
-  for (const std::string& topic : topics) {
-    const std::string topic_dir = io::JoinPath(options.dir, topic);
-    absl::StatusOr<std::vector<std::string>> entries = fs->ListDir(topic_dir);
-    if (!entries.ok()) continue;
-    for (const std::string& entry : *entries) {
-      if (absl::StartsWith(entry, kMakingPrefix) ||
-          absl::StartsWith(entry, kReceivingPrefix)) {
-        RemoveFilesAndDir(fs, io::JoinPath(topic_dir, entry));
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionStore> store,
+                   VersionStore::Open(fs, {options.dir, options.keep_versions,
+                                           options.budget_bytes}));
   metrics->Declare("ckpt_received_versions_total", Metrics::Type::kCounter,
                    "Versions of a topic received here from peers "
                    "(subscriptions), whole and verified.");
@@ -259,19 +249,12 @@ absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
                    "Time to make a version: reading the step, casting, "
                    "writing its files, numbering it.",
                    Metrics::SecondsBuckets());
-  return std::unique_ptr<Publisher>(new Publisher(
-      fs, std::move(options), coordinator, metrics, std::move(local_file)));
-}
-
-std::string Publisher::TopicDir(const std::string& topic) const {
-  return io::JoinPath(options_.dir, topic);
-}
-
-std::string Publisher::VersionDir(const std::string& topic,
-                                  uint64_t version) const {
-  char digits[21];
-  std::snprintf(digits, sizeof digits, "%020" PRIu64, version);
-  return io::JoinPath(TopicDir(topic), digits);
+  metrics->Declare("ckpt_version_held_bytes", Metrics::Type::kGauge,
+                   "Bytes of the published versions this node holds, and of "
+                   "those being made or arriving (--publish-budget).");
+  return std::unique_ptr<Publisher>(
+      new Publisher(fs, std::move(options), std::move(store), coordinator,
+                    metrics, std::move(local_file)));
 }
 
 absl::StatusOr<proto::VersionRecord> Publisher::Publish(
@@ -283,18 +266,12 @@ absl::StatusOr<proto::VersionRecord> Publisher::Publish(
   ASSIGN_OR_RETURN(std::vector<std::string> sources, SourcesOf(request, what));
   absl::MutexLock one_at_a_time(&publish_mu_);
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(fs_->CreatePrivateDirs(options_.dir));
-  RETURN_IF_ERROR(fs_->CreatePrivateDirs(TopicDir(request.topic())));
-  Making making(
-      *this, request, static_cast<uint32_t>(sources.size()),
-      io::JoinPath(TopicDir(request.topic()),
-                   absl::StrCat(kMakingPrefix, absl::ToUnixMicros(start))));
-  ASSIGN_OR_RETURN(proto::VersionRecord record,
-                   making.MakeFiles(sources, what));
+  Making making(*this, request, what);
+  RETURN_IF_ERROR(making.Open(sources));
+  ASSIGN_OR_RETURN(proto::VersionRecord record, making.MakeFiles(start));
   ASSIGN_OR_RETURN(proto::VersionRecord numbered,
                    coordinator_->AddVersion(std::move(record)));
-  RETURN_IF_ERROR(making.PlaceAs(
-      VersionDir(request.topic(), numbered.version()), numbered));
+  RETURN_IF_ERROR(making.Place(numbered));
   Published(numbered, making.chosen().size(), start, what);
   return numbered;
 }
@@ -334,7 +311,7 @@ void Publisher::Published(const proto::VersionRecord& version, size_t items,
                 version.version(), items, version.bytes(),
                 version.cast().empty() ? "" : ", cast to " + version.cast(),
                 seconds * 1e3);
-  CollectGarbage(version.topic());
+  HeldBytesChanged();
   absl::MutexLock lock(&mu_);
   ++made_;
   published_.SignalAll();
@@ -387,9 +364,10 @@ absl::StatusOr<proto::OpenVersionResponse> Publisher::OpenVersion(
         record.files_size(), " files for ", record.world_size(), " ranks"));
   }
   proto::OpenVersionResponse response;
-  const std::string dir = VersionDir(topic, record.version());
+  const std::string dir = store_->VersionDir(topic, record.version());
   for (uint32_t rank = 0; rank < record.world_size(); ++rank) {
-    const std::string path = io::JoinPath(dir, RankFileName(rank));
+    const std::string path =
+        io::JoinPath(dir, VersionStore::RankFileName(rank));
     if (!fs_->Exists(path).value_or(false)) {
       return absl::NotFoundError(
           absl::StrCat("version ", record.version(), " of topic ", topic,
@@ -407,13 +385,9 @@ absl::StatusOr<proto::VersionRecord> Publisher::HeldRecord(
   const std::set<uint64_t> held = Held(topic);
   if (version == 0 && !held.empty()) version = *held.rbegin();
   if (held.count(version) != 0) {
-    absl::StatusOr<std::string> bytes = io::ReadFileToString(
-        fs_, io::JoinPath(VersionDir(topic, version), kRecordFile));
-    proto::VersionRecord record;
-    if (bytes.ok() && record.ParseFromString(*bytes) &&
-        record.version() == version && record.topic() == topic) {
-      return record;
-    }
+    absl::StatusOr<proto::VersionRecord> record =
+        store_->Record(topic, version);
+    if (record.ok()) return record;
   }
   // Not here (or placed before records were kept beside the files): the
   // coordinator's word, for the error or the record.
@@ -433,15 +407,7 @@ absl::StatusOr<proto::VersionRecord> Publisher::HeldRecord(
 }
 
 std::set<uint64_t> Publisher::Held(const std::string& topic) const {
-  std::set<uint64_t> held;
-  absl::StatusOr<std::vector<std::string>> entries =
-      fs_->ListDir(TopicDir(topic));
-  if (!entries.ok()) return held;
-  for (const std::string& entry : *entries) {
-    uint64_t version = 0;
-    if (absl::SimpleAtoi(entry, &version)) held.insert(version);
-  }
-  return held;
+  return store_->Held(topic);
 }
 
 absl::StatusOr<proto::ListTopicsResponse> Publisher::ListTopics() {
@@ -471,40 +437,56 @@ absl::StatusOr<proto::ListTopicsResponse> Publisher::ListTopics() {
 absl::StatusOr<std::shared_ptr<Arrival>> Publisher::BeginArrival(
     const proto::VersionRecord& record) {
   RETURN_IF_ERROR(snapshot::ValidateTopic(record.topic()));
+  const std::string what =
+      absl::StrCat("version ", record.version(), " of topic ", record.topic());
   const auto key = std::make_pair(record.topic(), record.version());
   {
     absl::MutexLock lock(&mu_);
     if (arriving_.count(key) != 0) {
-      return absl::AlreadyExistsError(absl::StrCat("version ", record.version(),
-                                                   " of topic ", record.topic(),
-                                                   " is arriving already"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(what, " is arriving already"));
     }
   }
-  RETURN_IF_ERROR(fs_->CreatePrivateDirs(options_.dir));
-  RETURN_IF_ERROR(fs_->CreatePrivateDirs(TopicDir(record.topic())));
-  const std::string dir =
-      io::JoinPath(TopicDir(record.topic()),
-                   absl::StrCat(kReceivingPrefix, record.version()));
-  if (fs_->Exists(dir).value_or(false)) RemoveFilesAndDir(fs_, dir);
-  ASSIGN_OR_RETURN(std::shared_ptr<Arrival> arrival,
-                   Arrival::Create(fs_, record, dir));
+  // The sizes come from a record another node wrote: they are made room for
+  // before any file is made.
+  uint64_t bytes = 0;
+  for (const proto::VersionFile& file : record.files()) {
+    if (file.file_bytes() > options_.budget_bytes - bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": its files take more than the whole budget for published ",
+          "versions (", options_.budget_bytes, " bytes, --publish-budget)"));
+    }
+    bytes += file.file_bytes();
+  }
+  if (bytes != record.bytes()) {
+    return absl::DataLossError(absl::StrCat(what, ": its record says ",
+                                            record.bytes(),
+                                            " bytes; its files take ", bytes));
+  }
+  Arriving arriving;
+  ASSIGN_OR_RETURN(arriving.room, store_->MakeRoom(bytes, what));
+  ASSIGN_OR_RETURN(
+      const std::string dir,
+      store_->NewDir(record.topic(),
+                     absl::StrCat(kReceivingPrefix, record.version())));
+  absl::StatusOr<std::shared_ptr<Arrival>> arrival =
+      Arrival::Create(fs_, record, dir);
+  if (!arrival.ok()) {
+    store_->RemoveDir(dir);
+    return arrival.status();
+  }
+  arriving.arrival = *arrival;
+  HeldBytesChanged();
   absl::MutexLock lock(&mu_);
-  arriving_[key] = arrival;
+  arriving_[key] = std::move(arriving);
   published_.SignalAll();
-  return arrival;
+  return *std::move(arrival);
 }
 
 absl::Status Publisher::PlaceArrival(Arrival& arrival) {
   const proto::VersionRecord& record = arrival.record();
-  const std::string version_dir = VersionDir(record.topic(), record.version());
-  if (fs_->Exists(version_dir).value_or(false)) {
-    RemoveFilesAndDir(fs_, version_dir);
-  }
-  absl::Status placed =
-      io::WriteStringToFile(fs_, io::JoinPath(arrival.dir(), kRecordFile),
-                            record.SerializeAsString());
-  if (placed.ok()) placed = fs_->Rename(arrival.dir(), version_dir);
-  if (!placed.ok()) {
+  if (absl::Status placed = store_->Place(arrival.dir(), record);
+      !placed.ok()) {
     AbandonArrival(arrival, placed);
     return placed;
   }
@@ -516,26 +498,36 @@ absl::Status Publisher::PlaceArrival(Arrival& arrival) {
       std::max(0.0, absl::ToDoubleSeconds(
                         absl::Now() -
                         absl::FromUnixMicros(record.created_unix_micros()))));
-  CollectGarbage(record.topic());
-  absl::MutexLock lock(&mu_);
-  arriving_.erase({record.topic(), record.version()});
-  ++made_;
-  published_.SignalAll();
+  {
+    absl::MutexLock lock(&mu_);
+    arriving_.erase({record.topic(), record.version()});
+    ++made_;
+    published_.SignalAll();
+  }
+  HeldBytesChanged();
   return absl::OkStatus();
 }
 
 void Publisher::AbandonArrival(Arrival& arrival, const absl::Status& why) {
   arrival.Finish(why);
-  RemoveFilesAndDir(fs_, arrival.dir());
-  absl::MutexLock lock(&mu_);
-  arriving_.erase({arrival.record().topic(), arrival.record().version()});
+  store_->RemoveDir(arrival.dir());
+  {
+    absl::MutexLock lock(&mu_);
+    arriving_.erase({arrival.record().topic(), arrival.record().version()});
+  }
+  HeldBytesChanged();
+}
+
+void Publisher::HeldBytesChanged() {
+  metrics_->Set("ckpt_version_held_bytes", {},
+                static_cast<double>(store_->UsedBytes()));
 }
 
 absl::StatusOr<absl::optional<Publisher::PeerRead>> Publisher::PlacedForPeer(
     const proto::VersionFileRequest& request) {
   const std::string path =
-      io::JoinPath(VersionDir(request.topic(), request.version()),
-                   RankFileName(request.rank()));
+      io::JoinPath(store_->VersionDir(request.topic(), request.version()),
+                   VersionStore::RankFileName(request.rank()));
   if (!fs_->Exists(path).value_or(false)) return absl::nullopt;
   ASSIGN_OR_RETURN(const uint64_t size, fs_->FileSize(path));
   if (request.offset() > size) {
@@ -565,7 +557,7 @@ absl::StatusOr<Publisher::PeerRead> Publisher::OpenForPeer(
     {
       absl::MutexLock lock(&mu_);
       auto it = arriving_.find(key);
-      if (it != arriving_.end()) arrival = it->second;
+      if (it != arriving_.end()) arrival = it->second.arrival;
       const std::set<uint64_t> held = Held(request.topic());
       const bool newer = held.empty() || *held.rbegin() < request.version();
       if (arrival == nullptr && !newer && !last_look) {
@@ -599,14 +591,6 @@ Publisher::PeerRead Publisher::Served(const proto::VersionFileRequest& request,
   metrics_->Add("ckpt_version_bytes_served_total", {{"topic", request.topic()}},
                 static_cast<double>(read.bytes));
   return read;
-}
-
-void Publisher::CollectGarbage(const std::string& topic) {
-  std::set<uint64_t> held = Held(topic);
-  while (held.size() > static_cast<size_t>(options_.keep_versions)) {
-    RemoveFilesAndDir(fs_, VersionDir(topic, *held.begin()));
-    held.erase(held.begin());
-  }
 }
 
 }  // namespace ckpt::daemon

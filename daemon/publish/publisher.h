@@ -6,20 +6,20 @@
 // (every chunk verified), keeps the chosen items, casts float32 items to
 // bfloat16 when asked (rounded to nearest even, NaN quiet: bit-identical to
 // torch's `.to(torch.bfloat16)`), and writes one self-contained, sealed file
-// per rank, stored raw so readers copy straight out of it, into
-// `<dir>/<topic>/<version>/`. Only then is the version numbered, through the
+// per rank, stored raw so readers copy straight out of it, into the version
+// store (version_store.h). Only then is the version numbered, through the
 // coordinator (Coordinator::AddVersion: versions increase monotonically, and
-// a version's record never changes), and its directory renamed into place:
-// a reader never finds a version whose files are not all there.
+// a version's record never changes), and placed: a reader never finds a
+// version whose files are not all there.
 //
-// A subscriber node receives versions made elsewhere into the same layout
-// (BeginArrival: an Arrival in `<dir>/<topic>/.receiving-<version>/`, served
-// to the peers downstream while it arrives; PlaceArrival once every file is
-// whole and verified). Local readers see only placed versions.
+// A subscriber node receives versions made elsewhere into the same store
+// (BeginArrival: an Arrival, served to the peers downstream while it
+// arrives; PlaceArrival once every file is whole and verified). Local
+// readers see only placed versions.
 //
-// This node keeps the newest `keep_versions` versions of each topic it holds;
-// an older version's files are removed, and a reader that opened them keeps
-// reading them (the kernel keeps an open file until it is closed).
+// The store keeps the newest `keep_versions` versions of each topic and any
+// version a reader holds, within `budget_bytes`: a version that does not fit
+// (made here or arriving) is refused with ResourceExhausted.
 //
 // Thread-safety: thread-safe. Publishes run one at a time.
 #ifndef CKPT_DAEMON_PUBLISH_PUBLISHER_H_
@@ -42,6 +42,7 @@
 #include "daemon/common/metrics.h"
 #include "daemon/coord/coordinator.h"
 #include "daemon/publish/arrival.h"
+#include "daemon/publish/version_store.h"
 #include "io/file_system.h"
 #include "proto/publish.pb.h"
 
@@ -52,6 +53,8 @@ struct PublishOptions {
   // tmpfs (memory): the versions this node holds.
   std::string dir;
   int keep_versions = 2;  // per topic
+  // Every version held, made or arriving, together (--publish-budget).
+  uint64_t budget_bytes = 4ull << 30;
 };
 
 class Publisher {
@@ -94,7 +97,8 @@ class Publisher {
   std::set<uint64_t> Held(const std::string& topic) const;
 
   // A version made on another node begins to arrive here (the files created,
-  // empty); AlreadyExists when it is arriving already.
+  // empty); AlreadyExists when it is arriving already, ResourceExhausted when
+  // it does not fit the budget, DataLoss when its record does not add up.
   absl::StatusOr<std::shared_ptr<Arrival>> BeginArrival(
       const proto::VersionRecord& record);
   // Every file of `arrival` is whole and verified: the version is placed
@@ -123,8 +127,8 @@ class Publisher {
 
  private:
   Publisher(io::FileSystem* fs, PublishOptions options,
-            Coordinator* coordinator, Metrics* metrics,
-            LocalShardFile local_file);
+            std::unique_ptr<VersionStore> store, Coordinator* coordinator,
+            Metrics* metrics, LocalShardFile local_file);
   class Making;  // one version's files being made (publisher.cc)
 
   // Publish's steps: every rank's persisted shard of the step on this node
@@ -135,7 +139,6 @@ class Publisher {
   void Published(const proto::VersionRecord& version, size_t items,
                  absl::Time start, const std::string& what);
 
-  std::string TopicDir(const std::string& topic) const;
   // The record of `version` (0: the newest held here) of `topic`: from
   // beside its files when held here, else from the coordinator.
   absl::StatusOr<proto::VersionRecord> HeldRecord(const std::string& topic,
@@ -148,12 +151,12 @@ class Publisher {
       const proto::VersionFileRequest& request);
   // `read` as served: counted in the figures.
   PeerRead Served(const proto::VersionFileRequest& request, PeerRead read);
-  std::string VersionDir(const std::string& topic, uint64_t version) const;
-  // Removes the versions of `topic` beyond the newest keep_versions.
-  void CollectGarbage(const std::string& topic);
+  // The figure of the bytes held.
+  void HeldBytesChanged();
 
   io::FileSystem* const fs_;
   const PublishOptions options_;
+  const std::unique_ptr<VersionStore> store_;
   Coordinator* const coordinator_;
   Metrics* const metrics_;
   const LocalShardFile local_file_;
@@ -162,8 +165,12 @@ class Publisher {
   mutable absl::Mutex mu_;
   absl::CondVar published_;  // a version was made or placed here
   uint64_t made_ ABSL_GUARDED_BY(mu_) = 0;
-  // Versions arriving, by topic and version.
-  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Arrival>> arriving_
+  // Versions arriving, by topic and version, and the room they take.
+  struct Arriving {
+    std::shared_ptr<Arrival> arrival;
+    std::unique_ptr<VersionStore::Room> room;
+  };
+  std::map<std::pair<std::string, uint64_t>, Arriving> arriving_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -295,6 +295,11 @@ void AddSharedAndRunOptions(CLI::App& app, CkptdFlags& f) {
                  "tmpfs directory of the published versions this node holds "
                  "(ckpt publish; default: <staging-dir>.publish; \"none\": "
                  "no publication)");
+  app.add_option("--publish-budget", f.publish_budget,
+                 "memory the published versions this node holds may take, "
+                 "e.g. 8G (every topic's, with those being made or arriving; "
+                 "a version that does not fit is refused)")
+      ->capture_default_str();
   app.add_option("--keep-versions", f.keep_versions,
                  "published versions of each topic this node keeps (readers "
                  "that opened an older one keep reading it)")
@@ -551,6 +556,12 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
         f.publish_dir.empty() ? f.staging_dir + ".publish" : f.publish_dir;
     options.publish.keep_versions = f.keep_versions;
     options.publish.node_id = f.node_id;
+    if (!ParseBytes(f.publish_budget, &options.publish.budget_bytes) ||
+        options.publish.budget_bytes == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--publish-budget \"", f.publish_budget,
+                       "\" is not a size like 512M or 4G"));
+    }
   }
   RETURN_IF_ERROR(SubscriptionsFrom(f, options));
   return options;

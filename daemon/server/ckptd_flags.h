@@ -51,7 +51,7 @@ struct CkptdFlags {
   std::string shared_dir;
   uint64_t shared_every = 1;
   int keep_shared = 2;
-  std::string publish_dir;
+  std::string publish_dir, publish_budget = "4G";
   int keep_versions = 2;
   std::vector<std::string> subscribe;
   int fanout_degree = 0;

@@ -146,14 +146,19 @@ TEST_F(PublishNodesTest, AChainSendsEachVersionOnceFromTheSourceBitExact) {
                          {reinterpret_cast<uint8_t*>(w.data()), w.size() * 4})
                   .ok());
   for (int64_t g = 0; g < kGlobal; g += 4099) ASSERT_EQ(w[g], Value(1, g));
-  // d dropped version 1's files; the reader's are its own.
-  EXPECT_FALSE((*subscriber)->Open(1).ok());
+  // d keeps version 1 while its reader holds it, beside the newest; once
+  // the reader lets go, the next version placed drops it.
+  EXPECT_TRUE((*subscriber)->Open(1).ok());
+  held->reset();
+  ASSERT_TRUE(SaveAndPublish(a, r0, r1, 4).ok());
+  ExpectVersion(d, 4, 4);
+  EXPECT_TRUE(absl::IsNotFound((*subscriber)->Open(1).status()));
   // ckpt topics' figures: every subscriber at lag 0.
   auto topics = ListTopics(a.socket());
   ASSERT_TRUE(topics.ok());
   for (const proto::SubscriberRecord& s : topics->topics(0).subscribers()) {
     ASSERT_FALSE(s.held().empty()) << s.node();
-    EXPECT_EQ(*std::max_element(s.held().begin(), s.held().end()), 3u)
+    EXPECT_EQ(*std::max_element(s.held().begin(), s.held().end()), 4u)
         << s.node();
   }
 }

@@ -145,8 +145,9 @@ TEST_F(PublishTest, AStepIsReadBackWholeCastLikeTorch) {
   EXPECT_EQ(rng_bytes, rng_[0]);
 }
 
-// Versions increase; the node keeps the newest two (ckptd's default), and a
-// reader that opened an older one keeps reading it, bit for bit.
+// Versions increase; the node keeps the newest two (ckptd's default) and any
+// version a reader holds: it keeps reading it, bit for bit, and others may
+// open it too, until it lets go.
 TEST_F(PublishTest, AReaderKeepsItsVersionWhileNewerOnesArrive) {
   Save(1);
   ASSERT_TRUE(PublishStep(1).ok());
@@ -176,20 +177,34 @@ TEST_F(PublishTest, AReaderKeepsItsVersionWhileNewerOnesArrive) {
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_GE(waited->version(), 2u);
   EXPECT_EQ(ReadBf16(**held), first);
+  auto again = (*subscriber)->Open(1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ReadBf16(**again), first);
+  auto topics = ListTopics(daemon_.socket());
+  ASSERT_TRUE(topics.ok()) << topics.status();
+  EXPECT_EQ(std::vector<uint64_t>(topics->topics(0).held().begin(),
+                                  topics->topics(0).held().end()),
+            (std::vector<uint64_t>{1, 2, 3}));
+  // Let go: the next version made drops it.
+  held->reset();
+  again->reset();
+  auto fourth = PublishStep(3);
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_EQ(fourth->version(), 4u);
   absl::Status gone = (*subscriber)->Open(1).status();
   EXPECT_TRUE(absl::IsNotFound(gone)) << gone;
   EXPECT_THAT(gone.message(), HasSubstr("not on this node"));
   auto newest = (*subscriber)->Open();
   ASSERT_TRUE(newest.ok()) << newest.status();
-  EXPECT_EQ((*newest)->version(), 3u);
+  EXPECT_EQ((*newest)->version(), 4u);
   EXPECT_EQ(ReadBf16(**newest), ExpectedBf16());
-  auto topics = ListTopics(daemon_.socket());
+  topics = ListTopics(daemon_.socket());
   ASSERT_TRUE(topics.ok()) << topics.status();
   ASSERT_EQ(topics->topics_size(), 1);
-  EXPECT_EQ(topics->topics(0).newest(), 3u);
+  EXPECT_EQ(topics->topics(0).newest(), 4u);
   EXPECT_EQ(std::vector<uint64_t>(topics->topics(0).held().begin(),
                                   topics->topics(0).held().end()),
-            (std::vector<uint64_t>{2, 3}));
+            (std::vector<uint64_t>{3, 4}));
 }
 
 TEST_F(PublishTest, BadInputIsRefusedNamingWhatIsWrong) {
@@ -218,6 +233,50 @@ TEST_F(PublishTest, BadInputIsRefusedNamingWhatIsWrong) {
   auto topics = ListTopics(daemon_.socket());
   ASSERT_TRUE(topics.ok()) << topics.status();
   EXPECT_EQ(topics->topics_size(), 0);
+}
+
+// The versions a node holds stay within --publish-budget: readers holding
+// versions open fill it until a publish is refused, naming what holds the
+// memory; once they let go, publishing goes on and the old versions go.
+TEST_F(PublishTest, VersionsStayWithinTheBudget) {
+  daemon_.Kill();
+  daemon_.set_extra_args({"--publish-budget", "600K"});
+  ASSERT_TRUE(daemon_.Start()) << daemon_.log();
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    ranks_[r] = ConnectRank(
+        {"job", r, kWorld, daemon_.socket()},
+        {w_[r].data(), kPerRank * kWorld, kPerRank * r, kPerRank, &rng_[r]});
+    ASSERT_NE(ranks_[r], nullptr);
+  }
+  Save(1);
+  auto subscriber = Subscriber::Connect(daemon_.socket(), "policy");
+  ASSERT_TRUE(subscriber.ok());
+  std::vector<std::unique_ptr<PublishedVersion>> held;
+  absl::Status refused;
+  for (int i = 0; i < 64 && refused.ok(); ++i) {
+    auto published = PublishStep(1);
+    refused = published.status();
+    if (!published.ok()) break;
+    auto version = (*subscriber)->Open(published->version());
+    ASSERT_TRUE(version.ok()) << version.status();
+    held.push_back(*std::move(version));
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("--publish-budget"));
+  EXPECT_THAT(refused.message(), HasSubstr("(held by a reader)"));
+  ASSERT_GE(held.size(), 2u);
+  // Every version held still reads back whole.
+  for (auto& version : held) EXPECT_EQ(ReadBf16(*version), ExpectedBf16());
+  const uint64_t last = held.back()->version();
+  held.clear();
+  auto next = PublishStep(1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version(), last + 1);
+  auto topics = ListTopics(daemon_.socket());
+  ASSERT_TRUE(topics.ok()) << topics.status();
+  EXPECT_EQ(std::vector<uint64_t>(topics->topics(0).held().begin(),
+                                  topics->topics(0).held().end()),
+            (std::vector<uint64_t>{last, last + 1}));
 }
 
 }  // namespace

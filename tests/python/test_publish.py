@@ -3,6 +3,7 @@ committed steps as versions of a topic, cast to bfloat16; a rollout engine
 in another process picks up each new version and generates with it, its
 weights bit-identical to torch's cast; bad input raises a clear error."""
 
+import gc
 import json
 import os
 import subprocess
@@ -103,19 +104,25 @@ class PublishTest(DaemonTestCase):
         # A view is this process's: writing to it changes nothing in ckptd.
         written.add_(1.0)
         self.assertTrue(torch.equal(sub.open(1).tensor("model/weight"), original))
-        # Versions 2 and 3 arrive; ckptd keeps two, so it drops version 1,
-        # and the view still reads it.
+        # Versions 2 and 3 arrive; ckptd keeps two and any version a reader
+        # holds: version 1 stays while its views live.
         for step in (2, 3):
             with torch.no_grad():
                 model.weight.add_(1.0)
             self.save(ckp, step)
             ckpt.torch.publish("views", job="views", step=step,
                                socket=self.daemon.socket)
-        with self.assertRaises(ckpt.errors.NotFoundError):
-            sub.open(1)
+        self.assertTrue(torch.equal(sub.open(1).tensor("model/weight"), original))
         self.assertTrue(torch.equal(kept, original))
         self.assertTrue(torch.equal(dict(sub.named_tensors())["model/weight"],
                                     model.weight.detach()))
+        # Released, it goes with the next version.
+        del kept, written
+        gc.collect()
+        self.save(ckp, 4)
+        ckpt.torch.publish("views", job="views", step=4, socket=self.daemon.socket)
+        with self.assertRaises(ckpt.errors.NotFoundError):
+            sub.open(1)
         ckp.close()
 
     def test_bad_input_raises_naming_it(self):
