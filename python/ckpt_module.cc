@@ -2,8 +2,9 @@
 // Python package `ckpt` (python/ckpt/) wraps it; `ckpt.torch` builds on it.
 //
 // Every absl::Status that crosses into Python is turned into an exception of
-// ckpt.errors in one place, RaiseIfError, keeping the daemon's message. Calls
-// that wait (RPCs, copies, restores) release the GIL.
+// ckpt.errors in one place, RaiseIfError (status_errors.h), keeping the
+// daemon's message. Calls that wait (RPCs, copies, restores) release the GIL.
+// Publication's bindings are in publication.h.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -20,65 +21,14 @@
 #include "absl/time/time.h"
 #include "client/checkpointer.h"
 #include "client/elastic.h"
-#include "client/subscriber.h"
+#include "python/publication.h"
+#include "python/status_errors.h"
 #include "snapshot/dtype.h"
 
 namespace py = pybind11;
 
 namespace ckpt::python {
 namespace {
-
-// The ckpt.errors class for an absl status code.
-const char* ErrorClassFor(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-      return "InvalidArgumentError";
-    case absl::StatusCode::kNotFound:
-      return "NotFoundError";
-    case absl::StatusCode::kAlreadyExists:
-      return "AlreadyExistsError";
-    case absl::StatusCode::kFailedPrecondition:
-      return "FailedPreconditionError";
-    case absl::StatusCode::kUnavailable:
-      return "UnavailableError";
-    case absl::StatusCode::kDeadlineExceeded:
-      return "DeadlineExceededError";
-    case absl::StatusCode::kResourceExhausted:
-      return "ResourceExhaustedError";
-    case absl::StatusCode::kDataLoss:
-      return "DataLossError";
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
-      return "PermissionDeniedError";
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kAborted:
-      return "AbortedError";
-    default:
-      return "Error";
-  }
-}
-
-// The exception (not raised) that stands for a failed status.
-py::object ErrorFor(const absl::Status& status) {
-  py::object cls =
-      py::module_::import("ckpt.errors").attr(ErrorClassFor(status.code()));
-  return cls(std::string(status.message()),
-             std::string(absl::StatusCodeToString(status.code())));
-}
-
-void RaiseIfError(const absl::Status& status) {
-  if (status.ok()) return;
-  py::object error = ErrorFor(status);
-  PyErr_SetObject(error.get_type().ptr(), error.ptr());
-  throw py::error_already_set();
-}
-
-template <typename T>
-T ValueOrRaise(absl::StatusOr<T> value) {
-  RaiseIfError(value.status());
-  return *std::move(value);
-}
 
 proto::Tier ParseTier(const std::string& name) {
   if (name == "memory") return proto::TIER_MEMORY;
@@ -90,12 +40,7 @@ proto::Tier ParseTier(const std::string& name) {
   return proto::TIER_UNSPECIFIED;
 }
 
-absl::Duration Seconds(double seconds) { return absl::Seconds(seconds); }
-
 // A save in progress; see client::SaveHandle.
-// A version's record as a dict (publication, below).
-py::dict VersionDict(const proto::VersionRecord& v);
-
 class PySaveHandle {
  public:
   explicit PySaveHandle(std::shared_ptr<client::SaveHandle> handle)
@@ -386,136 +331,6 @@ py::dict Rejoin(const std::string& job, uint32_t min_ranks, uint32_t max_ranks,
   return d;
 }
 
-// --- publication (issue #37) ---
-
-std::string SocketOr(const std::string& socket) {
-  return socket.empty() ? client::DefaultSocketPath() : socket;
-}
-
-py::dict VersionDict(const proto::VersionRecord& v) {
-  py::dict d;
-  d["topic"] = v.topic();
-  d["version"] = v.version();
-  d["job"] = v.job();
-  d["step"] = v.step();
-  d["world_size"] = v.world_size();
-  d["items"] = std::vector<std::string>(v.items().begin(), v.items().end());
-  d["cast"] = v.cast();
-  d["bytes"] = v.bytes();
-  d["source_node"] = v.source_node();
-  d["created_unix_micros"] = v.created_unix_micros();
-  return d;
-}
-
-// Makes the node a subscriber of `topic`; False when it was one already.
-bool Subscribe(const std::string& topic, const std::string& socket) {
-  absl::StatusOr<bool> added;
-  {
-    py::gil_scoped_release release;
-    added = client::Subscribe(SocketOr(socket), topic);
-  }
-  return ValueOrRaise(std::move(added));
-}
-
-py::dict Publish(const std::string& job, uint64_t step,
-                 const std::string& topic,
-                 const std::vector<std::string>& items, const std::string& cast,
-                 const std::string& socket) {
-  proto::PublishRequest request;
-  request.set_job(job);
-  request.set_step(step);
-  request.set_topic(topic);
-  for (const std::string& glob : items) request.add_items(glob);
-  request.set_cast(cast);
-  absl::StatusOr<proto::VersionRecord> version;
-  {
-    py::gil_scoped_release release;
-    version = client::Publish(SocketOr(socket), request);
-  }
-  return VersionDict(ValueOrRaise(std::move(version)));
-}
-
-// An item's bytes mapped without a copy (PublishedVersion::View), as a
-// Python buffer (writable: the mapping is private); it keeps its version
-// open, so a tensor made over it (torch.frombuffer) pins the version.
-struct PyVersionView {
-  std::shared_ptr<client::PublishedVersion> version;
-  absl::Span<uint8_t> bytes;
-};
-
-// A version opened: its files stay readable while this object lives (and
-// while any view of it does).
-class PyPublishedVersion {
- public:
-  explicit PyPublishedVersion(std::unique_ptr<client::PublishedVersion> impl)
-      : impl_(std::move(impl)) {}
-  uint64_t version() const { return impl_->version(); }
-  py::dict record() const { return VersionDict(impl_->record()); }
-  py::list items() const {
-    py::list out;
-    for (const client::PublishedItem& item : impl_->items()) {
-      py::dict d;
-      d["name"] = item.name;
-      d["tensor"] = item.is_tensor;
-      d["dtype"] = item.is_tensor ? snapshot::DTypeName(item.dtype) : "";
-      d["shape"] = item.shape;
-      d["bytes"] = item.bytes;
-      out.append(d);
-    }
-    return out;
-  }
-  // Reads item `name` whole into `nbytes` bytes at `data_ptr`.
-  void ReadInto(const std::string& name, uintptr_t data_ptr, uint64_t nbytes) {
-    absl::Status read;
-    {
-      py::gil_scoped_release release;
-      read = impl_->Read(name, {reinterpret_cast<uint8_t*>(data_ptr),
-                                static_cast<size_t>(nbytes)});
-    }
-    RaiseIfError(read);
-  }
-  // Item `name` mapped without a copy; None when it cannot be (read it).
-  std::optional<PyVersionView> View(const std::string& name) {
-    absl::StatusOr<absl::Span<uint8_t>> view;
-    {
-      py::gil_scoped_release release;
-      view = impl_->View(name);
-    }
-    if (absl::IsFailedPrecondition(view.status())) return std::nullopt;
-    return PyVersionView{impl_, ValueOrRaise(std::move(view))};
-  }
-
- private:
-  std::shared_ptr<client::PublishedVersion> impl_;
-};
-
-class PySubscriber {
- public:
-  PySubscriber(const std::string& topic, const std::string& socket)
-      : impl_(ValueOrRaise(
-            client::Subscriber::Connect(SocketOr(socket), topic))) {}
-  py::dict WaitForVersion(uint64_t after, double timeout_s) {
-    absl::StatusOr<proto::VersionRecord> version;
-    {
-      py::gil_scoped_release release;
-      version = impl_->WaitForVersion(after, Seconds(timeout_s));
-    }
-    return VersionDict(ValueOrRaise(std::move(version)));
-  }
-  std::unique_ptr<PyPublishedVersion> Open(uint64_t version) {
-    absl::StatusOr<std::unique_ptr<client::PublishedVersion>> opened;
-    {
-      py::gil_scoped_release release;
-      opened = impl_->Open(version);
-    }
-    return std::make_unique<PyPublishedVersion>(
-        ValueOrRaise(std::move(opened)));
-  }
-
- private:
-  std::unique_ptr<client::Subscriber> impl_;
-};
-
 std::vector<std::string> DTypeNames() {
   std::vector<std::string> names;
   for (proto::DType d : snapshot::AllDTypes()) {
@@ -545,43 +360,7 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("default_socket", &ckpt::client::DefaultSocketPath,
         "ckptd's default socket for this uid.");
 
-  m.def("publish", &ckpt::python::Publish, py::arg("job"), py::arg("step"),
-        py::arg("topic"), py::arg("items") = std::vector<std::string>(),
-        py::arg("cast") = "", py::arg("socket") = "",
-        "Publishes committed `step` of `job` as the next version of `topic` "
-        "(the items the globs choose; cast 'bf16': float32 items become "
-        "bfloat16); returns the version's record.");
-  m.def("subscribe", &ckpt::python::Subscribe, py::arg("topic"),
-        py::arg("socket") = "",
-        "Makes the node's ckptd a subscriber of `topic`: it fetches each "
-        "new version from its peers (until it stops; ckptd --subscribe "
-        "keeps it). False when it was one already.");
-  py::class_<ckpt::python::PyPublishedVersion>(m, "PublishedVersion")
-      .def_property_readonly("version",
-                             &ckpt::python::PyPublishedVersion::version)
-      .def("record", &ckpt::python::PyPublishedVersion::record)
-      .def("items", &ckpt::python::PyPublishedVersion::items)
-      .def("read_into", &ckpt::python::PyPublishedVersion::ReadInto,
-           py::arg("name"), py::arg("data_ptr"), py::arg("nbytes"),
-           "Reads item `name` whole into `nbytes` bytes at `data_ptr`.")
-      .def("view", &ckpt::python::PyPublishedVersion::View, py::arg("name"),
-           "Item `name` mapped without a copy (a buffer that keeps the "
-           "version open), or None when it must be read.");
-  py::class_<ckpt::python::PyVersionView>(m, "VersionView",
-                                          py::buffer_protocol())
-      .def_buffer([](ckpt::python::PyVersionView& v) {
-        return py::buffer_info(v.bytes.data(), 1,
-                               py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(v.bytes.size())}, {1});
-      })
-      .def("__len__",
-           [](const ckpt::python::PyVersionView& v) { return v.bytes.size(); });
-  py::class_<ckpt::python::PySubscriber>(m, "Subscriber")
-      .def(py::init<const std::string&, const std::string&>(), py::arg("topic"),
-           py::arg("socket") = "")
-      .def("wait_for_version", &ckpt::python::PySubscriber::WaitForVersion,
-           py::arg("after") = 0, py::arg("timeout") = 600.0)
-      .def("open", &ckpt::python::PySubscriber::Open, py::arg("version") = 0);
+  ckpt::python::BindPublication(m);
 
   py::class_<PySaveHandle>(m, "SaveHandle")
       .def_property_readonly("step", &PySaveHandle::step)

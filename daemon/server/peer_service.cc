@@ -15,6 +15,8 @@
 #include "daemon/common/grpc_status.h"
 #include "daemon/peer/peer_authorization.h"
 #include "daemon/server/call_watchdog.h"
+#include "daemon/server/peer_tls.h"
+#include "daemon/server/piece_stream.h"
 #include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -27,25 +29,8 @@
 namespace ckpt::daemon {
 namespace {
 
-constexpr size_t kPieceBytes = 4 << 20;
-
 ReplicaStore::Key KeyOf(const proto::PeerShardKey& k) {
   return {k.job(), k.step(), k.rank()};
-}
-
-// The names a TLS client's certificate gives: its subject alternative names,
-// then its common name.
-std::vector<std::string> CertificateNames(const grpc::ServerContext& ctx) {
-  std::vector<std::string> names;
-  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth == nullptr) return names;
-  for (const char* property :
-       {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
-      names.emplace_back(v.data(), v.size());
-    }
-  }
-  return names;
 }
 
 class PeerService final : public proto::CkptPeer::Service {
@@ -157,11 +142,11 @@ class PeerService final : public proto::CkptPeer::Service {
         parity_->OpenComplete(req->block());
     if (!block.ok()) return ToGrpc(block.status());
     const uint8_t* data = block->map->data();
-    return SendPieces(ctx, writer, block->map->size(), "a parity fetch",
-                      [data](uint64_t at, absl::Span<uint8_t> dst) {
-                        std::memcpy(dst.data(), data + at, dst.size());
-                        return absl::OkStatus();
-                      });
+    return Send(ctx, writer, block->map->size(), "a parity fetch",
+                [data](uint64_t at, absl::Span<uint8_t> dst) {
+                  std::memcpy(dst.data(), data + at, dst.size());
+                  return absl::OkStatus();
+                });
   }
 
   grpc::Status PullReplica(grpc::ServerContext* ctx,
@@ -266,10 +251,10 @@ class PeerService final : public proto::CkptPeer::Service {
         snapshot::OpenSelfContained(fs_, copy->path);
     if (!view.ok()) return ToGrpc(view.status());
     io::ReadableFile* file = view->file.get();
-    return SendPieces(ctx, writer, view->size, "a shard fetch",
-                      [file](uint64_t at, absl::Span<uint8_t> dst) {
-                        return file->Read(at, dst);
-                      });
+    return Send(ctx, writer, view->size, "a shard fetch",
+                [file](uint64_t at, absl::Span<uint8_t> dst) {
+                  return file->Read(at, dst);
+                });
   }
 
   grpc::Status FetchVersionFile(
@@ -288,10 +273,10 @@ class PeerService final : public proto::CkptPeer::Service {
       start = read->offset;
     }
     io::ReadableFile* f = file.get();
-    return SendPieces(ctx, writer, read->bytes, "a version fetch",
-                      [f, start](uint64_t at, absl::Span<uint8_t> dst) {
-                        return f->Read(start + at, dst);
-                      });
+    return Send(ctx, writer, read->bytes, "a version fetch",
+                [f, start](uint64_t at, absl::Span<uint8_t> dst) {
+                  return f->Read(start + at, dst);
+                });
   }
 
   grpc::Status OfferVersionFile(grpc::ServerContext* ctx,
@@ -485,30 +470,10 @@ class PeerService final : public proto::CkptPeer::Service {
         absl::StrCat("this node has no copy of ", Describe(key)));
   }
 
-  // Sends `size` bytes in pieces, each read by `read(at, dst)` and paced by
-  // the send cap; `what` names the call for the idle watchdog.
-  grpc::Status SendPieces(
-      grpc::ServerContext* ctx, grpc::ServerWriter<proto::ShardPiece>* writer,
-      uint64_t size, const char* what,
-      const std::function<absl::Status(uint64_t, absl::Span<uint8_t>)>& read) {
-    auto watch = watchdog_->Start(ctx, what);
-    proto::ShardPiece piece;
-    piece.set_file_bytes(size);
-    for (uint64_t at = 0; at < size && !ctx->IsCancelled();) {
-      const size_t n =
-          static_cast<size_t>(std::min<uint64_t>(kPieceBytes, size - at));
-      std::string* data = piece.mutable_data();
-      data->resize(n);
-      absl::Status got =
-          read(at, absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), n));
-      if (!got.ok()) return ToGrpc(got);
-      io::AcquireSend(send_rate_, n);
-      if (!writer->Write(piece)) break;
-      watch->Touch();
-      at += n;
-      piece.Clear();
-    }
-    return grpc::Status::OK;
+  grpc::Status Send(grpc::ServerContext* ctx,
+                    grpc::ServerWriter<proto::ShardPiece>* writer,
+                    uint64_t size, const char* what, const PieceRead& read) {
+    return SendPieces(ctx, writer, size, what, watchdog_, send_rate_, read);
   }
 
   // A version's file as a peer asked for it: held here, or arriving (a
@@ -564,14 +529,9 @@ absl::StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(
   std::shared_ptr<grpc::ServerCredentials> creds =
       grpc::InsecureServerCredentials();
   if (tls_files == 3) {
-    grpc::SslServerCredentialsOptions o(
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ASSIGN_OR_RETURN(o.pem_root_certs, ReadPeerTlsFile(options.tls_ca_file));
-    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    ASSIGN_OR_RETURN(pair.private_key, ReadPeerTlsFile(options.tls_key_file));
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadPeerTlsFile(options.tls_cert_file));
-    o.pem_key_cert_pairs.push_back(pair);
-    creds = grpc::SslServerCredentials(o);
+    ASSIGN_OR_RETURN(
+        creds, PeerServerCredentials(options.tls_ca_file, options.tls_cert_file,
+                                     options.tls_key_file));
   }
   std::unique_ptr<PeerServer> server(new PeerServer());
   server->replicator_ = replicator;
