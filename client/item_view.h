@@ -41,8 +41,8 @@ class ItemView {
   // Whether every chunk of `item` is stored in place.
   static bool StoredInPlace(const proto::Item& item);
   // Copies `item` of the shard file open at `fd` into `out` (its raw size)
-  // with one read per chunk, straight from the page cache: for items
-  // StoredInPlace. Errors name `path`.
+  // straight from the page cache, in pieces read by several threads
+  // (CopyThreadsFor): for items StoredInPlace. Errors name `path`.
   static absl::Status ReadInPlace(int fd, const std::string& path,
                                   const proto::Item& item,
                                   absl::Span<uint8_t> out);

@@ -1,9 +1,12 @@
 #include "snapshot/shard_check.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "io/aligned_buffer.h"
+#include "io/parallel.h"
 #include "io/status_macros.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/manifest_seal.h"
@@ -122,8 +125,34 @@ absl::StatusOr<ChunkHeader> CheckChunkFrame(const proto::ChunkInfo& chunk,
   return header;
 }
 
+namespace {
+
+// Chunk `c` of item `i` of a file in memory: its framing and stored bytes.
+absl::Status CheckChunk(absl::Span<const uint8_t> file,
+                        const proto::ShardManifest& manifest, uint32_t version,
+                        int i, int c) {
+  const proto::Item& item = manifest.items(i);
+  const proto::ChunkInfo& chunk = item.chunks(c);
+  // ValidateManifest: the chunk's footprint lies in the file.
+  const uint8_t* bytes = file.data() + chunk.file_offset();
+  absl::StatusOr<ChunkHeader> header =
+      CheckChunkFrame(chunk, static_cast<uint32_t>(i), static_cast<uint32_t>(c),
+                      version, bytes);
+  absl::Status st = header.status();
+  if (st.ok() && Checksum({bytes + header->stored_offset,
+                           chunk.stored_size()}) != header->stored_xxh3) {
+    st = absl::DataLossError("stored bytes checksum mismatch");
+  }
+  if (st.ok()) return st;
+  return absl::DataLossError(
+      absl::StrCat("item \"", item.name(), "\" chunk ", c, " at file offset ",
+                   chunk.file_offset(), ": ", st.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<proto::ShardManifest> CheckShardBytes(
-    absl::Span<const uint8_t> file, bool every_chunk) {
+    absl::Span<const uint8_t> file, bool every_chunk, int threads) {
   if (file.size() < kAlignment) {
     return CheckFooter({}, file.size()).status();  // names the size
   }
@@ -138,27 +167,18 @@ absl::StatusOr<proto::ShardManifest> CheckShardBytes(
                      " base shards: it is not self-contained"));
   }
   if (!every_chunk) return manifest;
+  std::vector<std::pair<int, int>> chunks;  // (item, chunk), in file order
   for (int i = 0; i < manifest.items_size(); ++i) {
-    const proto::Item& item = manifest.items(i);
-    for (int c = 0; c < item.chunks_size(); ++c) {
-      const proto::ChunkInfo& chunk = item.chunks(c);
-      // ValidateManifest: the chunk's footprint lies in the file.
-      const uint8_t* bytes = file.data() + chunk.file_offset();
-      absl::StatusOr<ChunkHeader> header =
-          CheckChunkFrame(chunk, static_cast<uint32_t>(i),
-                          static_cast<uint32_t>(c), footer.version, bytes);
-      absl::Status st = header.status();
-      if (st.ok() && Checksum({bytes + header->stored_offset,
-                               chunk.stored_size()}) != header->stored_xxh3) {
-        st = absl::DataLossError("stored bytes checksum mismatch");
-      }
-      if (!st.ok()) {
-        return absl::DataLossError(absl::StrCat(
-            "item \"", item.name(), "\" chunk ", c, " at file offset ",
-            chunk.file_offset(), ": ", st.message()));
-      }
+    for (int c = 0; c < manifest.items(i).chunks_size(); ++c) {
+      chunks.emplace_back(i, c);
     }
   }
+  std::vector<absl::Status> checked(chunks.size());
+  io::ParallelFor(chunks.size(), threads, [&](size_t k) {
+    checked[k] = CheckChunk(file, manifest, footer.version, chunks[k].first,
+                            chunks[k].second);
+  });
+  for (absl::Status& s : checked) RETURN_IF_ERROR(s);
   return manifest;
 }
 

@@ -38,11 +38,12 @@ absl::StatusOr<ChunkHeader> CheckChunkFrame(const proto::ChunkInfo& chunk,
                                             const uint8_t* bytes);
 
 // A self-contained shard file in memory: footer and manifest, and with
-// `every_chunk` every chunk's framing and stored-bytes checksum. Returns the
-// manifest; DataLoss names what is wrong (the first bad chunk by item and
-// index, and its file offset).
+// `every_chunk` every chunk's framing and stored-bytes checksum, on up to
+// `threads` threads (the calling one among them). Returns the manifest;
+// DataLoss names what is wrong (the first bad chunk by item and index, and
+// its file offset).
 absl::StatusOr<proto::ShardManifest> CheckShardBytes(
-    absl::Span<const uint8_t> file, bool every_chunk);
+    absl::Span<const uint8_t> file, bool every_chunk, int threads = 1);
 
 }  // namespace ckpt::snapshot
 

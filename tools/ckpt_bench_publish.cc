@@ -138,10 +138,12 @@ absl::StatusOr<std::vector<double>> Measure(
     const Setup& setup, const std::string& name, const std::vector<int>& counts,
     const std::function<absl::Status(const BenchNode&)>& after) {
   std::vector<std::string> args = {
-      "--fanout-degree",  std::to_string(setup.degree),
-      "--memory-budget",  absl::StrCat(setup.bytes * 3 / (1 << 20) + 256, "M"),
-      "--keep-versions",  "1",
-      "--publish-budget", absl::StrCat(setup.bytes * 3 / (1 << 20) + 64, "M")};
+      "--fanout-degree", std::to_string(setup.degree), "--memory-budget",
+      absl::StrCat(setup.bytes * 3 / (1 << 20) + 256, "M"), "--keep-versions",
+      "1",
+      // Every topic's newest version stays: room for all of them.
+      "--publish-budget",
+      absl::StrCat(setup.bytes * 16 / (1 << 20) + 256, "M")};
   if (!setup.rate.empty()) {
     args.insert(args.end(), {"--peer-send-rate", setup.rate});
   }

@@ -429,13 +429,6 @@ std::string VersionsPrefix(const std::string& topic) {
   return absl::StrCat(kTopicsPrefix, topic, "/versions/");
 }
 
-// Zero-padded, so versions list in order.
-std::string VersionKey(const std::string& topic, uint64_t version) {
-  char digits[21];
-  std::snprintf(digits, sizeof digits, "%020" PRIu64, version);
-  return VersionsPrefix(topic) + digits;
-}
-
 std::string NewestKey(const std::string& topic) {
   return absl::StrCat(kTopicsPrefix, topic, "/newest");
 }
@@ -445,6 +438,29 @@ std::string SubscribersPrefix(const std::string& topic) {
 }
 
 }  // namespace
+
+// Zero-padded, so versions list in order.
+std::string Coordinator::VersionKey(const std::string& topic,
+                                    uint64_t version) {
+  char digits[21];
+  std::snprintf(digits, sizeof digits, "%020" PRIu64, version);
+  return VersionsPrefix(topic) + digits;
+}
+
+absl::Status Coordinator::WaitForVersionAfter(const std::string& topic,
+                                              uint64_t after,
+                                              absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    ASSIGN_OR_RETURN(absl::optional<proto::VersionRecord> newest,
+                     NewestVersion(topic));
+    if (newest.has_value() && newest->version() > after) {
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline) return absl::OkStatus();
+    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+  }
+}
 
 absl::StatusOr<proto::VersionRecord> Coordinator::AddVersion(
     proto::VersionRecord record) {

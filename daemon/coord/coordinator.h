@@ -153,6 +153,12 @@ class Coordinator {
   // nullopt when it has none.
   absl::StatusOr<absl::optional<proto::VersionRecord>> NewestVersion(
       const std::string& topic);
+  // Returns once `topic` may have a version above `after` (the caller reads
+  // it), or after `timeout`. etcd watches for it (a subscriber learns of a
+  // version as it is made, at no cost while none is); the default polls.
+  virtual absl::Status WaitForVersionAfter(const std::string& topic,
+                                           uint64_t after,
+                                           absl::Duration timeout);
   // The versions of `topic` kept, oldest first (none: empty).
   absl::StatusOr<std::vector<proto::VersionRecord>> ListVersions(
       const std::string& topic);
@@ -167,6 +173,8 @@ class Coordinator {
       const std::string& topic);
 
  protected:
+  // The key version `version` of `topic` is created under.
+  static std::string VersionKey(const std::string& topic, uint64_t version);
   // Records `record` as the topic's newest version.
   absl::Status RecordNewest(const proto::VersionRecord& record);
   // Per job, the newest step with any record.

@@ -403,27 +403,8 @@ absl::StatusOr<std::vector<std::string>> EtcdCoordinator::LiveNodes() {
 absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
     int64_t after_revision, absl::Duration timeout) {
   const std::string prefix = "/ckpt/nodes/";
-  if (after_revision > 0) {
-    // One watch from the revision after the caller's state: any event
-    // (a node joining or leaving) ends the wait.
-    grpc::ClientContext context;
-    Authorize(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    auto stream = watch_stub_->Watch(&context);
-    etcdserverpb::WatchRequest req;
-    auto* create = req.mutable_create_request();
-    create->set_key(prefix);
-    create->set_range_end(PrefixEnd(prefix));
-    create->set_start_revision(after_revision + 1);
-    if (stream->Write(req)) {
-      etcdserverpb::WatchResponse resp;
-      while (stream->Read(&resp)) {
-        if (!resp.events().empty() || resp.canceled()) break;
-      }
-    }
-    context.TryCancel();
-    (void)stream->Finish();
-  }
+  // Any event (a node joining or leaving) ends the wait.
+  if (after_revision > 0) WaitForChange(prefix, true, after_revision, timeout);
   ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(prefix, true));
   Membership m;
   m.revision = r.header().revision();
@@ -431,6 +412,40 @@ absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
     m.nodes.push_back(kv.key().substr(prefix.size()));
   }
   return m;
+}
+
+void EtcdCoordinator::WaitForChange(const std::string& key, bool prefix,
+                                    int64_t after_revision,
+                                    absl::Duration timeout) {
+  grpc::ClientContext context;
+  Authorize(&context);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  auto stream = watch_stub_->Watch(&context);
+  etcdserverpb::WatchRequest req;
+  auto* create = req.mutable_create_request();
+  create->set_key(key);
+  if (prefix) create->set_range_end(PrefixEnd(key));
+  create->set_start_revision(after_revision + 1);
+  if (stream->Write(req)) {
+    etcdserverpb::WatchResponse resp;
+    while (stream->Read(&resp)) {
+      if (!resp.events().empty() || resp.canceled()) break;
+    }
+  }
+  context.TryCancel();
+  (void)stream->Finish();
+}
+
+absl::Status EtcdCoordinator::WaitForVersionAfter(const std::string& topic,
+                                                  uint64_t after,
+                                                  absl::Duration timeout) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(topic));
+  // Versions are created in order: the next one's key is the one to watch.
+  const std::string key = VersionKey(topic, after + 1);
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(key, false));
+  if (r.kvs_size() > 0) return absl::OkStatus();
+  WaitForChange(key, false, r.header().revision(), timeout);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<absl::optional<std::string>> EtcdCoordinator::StoreGet(

@@ -103,6 +103,9 @@ class EtcdCoordinator final : public Coordinator {
   // Times this node took a lease after losing one (fenced, then rejoined).
   int rejoins() const { return rejoins_.load(); }
   int Rejoins() const override { return rejoins_.load(); }
+  // Watches for version after + 1's key.
+  absl::Status WaitForVersionAfter(const std::string& topic, uint64_t after,
+                                   absl::Duration timeout) override;
   std::string MemberKey() const;
   // Tests: stop (and resume) renewing the lease, as a paused process would.
   void PauseKeepAliveForTesting(bool paused);
@@ -130,6 +133,10 @@ class EtcdCoordinator final : public Coordinator {
   absl::Status FencedOr(int64_t lease, absl::Status other);
   absl::StatusOr<etcdserverpb::RangeResponse> Range(const std::string& key,
                                                     bool prefix);
+  // Waits until `key` (or with `prefix`, a key under it) changes after
+  // `after_revision`, or `timeout` passes.
+  void WaitForChange(const std::string& key, bool prefix,
+                     int64_t after_revision, absl::Duration timeout);
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(
       const etcdserverpb::TxnRequest& request, const std::string& what);
   // Vote's steps (etcd_coordinator_steps.cc): the vote written, with every

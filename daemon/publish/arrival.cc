@@ -87,6 +87,10 @@ uint64_t Arrival::SizeOf(uint32_t rank) const {
   return record_.files(static_cast<int>(rank)).file_bytes();
 }
 
+absl::Span<const uint8_t> Arrival::Bytes(uint32_t rank) const {
+  return {files_[rank]->data(), files_[rank]->size()};
+}
+
 absl::Span<uint8_t> Arrival::Space(uint32_t rank, uint64_t from) {
   io::MappedFile& file = *files_[rank];
   from = std::min<uint64_t>(from, file.size());

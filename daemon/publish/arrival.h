@@ -49,6 +49,9 @@ class Arrival : public std::enable_shared_from_this<Arrival> {
   // Bytes [0, end) of `rank`'s file are in place.
   void Arrived(uint32_t rank, uint64_t end);
   uint64_t ArrivedOf(uint32_t rank) const;
+  // `rank`'s file as mapped (what arrived, and zeros after it): verified
+  // from here once whole.
+  absl::Span<const uint8_t> Bytes(uint32_t rank) const;
   // `rank`'s bytes are fetched again from the start: readers that read any
   // of them fail.
   void Restart(uint32_t rank);

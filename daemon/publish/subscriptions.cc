@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/peer/peer_fetch.h"
@@ -12,7 +13,7 @@
 #include "proto/peer.grpc.pb.h"
 #include "snapshot/chunk_codec.h"
 #include "snapshot/names.h"
-#include "snapshot/shard_reader.h"
+#include "snapshot/shard_check.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -116,24 +117,31 @@ class Subscriptions::Receiving {
   }
 
   // Every chunk's checksum, the manifest's seal, and the manifest the
-  // version's record names.
+  // version's record names: checked in the mapping the bytes arrived in, on
+  // several threads.
   absl::Status Verify(uint32_t rank) {
-    const std::string path = arrival_.PathOf(rank);
-    snapshot::ShardReaderOptions options;
-    options.direct_io = false;
-    ASSIGN_OR_RETURN(std::unique_ptr<snapshot::ShardReader> reader,
-                     snapshot::ShardReader::Open(s_.fs_, path, options));
-    const std::string& manifest = reader->manifest_bytes();
-    const uint64_t xxh3 = snapshot::Checksum(
-        {reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()});
+    const absl::Span<const uint8_t> bytes = arrival_.Bytes(rank);
+    const absl::Status bad = absl::DataLossError(absl::StrCat(
+        what_, ": rank ", rank, "'s file is not the one the version names"));
+    ASSIGN_OR_RETURN(const proto::ShardManifest manifest,
+                     snapshot::CheckShardBytes(bytes, /*every_chunk=*/true,
+                                               VerifyThreads()));
+    // CheckShardBytes checked the footer: it is there.
+    ASSIGN_OR_RETURN(
+        const snapshot::Footer footer,
+        snapshot::CheckFooter(
+            bytes.subspan(bytes.size() - snapshot::kAlignment), bytes.size()));
     const proto::VersionFile& file = arrival_.record().files(rank);
-    if (xxh3 != file.manifest_xxh3() || reader->manifest().rank() != rank) {
-      return absl::DataLossError(absl::StrCat(
-          what_, ": rank ", rank, "'s file is not the one the version names"));
+    if (footer.manifest_xxh3 != file.manifest_xxh3() ||
+        manifest.rank() != rank) {
+      return bad;
     }
-    std::vector<absl::Status> bad = reader->VerifyAll();
-    if (!bad.empty()) return bad.front();
     return absl::OkStatus();
+  }
+
+  static int VerifyThreads() {
+    return static_cast<int>(
+        std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   }
 
   Subscriptions& s_;
@@ -191,20 +199,28 @@ void Subscriptions::Follow(const std::string& topic) {
     // The record lives on the node's lease: put again now and then, so a
     // lease lost and taken again does not leave the node unlisted.
     if (absl::Now() - put > kRecordAgain) recorded = {~uint64_t{0}};
-    absl::Status round = CatchUp(topic, recorded);
+    absl::StatusOr<uint64_t> newest = CatchUp(topic, recorded);
     if (recorded.count(~uint64_t{0}) == 0 && put < absl::Now() - kRecordAgain) {
       put = absl::Now();
     }
     // Each new error once, not every round.
+    const absl::Status round = newest.status();
     if (!round.ok() && round.ToString() != last_error) {
       CKPT_LOG_WARN("subscriptions: topic {}: {}", topic, round.ToString());
     }
     last_error = round.ok() ? "" : round.ToString();
-  } while (!stopping_.WaitForNotificationWithTimeout(options_.poll));
+    // Caught up: the next version is waited for (etcd: watched) a while at
+    // a time, so a stop is not held up. After an error: a pause, then again.
+    if (newest.ok() && !stopping_.HasBeenNotified()) {
+      (void)coordinator_->WaitForVersionAfter(topic, *newest, options_.watch);
+    } else {
+      stopping_.WaitForNotificationWithTimeout(options_.poll);
+    }
+  } while (!stopping_.HasBeenNotified());
 }
 
-absl::Status Subscriptions::CatchUp(const std::string& topic,
-                                    std::set<uint64_t>& recorded) {
+absl::StatusOr<uint64_t> Subscriptions::CatchUp(const std::string& topic,
+                                                std::set<uint64_t>& recorded) {
   ASSIGN_OR_RETURN(absl::optional<proto::VersionRecord> newest,
                    coordinator_->NewestVersion(topic));
   std::set<uint64_t> held = publisher_->Held(topic);
@@ -214,8 +230,7 @@ absl::Status Subscriptions::CatchUp(const std::string& topic,
                 static_cast<double>(newest_version -
                                     std::min(newest_version, newest_held)));
   if (newest_version > newest_held) {
-    absl::Status received = Receive(*newest);
-    if (!received.ok() && !absl::IsAlreadyExists(received)) return received;
+    RETURN_IF_ERROR(Receive(*newest));
     held = publisher_->Held(topic);
   }
   if (held != recorded) {
@@ -227,7 +242,7 @@ absl::Status Subscriptions::CatchUp(const std::string& topic,
     RETURN_IF_ERROR(coordinator_->PutSubscriber(record));
     recorded = held;
   }
-  return absl::OkStatus();
+  return std::max(newest_version, held.empty() ? 0 : *held.rbegin());
 }
 
 absl::Status Subscriptions::Receive(const proto::VersionRecord& version) {

@@ -53,7 +53,10 @@ struct SubscriptionOptions {
   int degree = 0;
   // A peer that sends nothing this long is passed over.
   absl::Duration stall = absl::Seconds(5);
-  // How often a topic's versions are looked at.
+  // How long a wait for a topic's next version lasts (the coordinator
+  // watches; a stop waits for it at most this long), and the pause after a
+  // round that failed.
+  absl::Duration watch = absl::Milliseconds(500);
   absl::Duration poll = absl::Milliseconds(50);
 };
 
@@ -75,11 +78,14 @@ class Subscriptions {
  private:
   class Receiving;  // one version being received (subscriptions.cc)
 
-  // The topic's thread: a round every `poll` until stopped.
+  // The topic's thread: a round whenever the coordinator has a newer
+  // version (and every `watch` at least) until stopped.
   void Follow(const std::string& topic);
   // One round: the newest version, received unless held; the subscriber
   // record whenever the versions held changed (`recorded`: as last put).
-  absl::Status CatchUp(const std::string& topic, std::set<uint64_t>& recorded);
+  // Returns the newest version, now held.
+  absl::StatusOr<uint64_t> CatchUp(const std::string& topic,
+                                   std::set<uint64_t>& recorded);
   absl::Status Receive(const proto::VersionRecord& version);
   // Who to fetch `version` from, in order, with their peer addresses.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SourcesOf(

@@ -232,8 +232,10 @@ absl::Status VersionStore::Reserve(uint64_t more, const std::string& what) {
     const Placed* victim = nullptr;
     std::vector<std::string> holding;
     for (const Placed& p : versions) {
-      holding.push_back(absl::StrCat(p.topic, " ", p.version,
-                                     p.in_use ? " (held by a reader)" : ""));
+      holding.push_back(absl::StrCat(p.topic, " version ", p.version, " (",
+                                     p.bytes, " bytes",
+                                     p.in_use ? ", held by a reader" : "",
+                                     p.newest ? ", its newest" : "", ")"));
       if (p.newest || p.in_use) continue;
       if (victim == nullptr ||
           std::tie(p.created_unix_micros, p.version) <
@@ -245,9 +247,9 @@ absl::Status VersionStore::Reserve(uint64_t more, const std::string& what) {
       absl::MutexLock lock(&mu_);
       return absl::ResourceExhaustedError(absl::StrCat(
           what, " needs ", more, " bytes; the budget for published versions (",
-          budget, " bytes, --publish-budget) holds ", used, ": versions ",
-          holding.empty() ? "none" : absl::StrJoin(holding, ", "), " and ",
-          reserved_, " bytes of versions being made or arriving"));
+          budget, " bytes, --publish-budget) holds ", used, ": topic ",
+          holding.empty() ? "none" : absl::StrJoin(holding, ", topic "),
+          "; and ", reserved_, " bytes of versions being made or arriving"));
     }
     CKPT_LOG_INFO(
         "publication: version {} of topic {} goes to make room for {}",

@@ -263,7 +263,7 @@ TEST_F(PublishTest, VersionsStayWithinTheBudget) {
   }
   ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("--publish-budget"));
-  EXPECT_THAT(refused.message(), HasSubstr("(held by a reader)"));
+  EXPECT_THAT(refused.message(), HasSubstr("held by a reader)"));
   ASSERT_GE(held.size(), 2u);
   // Every version held still reads back whole.
   for (auto& version : held) EXPECT_EQ(ReadBf16(*version), ExpectedBf16());

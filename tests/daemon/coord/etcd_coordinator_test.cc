@@ -375,5 +375,39 @@ TEST_F(EtcdCoordinatorTest, RacingPublishersNumberEveryVersionOnce) {
   }
 }
 
+// A subscriber's wait for the next version ends when another node makes it
+// (a watch), not at its timeout; a version already there ends it at once.
+TEST_F(EtcdCoordinatorTest, AWaitForTheNextVersionEndsWhenItIsMade) {
+  auto a = Node("node-a");
+  auto b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  proto::VersionRecord v;
+  v.set_topic("policy");
+  ASSERT_TRUE(a->AddVersion(v).ok());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(b->WaitForVersionAfter("policy", 0, absl::Minutes(2)).ok());
+  EXPECT_LT(absl::Now() - start, absl::Minutes(1));
+  absl::Status waited = absl::UnknownError("not returned");
+  absl::Time returned;
+  std::thread waiter([&] {
+    waited = b->WaitForVersionAfter("policy", 1, absl::Minutes(2));
+    returned = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time made = absl::Now();
+  auto second = a->AddVersion(v);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version(), 2u);
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+  // Ended by the version, not by its two minutes.
+  EXPECT_LT(returned - made, absl::Minutes(1));
+  // Nothing newer: the wait lasts its timeout.
+  EXPECT_TRUE(
+      b->WaitForVersionAfter("policy", 2, absl::Milliseconds(200)).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      b->WaitForVersionAfter("a/b", 0, absl::Seconds(1))));
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

@@ -92,7 +92,12 @@ TEST_F(VersionStoreTest, RoomIsMadeFromUnheldVersionsOrRefusedNamingHolders) {
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_THAT(s.message(), HasSubstr("version 5 of topic policy needs"));
   EXPECT_THAT(s.message(), HasSubstr("--publish-budget"));
-  EXPECT_THAT(s.message(), HasSubstr("policy 2 (held by a reader)"));
+  // Each version named with its bytes (its file and record).
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::ContainsRegex(
+                  "topic policy version 2 \\(307[0-9][0-9] bytes, held by a "
+                  "reader\\), topic policy version 3 \\(307[0-9][0-9] bytes, "
+                  "held by a reader, its newest\\)"));
   EXPECT_THAT(s.message(), HasSubstr("being made or arriving"));
   // A room that grows past what is left is refused the same way.
   s = (*room)->GrowTo(3 * kVersionBytes);
