@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/records.h"
+#include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/names.h"
 
@@ -475,11 +476,27 @@ absl::StatusOr<proto::VersionRecord> Coordinator::AddVersion(
                                  record.SerializeAsString()));
     if (created) {
       RETURN_IF_ERROR(RecordNewest(record));
+      ForgetOldVersions(record.topic(), kept, version);
       return record;
     }
   }
   return absl::AbortedError(absl::StrCat("topic ", record.topic(),
                                          ": no free version after 100 tries"));
+}
+
+void Coordinator::ForgetOldVersions(
+    const std::string& topic, const std::vector<proto::VersionRecord>& kept,
+    uint64_t newest) {
+  for (const proto::VersionRecord& old : kept) {
+    if (old.version() + kVersionRecordsKept > newest) break;  // oldest first
+    // Left for the next publish when it fails (fenced, say).
+    if (absl::Status s = StoreDelete(VersionKey(topic, old.version()));
+        !s.ok()) {
+      CKPT_LOG_WARN("topic {}: removing the record of version {}: {}", topic,
+                    old.version(), s.ToString());
+      return;
+    }
+  }
 }
 
 absl::Status Coordinator::RecordNewest(const proto::VersionRecord& record) {

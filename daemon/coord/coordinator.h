@@ -145,10 +145,12 @@ class Coordinator {
 
   // Publication (publish.proto): a topic's versions, each created once under
   // /ckpt/@topics/<topic>/versions/<version> ('@' is in no job id), the
-  // newest also under /ckpt/@topics/<topic>/newest. Keeps
+  // newest also under /ckpt/@topics/<topic>/newest; the newest
+  // kVersionRecordsKept records are kept, older ones removed. Keeps
   // `record` as the topic's next version, above every version kept (a race
   // with another publisher takes the one after); returns it numbered.
   absl::StatusOr<proto::VersionRecord> AddVersion(proto::VersionRecord record);
+  static constexpr uint64_t kVersionRecordsKept = 32;
   // The newest version of `topic` (one read: what subscribers poll);
   // nullopt when it has none.
   absl::StatusOr<absl::optional<proto::VersionRecord>> NewestVersion(
@@ -195,6 +197,16 @@ class Coordinator {
   // its lease); true if it was created.
   virtual absl::StatusOr<bool> StoreCreate(const std::string& key,
                                            const std::string& value) = 0;
+  // Removes `key` (for etcd, only while this node holds its lease); OK when
+  // it is not there.
+  virtual absl::Status StoreDelete(const std::string& key) = 0;
+
+ private:
+  // AddVersion's last step: the records of `topic` older than the newest
+  // kVersionRecordsKept go (`kept`: those listed before `newest` was made).
+  void ForgetOldVersions(const std::string& topic,
+                         const std::vector<proto::VersionRecord>& kept,
+                         uint64_t newest);
 };
 
 // Key helpers shared by the backends.

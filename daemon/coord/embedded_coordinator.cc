@@ -226,6 +226,10 @@ absl::Status EmbeddedCoordinator::StorePut(const std::string& key,
   return store_->Write(batch);
 }
 
+absl::Status EmbeddedCoordinator::StoreDelete(const std::string& key) {
+  return store_->Delete(key);
+}
+
 absl::StatusOr<bool> EmbeddedCoordinator::StoreCreate(
     const std::string& key, const std::string& value) {
   absl::MutexLock lock(&mu_);

@@ -50,6 +50,7 @@ class EmbeddedCoordinator final : public Coordinator {
                         bool ephemeral) override;
   absl::StatusOr<bool> StoreCreate(const std::string& key,
                                    const std::string& value) override;
+  absl::Status StoreDelete(const std::string& key) override;
 
  public:
  private:

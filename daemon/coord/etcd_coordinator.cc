@@ -483,6 +483,18 @@ absl::Status EtcdCoordinator::StorePut(const std::string& key,
   return FencedOr(lease, absl::AbortedError("writing " + key + " raced"));
 }
 
+absl::Status EtcdCoordinator::StoreDelete(const std::string& key) {
+  const int64_t lease = lease_id();
+  if (lease == 0) return FencedOr(lease, absl::OkStatus());
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = HoldsLease(lease);
+  txn.add_success()->mutable_request_delete_range()->set_key(key);
+  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse done,
+                   Txn(txn, absl::StrCat("removing ", key)));
+  if (done.succeeded()) return absl::OkStatus();
+  return FencedOr(lease, absl::AbortedError("removing " + key + " raced"));
+}
+
 absl::StatusOr<bool> EtcdCoordinator::StoreCreate(const std::string& key,
                                                   const std::string& value) {
   const int64_t lease = lease_id();

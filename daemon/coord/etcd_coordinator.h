@@ -93,6 +93,7 @@ class EtcdCoordinator final : public Coordinator {
                         bool ephemeral) override;
   absl::StatusOr<bool> StoreCreate(const std::string& key,
                                    const std::string& value) override;
+  absl::Status StoreDelete(const std::string& key) override;
 
  public:
   // The nodes holding a lease now (their membership keys), sorted.

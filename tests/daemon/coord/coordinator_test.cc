@@ -238,5 +238,32 @@ TEST_F(CoordinatorTest, TopicVersionsAreNumberedInOrderAndKept) {
   EXPECT_THAT(refused.message(), ::testing::HasSubstr("topic \"a/b\""));
 }
 
+// A topic published for long keeps the newest kVersionRecordsKept records
+// in the coordinator, not every one ever made; numbering goes on after them.
+TEST_F(CoordinatorTest, OnlyTheNewestVersionRecordsAreKept) {
+  const uint64_t made = Coordinator::kVersionRecordsKept + 8;
+  proto::VersionRecord v;
+  v.set_topic("policy");
+  for (uint64_t i = 1; i <= made; ++i) {
+    auto kept = coordinator_->AddVersion(v);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    ASSERT_EQ(kept->version(), i);
+  }
+  auto versions = coordinator_->ListVersions("policy");
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  ASSERT_EQ(versions->size(), Coordinator::kVersionRecordsKept);
+  EXPECT_EQ(versions->front().version(), made - versions->size() + 1);
+  EXPECT_EQ(versions->back().version(), made);
+  auto newest = coordinator_->NewestVersion("policy");
+  ASSERT_TRUE(newest.ok() && newest->has_value());
+  EXPECT_EQ((*newest)->version(), made);
+  Reopen();
+  auto next = coordinator_->AddVersion(v);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version(), made + 1);
+  EXPECT_EQ(coordinator_->ListVersions("policy")->size(),
+            Coordinator::kVersionRecordsKept);
+}
+
 }  // namespace
 }  // namespace ckpt::daemon
