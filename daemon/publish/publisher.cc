@@ -586,6 +586,29 @@ absl::StatusOr<Publisher::PeerRead> Publisher::OpenForPeer(
   }
 }
 
+absl::StatusOr<proto::VersionFileProgress> Publisher::ProgressOf(
+    const proto::VersionFileRequest& request) {
+  RETURN_IF_ERROR(snapshot::ValidateTopic(request.topic()));
+  proto::VersionFileProgress progress;
+  ASSIGN_OR_RETURN(absl::optional<PeerRead> placed, PlacedForPeer(request));
+  if (placed.has_value()) {
+    progress.set_file_bytes(placed->offset + placed->bytes);
+    progress.set_arrived(progress.file_bytes());
+    return progress;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = arriving_.find({request.topic(), request.version()});
+  if (it == arriving_.end() ||
+      request.rank() >= it->second.arrival->record().world_size()) {
+    return absl::NotFoundError(
+        absl::StrCat("this node neither holds nor receives version ",
+                     request.version(), " of topic ", request.topic()));
+  }
+  progress.set_file_bytes(it->second.arrival->SizeOf(request.rank()));
+  progress.set_arrived(it->second.arrival->ArrivedOf(request.rank()));
+  return progress;
+}
+
 Publisher::PeerRead Publisher::Served(const proto::VersionFileRequest& request,
                                       PeerRead read) {
   metrics_->Add("ckpt_version_bytes_served_total", {{"topic", request.topic()}},

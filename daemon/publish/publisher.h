@@ -121,6 +121,10 @@ class Publisher {
   // A version newer than every one held here may be about to arrive: asked
   // for it, this waits up to `wait` for it to begin. NotFound when it does
   // not; `stall`: how long a read of an arriving file waits for a piece.
+  // How much of the file of `request` this node has (placed: all of it).
+  // NotFound when it neither holds nor receives the version.
+  absl::StatusOr<proto::VersionFileProgress> ProgressOf(
+      const proto::VersionFileRequest& request);
   absl::StatusOr<PeerRead> OpenForPeer(const proto::VersionFileRequest& request,
                                        absl::Duration wait,
                                        absl::Duration stall);

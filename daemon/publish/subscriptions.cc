@@ -24,6 +24,60 @@ constexpr int kRounds = 3;
 // How often a subscriber's record is put again though nothing changed.
 constexpr absl::Duration kRecordAgain = absl::Seconds(10);
 
+// A source is slow when, over a window, it received more than four times what
+// it sent this node, and kSlowSlack more: the bytes pile up in it, so the nodes
+// it feeds go at its pace, not their upstream's.
+constexpr absl::Duration kSlowWindow = absl::Seconds(1);
+constexpr uint64_t kSlowSlack = 4 << 20;
+
+// Watches the source a rank's file is fetched from, a window at a time,
+// through GetVersionFileProgress; Check fails once it is slow.
+class SlowSourceWatch {
+ public:
+  SlowSourceWatch(proto::CkptPeer::Stub* stub,
+                  const proto::VersionFileRequest& request, std::string node)
+      : stub_(stub), request_(request), node_(std::move(node)) {}
+
+  // `at`: the bytes of the file this node has.
+  absl::Status Check(uint64_t at) {
+    const absl::Time now = absl::Now();
+    if (now < next_) return absl::OkStatus();
+    next_ = now + kSlowWindow;
+    absl::optional<uint64_t> arrived = Probe();
+    if (!arrived.has_value()) return absl::OkStatus();  // its fetch judges it
+    const bool slow = window_ && *arrived - std::min(*arrived, arrived_) >
+                                     4 * (at - at_) + kSlowSlack;
+    const absl::Status why = absl::UnavailableError(
+        absl::StrCat("node ", node_, " is slow: it received ",
+                     (*arrived - std::min(*arrived, arrived_)) >> 20,
+                     " MiB in the last ", absl::FormatDuration(kSlowWindow),
+                     " and sent this node ", (at - at_) >> 20, " MiB"));
+    window_ = true;
+    arrived_ = *arrived;
+    at_ = at;
+    return slow ? why : absl::OkStatus();
+  }
+
+ private:
+  absl::optional<uint64_t> Probe() {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kSlowWindow));
+    proto::VersionFileProgress progress;
+    if (!stub_->GetVersionFileProgress(&context, request_, &progress).ok()) {
+      return absl::nullopt;
+    }
+    return progress.arrived();
+  }
+
+  proto::CkptPeer::Stub* const stub_;
+  const proto::VersionFileRequest request_;
+  const std::string node_;
+  absl::Time next_ = absl::InfinitePast();
+  bool window_ = false;  // arrived_ and at_ are a window's start
+  uint64_t arrived_ = 0;
+  uint64_t at_ = 0;
+};
+
 }  // namespace
 
 // One version received: each rank's file fetched from the first source that
@@ -55,11 +109,14 @@ class Subscriptions::Receiving {
   absl::Status ReceiveRank(uint32_t rank) {
     absl::Status last;
     for (int round = 0; round < kRounds; ++round) {
-      for (const auto& [node, address] : sources_) {
+      const Sources order = Order();
+      for (size_t i = 0; i < order.size(); ++i) {
+        const auto& [node, address] = order[i];
         if (s_.stopping_.HasBeenNotified()) {
           return absl::CancelledError(absl::StrCat(what_, ": ckptd stops"));
         }
-        last = FetchFrom(rank, node, address);
+        // The last source is not left for being slow: there is no other.
+        last = FetchFrom(rank, node, address, i + 1 < order.size());
         if (last.ok()) {
           last = Verify(rank);
           if (last.ok()) return absl::OkStatus();
@@ -78,8 +135,19 @@ class Subscriptions::Receiving {
                                   "delivered it; the last: ", last.message()));
   }
 
+  // The sources in order, those found slow for this version last.
+  Sources Order() const {
+    Sources order;
+    for (bool slow : {false, true}) {
+      for (const auto& source : sources_) {
+        if ((slow_.count(source.first) != 0) == slow) order.push_back(source);
+      }
+    }
+    return order;
+  }
+
   absl::Status FetchFrom(uint32_t rank, const std::string& node,
-                         const std::string& address) {
+                         const std::string& address, bool watch_pace) {
     const uint64_t size = arrival_.SizeOf(rank);
     uint64_t at = arrival_.ArrivedOf(rank);
     if (at == size) return absl::OkStatus();
@@ -89,6 +157,7 @@ class Subscriptions::Receiving {
     request.set_rank(rank);
     request.set_offset(at);
     auto stub = proto::CkptPeer::NewStub(s_.channel_to_(address));
+    SlowSourceWatch pace(stub.get(), request, node);
     PeerFileCalls calls;
     calls.offer = [&](grpc::ClientContext* context, proto::ShardOffer* offer) {
       return stub->OfferVersionFile(context, request, offer);
@@ -100,6 +169,14 @@ class Subscriptions::Receiving {
       FetchSink sink;
       // A piece at a time, so the peers below get each as it arrives.
       sink.space = [&]() -> absl::StatusOr<absl::Span<uint8_t>> {
+        if (watch_pace) {
+          if (absl::Status paced = pace.Check(at); !paced.ok()) {
+            s_.metrics_->Add("ckpt_version_slow_sources_total",
+                             {{"topic", arrival_.record().topic()}});
+            slow_.insert(node);
+            return paced;
+          }
+        }
         absl::Span<uint8_t> space = arrival_.Space(rank, at);
         return space.subspan(0,
                              std::min<size_t>(space.size(), kFanoutPieceBytes));
@@ -148,6 +225,7 @@ class Subscriptions::Receiving {
   Arrival& arrival_;
   const Sources sources_;
   const std::string what_;
+  std::set<std::string> slow_;  // sources found slow, tried last
 };
 
 Subscriptions::Subscriptions(io::FileSystem* fs, Publisher* publisher,
@@ -162,6 +240,9 @@ Subscriptions::Subscriptions(io::FileSystem* fs, Publisher* publisher,
   metrics_->Declare("ckpt_subscriber_lag_versions", Metrics::Type::kGauge,
                     "A subscribed topic's newest version less the newest "
                     "one this node holds.");
+  metrics_->Declare("ckpt_version_slow_sources_total", Metrics::Type::kCounter,
+                    "Sources of a version left for being slow: bytes piled "
+                    "up in them faster than they sent them here.");
   metrics_->Declare("ckpt_version_refetches_total", Metrics::Type::kCounter,
                     "Files of a version fetched again from another peer: "
                     "the one asked failed, stalled or sent bad bytes.");

@@ -279,6 +279,19 @@ class PeerService final : public proto::CkptPeer::Service {
                 });
   }
 
+  grpc::Status GetVersionFileProgress(
+      grpc::ServerContext* ctx, const proto::VersionFileRequest* req,
+      proto::VersionFileProgress* resp) override {
+    if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
+    Publisher* publisher = service_->publisher();
+    if (publisher == nullptr) return ToGrpc(NoPublication());
+    absl::StatusOr<proto::VersionFileProgress> progress =
+        publisher->ProgressOf(*req);
+    if (!progress.ok()) return ToGrpc(progress.status());
+    *resp = *std::move(progress);
+    return grpc::Status::OK;
+  }
+
   grpc::Status OfferVersionFile(grpc::ServerContext* ctx,
                                 const proto::VersionFileRequest* req,
                                 proto::ShardOffer* resp) override {
@@ -481,11 +494,13 @@ class PeerService final : public proto::CkptPeer::Service {
   absl::StatusOr<Publisher::PeerRead> OpenVersionFile(
       const proto::VersionFileRequest& req) {
     Publisher* publisher = service_->publisher();
-    if (publisher == nullptr) {
-      return absl::FailedPreconditionError(
-          "publication is off on this node (--publish-dir none)");
-    }
+    if (publisher == nullptr) return NoPublication();
     return publisher->OpenForPeer(req, version_stall_, version_stall_);
+  }
+
+  static absl::Status NoPublication() {
+    return absl::FailedPreconditionError(
+        "publication is off on this node (--publish-dir none)");
   }
 
   static grpc::Status NoParity() {

@@ -4,7 +4,8 @@
 // subscriber SIGKILLed mid-transfer does not hold the others back and catches
 // up from a peer when it returns; with the source lost, a late joiner gets the
 // version from the subscribers; a corrupt copy is fetched again elsewhere and
-// never readable; a reader holding a version keeps it while newer ones arrive.
+// never readable; a reader holding a version keeps it while newer ones arrive;
+// a slow (not stalled) node is routed around.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -82,8 +83,8 @@ class PublishNodesTest : public ::testing::Test {
   // Waits for version `version` on `node` and checks it holds step `step`'s
   // values, bit for bit.
   void ExpectVersion(const testing::DaemonProcess& node, uint64_t version,
-                     uint64_t step,
-                     absl::Duration timeout = absl::Seconds(90)) {
+                     uint64_t step, absl::Duration timeout = absl::Seconds(90),
+                     int64_t global = kGlobal) {
     auto subscriber = Subscriber::Connect(node.socket(), "policy");
     ASSERT_TRUE(subscriber.ok()) << subscriber.status();
     auto seen = (*subscriber)->WaitForVersion(version - 1, timeout);
@@ -91,11 +92,11 @@ class PublishNodesTest : public ::testing::Test {
     ASSERT_GE(seen->version(), version);
     auto opened = (*subscriber)->Open(version);
     ASSERT_TRUE(opened.ok()) << opened.status();
-    std::vector<float> w(kGlobal);
+    std::vector<float> w(global);
     absl::Status read = (*opened)->Read(
         "model/w", {reinterpret_cast<uint8_t*>(w.data()), w.size() * 4});
     ASSERT_TRUE(read.ok()) << read;
-    for (int64_t g = 0; g < kGlobal; ++g) {
+    for (int64_t g = 0; g < global; ++g) {
       ASSERT_EQ(w[g], Value(step, g)) << "at " << g;
     }
   }
@@ -223,6 +224,27 @@ TEST_F(PublishNodesTest, AKilledSubscriberAndALostSourceHoldNobodyBack) {
   testing::DaemonProcess e(Subscriber("node-e", capped));
   ASSERT_TRUE(e.Start()) << e.log();
   ExpectVersion(e, 1, 1);
+}
+
+// A slow (not stalled) middle node: the bytes pile up in it faster than it
+// sends them on, so the node below leaves it for the source, for every rank.
+TEST_F(PublishNodesTest, ASlowSubscriberIsRoutedAround) {
+  constexpr int64_t kBig = 1 << 24;  // floats: 32 MiB per rank of 2
+  testing::DaemonProcess a(
+      NodeArgs(etcd_, "node-a", {"--peer-send-rate", "24M"}));
+  testing::DaemonProcess b(
+      Subscriber("node-b", {"--fanout-degree", "1", "--peer-send-rate", "1M"}));
+  testing::DaemonProcess c(Subscriber("node-c", {"--fanout-degree", "1"}));
+  for (auto* n : {&a, &b, &c}) ASSERT_TRUE(n->Start()) << n->log();
+  WaitForSubscribers(a, 2);
+  Rank r0(a.socket(), "pub", 0, 2, kBig), r1(a.socket(), "pub", 1, 2, kBig);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt);
+  ASSERT_TRUE(SaveAndPublish(a, r0, r1, 1).ok()) << a.log();
+  // c would take a minute at b's pace; it goes to a instead.
+  ExpectVersion(c, 1, 1, absl::Seconds(90), kBig);
+  EXPECT_GE(Metric(c, "ckpt_version_slow_sources_total"), 1) << c.log();
+  EXPECT_THAT(c.log(), ::testing::HasSubstr("node node-b is slow"));
+  ExpectVersion(b, 1, 1, absl::Seconds(90), kBig);
 }
 
 TEST_F(PublishNodesTest, ACorruptCopyIsFetchedAgainElsewhereNeverReadable) {
