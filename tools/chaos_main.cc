@@ -101,16 +101,25 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.dir.empty()) {
+  // A directory of its own is removed once a run passed (hundreds of MiB of
+  // data directories and logs); one that failed is kept to look into.
+  const bool own_dir = o.dir.empty();
+  if (own_dir) {
     o.dir = (std::filesystem::temp_directory_path() /
              absl::StrCat("ckpt-chaos-", ::getpid()))
                 .string();
   }
   std::filesystem::create_directories(o.dir);
   if (!o.json) {
-    std::printf("ckpt-chaos: seed %lu, working directory %s\n",
-                static_cast<unsigned long>(o.seed), o.dir.c_str());
+    std::printf("ckpt-chaos: seed %lu, working directory %s%s\n",
+                static_cast<unsigned long>(o.seed), o.dir.c_str(),
+                own_dir ? " (removed if the run passes)" : "");
     std::fflush(stdout);
   }
-  return Chaos(o).Run();
+  const int rc = Chaos(o).Run();
+  if (rc == 0 && own_dir) {
+    std::error_code ignored;
+    std::filesystem::remove_all(o.dir, ignored);
+  }
+  return rc;
 }
