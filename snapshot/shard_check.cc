@@ -21,6 +21,28 @@ int64_t FirstNonZero(const uint8_t* begin, const uint8_t* end) {
   return nonzero == end ? -1 : nonzero - begin;
 }
 
+// Chunk `c` of item `i` of a file in memory: its framing and stored bytes.
+absl::Status CheckChunk(absl::Span<const uint8_t> file,
+                        const proto::ShardManifest& manifest, uint32_t version,
+                        int i, int c) {
+  const proto::Item& item = manifest.items(i);
+  const proto::ChunkInfo& chunk = item.chunks(c);
+  // ValidateManifest: the chunk's footprint lies in the file.
+  const uint8_t* bytes = file.data() + chunk.file_offset();
+  absl::StatusOr<ChunkHeader> header =
+      CheckChunkFrame(chunk, static_cast<uint32_t>(i), static_cast<uint32_t>(c),
+                      version, bytes);
+  absl::Status st = header.status();
+  if (st.ok() && Checksum({bytes + header->stored_offset,
+                           chunk.stored_size()}) != header->stored_xxh3) {
+    st = absl::DataLossError("stored bytes checksum mismatch");
+  }
+  if (st.ok()) return st;
+  return absl::DataLossError(
+      absl::StrCat("item \"", item.name(), "\" chunk ", c, " at file offset ",
+                   chunk.file_offset(), ": ", st.message()));
+}
+
 }  // namespace
 
 absl::StatusOr<Footer> CheckFooter(absl::Span<const uint8_t> last_block,
@@ -124,32 +146,6 @@ absl::StatusOr<ChunkHeader> CheckChunkFrame(const proto::ChunkInfo& chunk,
   }
   return header;
 }
-
-namespace {
-
-// Chunk `c` of item `i` of a file in memory: its framing and stored bytes.
-absl::Status CheckChunk(absl::Span<const uint8_t> file,
-                        const proto::ShardManifest& manifest, uint32_t version,
-                        int i, int c) {
-  const proto::Item& item = manifest.items(i);
-  const proto::ChunkInfo& chunk = item.chunks(c);
-  // ValidateManifest: the chunk's footprint lies in the file.
-  const uint8_t* bytes = file.data() + chunk.file_offset();
-  absl::StatusOr<ChunkHeader> header =
-      CheckChunkFrame(chunk, static_cast<uint32_t>(i), static_cast<uint32_t>(c),
-                      version, bytes);
-  absl::Status st = header.status();
-  if (st.ok() && Checksum({bytes + header->stored_offset,
-                           chunk.stored_size()}) != header->stored_xxh3) {
-    st = absl::DataLossError("stored bytes checksum mismatch");
-  }
-  if (st.ok()) return st;
-  return absl::DataLossError(
-      absl::StrCat("item \"", item.name(), "\" chunk ", c, " at file offset ",
-                   chunk.file_offset(), ": ", st.message()));
-}
-
-}  // namespace
 
 absl::StatusOr<proto::ShardManifest> CheckShardBytes(
     absl::Span<const uint8_t> file, bool every_chunk, int threads) {
