@@ -133,7 +133,6 @@ class Publisher {
   Publisher(io::FileSystem* fs, PublishOptions options,
             std::unique_ptr<VersionStore> store, Coordinator* coordinator,
             Metrics* metrics, LocalShardFile local_file);
-  class Making;  // one version's files being made (publisher.cc)
 
   // Publish's steps: every rank's persisted shard of the step on this node
   // (the step committed on disk); and, once a version is numbered and in
