@@ -239,6 +239,11 @@ class Replicator {
   bool InUse(const ReplicaStore::Key& key, absl::Duration grace) const;
   // The live peers other than this node; publishes this node when missing.
   absl::StatusOr<std::vector<proto::PeerInfo>> Peers();
+  // Fetch's steps: a copy on this node already; one fetched from the first
+  // peer with a good copy (DataLoss naming each peer's failure otherwise).
+  absl::optional<proto::ShardRecord> CopyHere(const ReplicaStore::Key& key);
+  absl::StatusOr<proto::ShardRecord> FetchFromPeers(
+      const ReplicaStore::Key& key);
   // Fetch's last resort: the shard rebuilt (erasure-coded peer tier).
   absl::StatusOr<proto::ShardRecord> Rebuilt(const ReplicaStore::Key& key);
 
@@ -257,7 +262,18 @@ class Replicator {
   PeerDirectory directory_;
   std::unique_ptr<ReplicaStore> held_;
   std::unique_ptr<ReplicaStore> fetched_;
-  absl::Mutex fetch_mu_;  // one fetch at a time: concurrent ranks share it
+  // Fetches of different shards run at once (a publish of a job on several
+  // nodes, the ranks of a restore); a second fetch of a shard waits for the
+  // first and finds its copy.
+  absl::Mutex fetch_mu_;
+  absl::CondVar fetch_done_;
+  std::set<ReplicaStore::Key> fetching_ ABSL_GUARDED_BY(fetch_mu_);
+  // Held shared by fetches from peers, alone by a rebuild from parity (it
+  // writes the copies of a group's other ranks too).
+  absl::Mutex rebuild_mu_;
+  // Marks `key` as being fetched for its lifetime, once no other fetch of it
+  // runs.
+  class FetchingKey;
 
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);

@@ -95,26 +95,75 @@ absl::Status NoCopy(absl::StatusCode failed, const std::string& what,
 }
 }  // namespace
 
+class Replicator::FetchingKey {
+ public:
+  FetchingKey(Replicator& r, ReplicaStore::Key key)
+      : r_(r), key_(std::move(key)) {
+    absl::MutexLock lock(&r_.fetch_mu_);
+    while (r_.fetching_.count(key_) != 0) r_.fetch_done_.Wait(&r_.fetch_mu_);
+    r_.fetching_.insert(key_);
+  }
+  ~FetchingKey() {
+    absl::MutexLock lock(&r_.fetch_mu_);
+    r_.fetching_.erase(key_);
+    r_.fetch_done_.SignalAll();
+  }
+
+ private:
+  Replicator& r_;
+  const ReplicaStore::Key key_;
+};
+
 absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
                                                      uint64_t step,
                                                      uint32_t rank) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
   const ReplicaStore::Key key{job, step, rank};
   const std::string what = Describe(job, step, rank);
-  absl::MutexLock fetching(&fetch_mu_);
+  FetchingKey fetching(*this, key);
   // Marked before anything is fetched: garbage collection running meanwhile
   // leaves the copy alone from the moment it appears.
   Used(key);
-  // A copy here already: fetched before, or a replica a peer pushed here.
+  absl::Status none;
+  {
+    absl::ReaderMutexLock from_peers(&rebuild_mu_);
+    if (absl::optional<proto::ShardRecord> copy = CopyHere(key)) return *copy;
+    absl::StatusOr<proto::ShardRecord> fetched = FetchFromPeers(key);
+    if (fetched.ok()) return fetched;
+    none = fetched.status();
+  }
+  absl::WriterMutexLock rebuilding(&rebuild_mu_);
+  // A rebuild for another rank of its group may have made it meanwhile.
+  if (absl::optional<proto::ShardRecord> copy = CopyHere(key)) return *copy;
+  absl::StatusOr<proto::ShardRecord> rebuilt = Rebuilt(key);
+  if (rebuilt.ok() || !absl::IsUnimplemented(rebuilt.status())) {
+    if (rebuilt.ok()) return rebuilt;
+    return absl::Status(
+        rebuilt.status().code(),
+        absl::StrCat(none.message(), "; ", rebuilt.status().message()));
+  }
+  return none;
+}
+
+absl::optional<proto::ShardRecord> Replicator::CopyHere(
+    const ReplicaStore::Key& key) {
+  // Fetched before, or a replica a peer pushed here.
   for (ReplicaStore* store : {fetched_.get(), held_.get()}) {
     if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
       absl::StatusOr<proto::ShardRecord> r = ReplicaStore::RecordOf(fs_, *e);
-      if (r.ok()) return r;
-      CKPT_LOG_WARN("{}: the copy in {} is unusable ({}); dropping it", what,
-                    e->path, r.status().ToString());
+      if (r.ok()) return *std::move(r);
+      CKPT_LOG_WARN("{}: the copy in {} is unusable ({}); dropping it",
+                    Describe(key.job, key.step, key.rank), e->path,
+                    r.status().ToString());
       (void)store->Drop(key);
     }
   }
+  return absl::nullopt;
+}
+
+absl::StatusOr<proto::ShardRecord> Replicator::FetchFromPeers(
+    const ReplicaStore::Key& key) {
+  const std::string what = Describe(key.job, key.step, key.rank);
   ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
   std::vector<std::string> asked;
   const std::vector<Candidate> candidates = PeersWith(key, peers, &asked);
@@ -126,7 +175,7 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     if (got.ok()) {
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
       const Labels labels = {
-          {"job", job},
+          {"job", key.job},
           {"source", c.tier == proto::TIER_PEER ? "peer_memory" : "peer_disk"}};
       metrics_->Add("ckpt_peer_fetched_bytes_total", labels,
                     static_cast<double>(got->bytes));
@@ -143,16 +192,7 @@ absl::StatusOr<proto::ShardRecord> Replicator::Fetch(const std::string& job,
     failures.push_back(
         absl::StrCat(c.peer->node_id(), ": ", got.status().message()));
   }
-  absl::Status none =
-      NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
-  absl::StatusOr<proto::ShardRecord> rebuilt = Rebuilt(key);
-  if (rebuilt.ok() || !absl::IsUnimplemented(rebuilt.status())) {
-    if (rebuilt.ok()) return rebuilt;
-    return absl::Status(
-        rebuilt.status().code(),
-        absl::StrCat(none.message(), "; ", rebuilt.status().message()));
-  }
-  return none;
+  return NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
 }
 
 void Replicator::SetRebuilder(Rebuilder rebuild) {

@@ -1,7 +1,10 @@
 #include "daemon/publish/publisher.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +21,8 @@ namespace ckpt::daemon {
 namespace {
 
 constexpr char kReceivingPrefix[] = ".receiving-";
+// Shards of other nodes fetched at once to publish a step.
+constexpr size_t kFetchThreads = 8;
 
 absl::Status ValidateRequest(const proto::PublishRequest& r) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(r.job()));
@@ -41,17 +46,18 @@ absl::Status ValidateRequest(const proto::PublishRequest& r) {
 Publisher::Publisher(io::FileSystem* fs, PublishOptions options,
                      std::unique_ptr<VersionStore> store,
                      Coordinator* coordinator, Metrics* metrics,
-                     LocalShardFile local_file)
+                     LocalShardFile local_file, FetchShardFile fetch_file)
     : fs_(fs),
       options_(std::move(options)),
       store_(std::move(store)),
       coordinator_(coordinator),
       metrics_(metrics),
-      local_file_(std::move(local_file)) {}
+      local_file_(std::move(local_file)),
+      fetch_file_(std::move(fetch_file)) {}
 
 absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
     io::FileSystem* fs, PublishOptions options, Coordinator* coordinator,
-    Metrics* metrics, LocalShardFile local_file) {
+    Metrics* metrics, LocalShardFile local_file, FetchShardFile fetch_file) {
   ASSIGN_OR_RETURN(std::unique_ptr<VersionStore> store,
                    VersionStore::Open(fs, {options.dir, options.keep_versions,
                                            options.budget_bytes}));
@@ -73,12 +79,15 @@ absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Open(
                    "Time to make a version: reading the step, casting, "
                    "writing its files, numbering it.",
                    Metrics::SecondsBuckets());
+  metrics->Declare("ckpt_publish_fetched_shards_total", Metrics::Type::kCounter,
+                   "Shards of other nodes' ranks fetched here to publish a "
+                   "step of a job on several nodes.");
   metrics->Declare("ckpt_version_held_bytes", Metrics::Type::kGauge,
                    "Bytes of the published versions this node holds, and of "
                    "those being made or arriving (--publish-budget).");
   return std::unique_ptr<Publisher>(
       new Publisher(fs, std::move(options), std::move(store), coordinator,
-                    metrics, std::move(local_file)));
+                    metrics, std::move(local_file), std::move(fetch_file)));
 }
 
 absl::StatusOr<proto::VersionRecord> Publisher::Publish(
@@ -109,18 +118,63 @@ absl::StatusOr<std::vector<std::string>> Publisher::SourcesOf(
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the step is not committed on disk"));
   }
-  std::vector<std::string> sources;
+  std::vector<std::string> sources(commit->world_size());
+  std::vector<uint32_t> missing;
   for (uint32_t rank = 0; rank < commit->world_size(); ++rank) {
     ASSIGN_OR_RETURN(absl::optional<std::string> path,
                      local_file_(request.job(), request.step(), rank));
-    if (!path.has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": rank ", rank, "'s shard is not on this node (publish from ",
-          "a node that holds every rank of the step)"));
+    if (path.has_value()) {
+      sources[rank] = *std::move(path);
+    } else {
+      missing.push_back(rank);
     }
-    sources.push_back(*path);
   }
+  if (missing.empty()) return sources;
+  if (fetch_file_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": rank ", missing.front(), "'s shard is not on this node, and ",
+        "this node has no peers to fetch it from (--peer-address): publish ",
+        "from a node that holds every rank of the step"));
+  }
+  RETURN_IF_ERROR(FetchMissing(request, missing, what, sources));
   return sources;
+}
+
+absl::Status Publisher::FetchMissing(const proto::PublishRequest& request,
+                                     const std::vector<uint32_t>& missing,
+                                     const std::string& what,
+                                     std::vector<std::string>& sources) {
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> fetched(missing.size());
+  // A few fetches at a time: the peers serve them in parallel, and a job of
+  // many ranks does not start a thread for each.
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min<size_t>(missing.size(), kFetchThreads); ++t) {
+    threads.emplace_back([&] {
+      for (size_t i = next++; i < missing.size(); i = next++) {
+        absl::StatusOr<std::string> path =
+            fetch_file_(request.job(), request.step(), missing[i]);
+        fetched[i] = path.status();
+        if (path.ok()) sources[missing[i]] = *std::move(path);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (!fetched[i].ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": rank ", missing[i], "'s shard is not on this node and ",
+          "could not be fetched from a peer: ", fetched[i].ToString()));
+    }
+  }
+  metrics_->Add("ckpt_publish_fetched_shards_total",
+                {{"topic", request.topic()}},
+                static_cast<double>(missing.size()));
+  CKPT_LOG_INFO("{}: fetched the shards of {} ranks from peers in {:.1f} ms",
+                what, missing.size(),
+                absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
 }
 
 void Publisher::Published(const proto::VersionRecord& version, size_t items,

@@ -3,14 +3,16 @@
 // rollout and inference engines read.
 //
 // Publishing reads each rank's persisted shard of the step on this node
-// (every chunk verified), keeps the chosen items, casts float32 items to
-// bfloat16 when asked (rounded to nearest even, NaN quiet: bit-identical to
-// torch's `.to(torch.bfloat16)`), and writes one self-contained, sealed file
-// per rank, stored raw so readers copy straight out of it, into the version
-// store (version_store.h). Only then is the version numbered, through the
-// coordinator (Coordinator::AddVersion: versions increase monotonically, and
-// a version's record never changes), and placed: a reader never finds a
-// version whose files are not all there.
+// (every chunk verified) — a rank whose shard lies on another node (a job on
+// several nodes) is fetched first, all such ranks at once, from the peers
+// that hold a copy, and kept as a fetched copy like a restore's — keeps the
+// chosen items, casts float32 items to bfloat16 when asked (rounded to nearest
+// even, NaN quiet: bit-identical to torch's `.to(torch.bfloat16)`), and writes
+// one self-contained, sealed file per rank, stored raw so readers copy straight
+// out of it, into the version store (version_store.h). Only then is the version
+// numbered, through the coordinator (Coordinator::AddVersion: versions increase
+// monotonically, and a version's record never changes), and placed: a reader
+// never finds a version whose files are not all there.
 //
 // A subscriber node receives versions made elsewhere into the same store
 // (BeginArrival: an Arrival, served to the peers downstream while it
@@ -63,18 +65,24 @@ class Publisher {
   using LocalShardFile =
       std::function<absl::StatusOr<absl::optional<std::string>>(
           const std::string& job, uint64_t step, uint32_t rank)>;
+  // The path of a copy of a rank's shard fetched here from a peer (the
+  // replicator's Fetch); null: this node has no peers.
+  using FetchShardFile = std::function<absl::StatusOr<std::string>(
+      const std::string& job, uint64_t step, uint32_t rank)>;
 
   // Removes what a publish cut short left in `options.dir` (made, mode 0700,
   // at the first publish).
   static absl::StatusOr<std::unique_ptr<Publisher>> Open(
       io::FileSystem* fs, PublishOptions options, Coordinator* coordinator,
-      Metrics* metrics, LocalShardFile local_file);
+      Metrics* metrics, LocalShardFile local_file,
+      FetchShardFile fetch_file = nullptr);
 
   // Makes the next version of `request.topic` from step `request.step` of
-  // `request.job`, committed on disk with every rank's shard on this node.
+  // `request.job`, committed on disk; the ranks whose shards are not on this
+  // node are fetched from its peers first.
   // InvalidArgument names a bad topic, cast or glob (one that matches no
   // item); FailedPrecondition a step not committed on disk or a rank whose
-  // shard is not here.
+  // shard is neither here nor to be fetched (the peer's error named).
   absl::StatusOr<proto::VersionRecord> Publish(
       const proto::PublishRequest& request);
 
@@ -132,13 +140,20 @@ class Publisher {
  private:
   Publisher(io::FileSystem* fs, PublishOptions options,
             std::unique_ptr<VersionStore> store, Coordinator* coordinator,
-            Metrics* metrics, LocalShardFile local_file);
+            Metrics* metrics, LocalShardFile local_file,
+            FetchShardFile fetch_file);
 
   // Publish's steps: every rank's persisted shard of the step on this node
   // (the step committed on disk); and, once a version is numbered and in
   // place, its figures, the older versions dropped, waiters woken.
   absl::StatusOr<std::vector<std::string>> SourcesOf(
       const proto::PublishRequest& request, const std::string& what);
+  // SourcesOf's fetch of the ranks `missing` (their paths into `sources`),
+  // all at once.
+  absl::Status FetchMissing(const proto::PublishRequest& request,
+                            const std::vector<uint32_t>& missing,
+                            const std::string& what,
+                            std::vector<std::string>& sources);
   void Published(const proto::VersionRecord& version, size_t items,
                  absl::Time start, const std::string& what);
 
@@ -163,6 +178,7 @@ class Publisher {
   Coordinator* const coordinator_;
   Metrics* const metrics_;
   const LocalShardFile local_file_;
+  const FetchShardFile fetch_file_;
 
   absl::Mutex publish_mu_;  // one publish at a time
   mutable absl::Mutex mu_;

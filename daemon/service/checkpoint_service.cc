@@ -209,14 +209,26 @@ absl::Status CheckpointService::StartPublisher() {
   if (options_.publish.dir.empty()) return absl::OkStatus();
   PublishOptions publish = options_.publish;
   if (publish.node_id.empty()) publish.node_id = options_.node_id;
+  // A step of a job on several nodes: the other nodes' ranks are fetched.
+  Publisher::FetchShardFile fetch;
+  if (replicator_ != nullptr) {
+    Replicator* replicator = replicator_.get();
+    fetch = [replicator](const std::string& job, uint64_t step,
+                         uint32_t rank) -> absl::StatusOr<std::string> {
+      ASSIGN_OR_RETURN(proto::ShardRecord r,
+                       replicator->Fetch(job, step, rank));
+      return r.shard_path();
+    };
+  }
   // The versions live in memory (tmpfs) beside the staging slots.
-  ASSIGN_OR_RETURN(publisher_,
-                   Publisher::Open(io::DefaultFileSystem(), std::move(publish),
+  ASSIGN_OR_RETURN(publisher_, Publisher::Open(
+                                   io::DefaultFileSystem(), std::move(publish),
                                    coordinator_.get(), &metrics_,
                                    [this](const std::string& job, uint64_t step,
                                           uint32_t rank) {
                                      return LocalShardFile(job, step, rank);
-                                   }));
+                                   },
+                                   std::move(fetch)));
   if (replicator_ != nullptr) {
     SubscriptionOptions subscription = options_.subscription;
     if (subscription.node_id.empty()) subscription.node_id = options_.node_id;

@@ -5,7 +5,9 @@
 // up from a peer when it returns; with the source lost, a late joiner gets the
 // version from the subscribers; a corrupt copy is fetched again elsewhere and
 // never readable; a reader holding a version keeps it while newer ones arrive;
-// a slow (not stalled) node is routed around.
+// a slow (not stalled) node is routed around; a step of a job on two nodes is
+// published from either.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -73,12 +75,16 @@ class PublishNodesTest : public ::testing::Test {
       testing::DaemonProcess& source, Rank& r0, Rank& r1, uint64_t step) {
     absl::Status saved = SaveAll({&r0, &r1}, step, proto::TIER_LOCAL_DISK);
     if (!saved.ok()) return saved;
+    return Publish(source.socket(), Request(step));
+  }
+  // Publishes the model of `step` as a version of "policy".
+  static proto::PublishRequest Request(uint64_t step) {
     proto::PublishRequest request;
     request.set_job("pub");
     request.set_step(step);
     request.set_topic("policy");
     request.add_items("model/*");
-    return Publish(source.socket(), request);
+    return request;
   }
   // Waits for version `version` on `node` and checks it holds step `step`'s
   // values, bit for bit.
@@ -276,6 +282,43 @@ TEST_F(PublishNodesTest, ACorruptCopyIsFetchedAgainElsewhereNeverReadable) {
   ASSERT_TRUE(c.Start()) << c.log();
   ExpectVersion(c, 1, 1);
   EXPECT_GE(Metric(c, "ckpt_version_refetches_total"), 1) << c.log();
+}
+
+// A job on two nodes, no replicas anywhere: the node asked to publish
+// fetches the other node's rank from it first; the subscriber gets every
+// rank bit-exact, from either source. With the other node gone, the publish
+// fails naming the rank it could not get.
+TEST_F(PublishNodesTest, AStepOfAJobOnTwoNodesIsPublishedFromEither) {
+  auto no_replicas = [](std::vector<std::string> args) {
+    auto it = std::find(args.begin(), args.end(), "--peer-replicas");
+    *(it + 1) = "0";
+    return args;
+  };
+  testing::DaemonProcess a(no_replicas(NodeArgs(etcd_, "node-a"))),
+      b(no_replicas(NodeArgs(etcd_, "node-b"))),
+      c(no_replicas(Subscriber("node-c", {"--fanout-degree", "1"})));
+  for (auto* n : {&a, &b, &c}) ASSERT_TRUE(n->Start()) << n->log();
+  WaitForSubscribers(a, 1);
+  Rank r0(a.socket(), "pub", 0, 2, kGlobal),
+      r1(b.socket(), "pub", 1, 2, kGlobal);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt);
+  auto v1 = SaveAndPublish(a, r0, r1, 1);
+  ASSERT_TRUE(v1.ok()) << v1.status() << a.log();
+  ExpectVersion(c, 1, 1);
+  EXPECT_EQ(Metric(a, "ckpt_publish_fetched_shards_total"), 1) << a.log();
+  auto v2 = SaveAndPublish(b, r0, r1, 2);
+  ASSERT_TRUE(v2.ok()) << v2.status() << b.log();
+  EXPECT_EQ(v2->source_node(), "node-b");
+  ExpectVersion(c, 2, 2);
+  EXPECT_EQ(Metric(b, "ckpt_publish_fetched_shards_total"), 1) << b.log();
+
+  ASSERT_TRUE(SaveAll({&r0, &r1}, 3, proto::TIER_LOCAL_DISK).ok());
+  b.Kill();
+  auto v3 = Publish(a.socket(), Request(3));
+  EXPECT_TRUE(absl::IsFailedPrecondition(v3.status())) << v3.status();
+  EXPECT_THAT(v3.status().message(),
+              ::testing::HasSubstr("rank 1's shard is not on this node and "
+                                   "could not be fetched from a peer"));
 }
 
 TEST_F(PublishNodesTest, BadSubscriptionsAreRefusedWithTheReason) {
