@@ -113,6 +113,11 @@ struct CheckpointerOptions {
   // trainer's restore (the default) is where it resumes, and withdraws the
   // rank's shards of newer, uncommitted steps (see Restore).
   bool read_only = false;
+  // How long a restore waits for a node that may hold the only copy of the
+  // rank's shard while it restarts (ckptd names it: a peer registered but not
+  // answering, or one lost less than --reprotect-delay ago), asking again
+  // with a growing pause; then the restore fails with ckptd's error.
+  absl::Duration restore_peer_wait = absl::Seconds(60);
 };
 
 // What the Checkpointer did, for tests and benchmarks.
@@ -287,8 +292,12 @@ class Checkpointer {
  private:
   using Rpc = CheckpointerRpc;
   explicit Checkpointer(const CheckpointerOptions& options);
-  // Restore minus the report to the daemon.
+  // Restore minus the report to the daemon: RestoreOnce again while a node
+  // that may hold the only copy is restarting (Unavailable), up to
+  // `restore_peer_wait`.
   absl::Status RestoreFrom(uint64_t step);
+  absl::Status RestoreOnce(uint64_t step, const proto::CommitRecord& commit,
+                           const std::string& what);
   // What a restore's collaborators work on (the items, ckptd, the device,
   // the report).
   RestoreContext Restoring();

@@ -77,8 +77,26 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
     return absl::NotFoundError(
         absl::StrCat(what, ": step ", step, " is not committed at any tier"));
   }
-  if (commit->world_size() != options_.world_size) {
-    return Resharder(Restoring(), what).Restore(step, commit->world_size());
+  const absl::Time deadline = absl::Now() + options_.restore_peer_wait;
+  absl::Duration pause = absl::Milliseconds(200);
+  for (;;) {
+    absl::Status restored = RestoreOnce(step, *commit, what);
+    if (!absl::IsUnavailable(restored) || absl::Now() + pause > deadline) {
+      return restored;
+    }
+    CKPT_LOG_WARN("{}; asking again in {} (waiting up to {} in all)",
+                  restored.ToString(), absl::FormatDuration(pause),
+                  absl::FormatDuration(options_.restore_peer_wait));
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Seconds(2));
+  }
+}
+
+absl::Status Checkpointer::RestoreOnce(uint64_t step,
+                                       const proto::CommitRecord& commit,
+                                       const std::string& what) {
+  if (commit.world_size() != options_.world_size) {
+    return Resharder(Restoring(), what).Restore(step, commit.world_size());
   }
   if (device_->host_resident()) {
     // A shard on no local tier streams straight from a peer into place.
@@ -100,7 +118,7 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
     bool vanished = false;
     restored = ShardRestorer(Restoring(), what)
-                   .Restore(step, commit->world_size(), &vanished);
+                   .Restore(step, commit.world_size(), &vanished);
     if (restored.ok() || !vanished) break;
     CKPT_LOG_WARN("{} ({}); asking ckptd again", restored.ToString(),
                   "its copies on this node were dropped while it was read");

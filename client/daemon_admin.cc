@@ -11,7 +11,9 @@ namespace ckpt::client {
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what,
                       absl::string_view socket_path) {
   if (s.ok()) return absl::OkStatus();
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+  // UNAVAILABLE from the transport: no daemon answered.
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      s.error_details() != proto::DaemonAnswered::descriptor()->full_name()) {
     return absl::UnavailableError(absl::StrCat(
         what, ": ckptd", socket_path.empty() ? "" : " at ", socket_path,
         " is unreachable (stopped or restarting?): ", s.error_message()));

@@ -200,6 +200,13 @@ void Replicator::Loop() {
         lost.push_back(it->first);
         it = lost_since_.erase(it);
       }
+      {
+        absl::MutexLock lock(&mu_);
+        awaited_.clear();
+        for (const auto& [node, since] : lost_since_) {
+          if (known_peers_.count(node) == 0) awaited_.emplace(node, since);
+        }
+      }
       if (!lost.empty() && on_peers_lost_) {
         on_peers_lost_(lost);
         absl::MutexLock lock(&mu_);

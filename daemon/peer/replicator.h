@@ -214,10 +214,19 @@ class Replicator {
     proto::Tier tier;
   };
   // The peers among `peers` that have a copy of `key`, memory before disk;
-  // appends every peer asked to `asked`.
-  std::vector<Candidate> PeersWith(const ReplicaStore::Key& key,
-                                   const std::vector<proto::PeerInfo>& peers,
-                                   std::vector<std::string>* asked);
+  // appends every peer asked to `asked`, and those that did not answer to
+  // `unreachable` (if given).
+  std::vector<Candidate> PeersWith(
+      const ReplicaStore::Key& key, const std::vector<proto::PeerInfo>& peers,
+      std::vector<std::string>* asked,
+      std::vector<std::string>* unreachable = nullptr);
+  // Why no peer has a copy of `key` when some node that may hold one is
+  // restarting: a live peer that did not answer (`unreachable`: its lease
+  // outlives its process), or a node lost less than `reprotect_delay` ago
+  // (the cluster waits that long for it to come back). Unavailable naming
+  // them, for a restore to wait on; OK when there is none.
+  absl::Status Restarting(const std::string& what,
+                          const std::vector<std::string>& unreachable);
   absl::StatusOr<proto::LocateShardResponse> LocateOn(
       const proto::PeerInfo& peer, const ReplicaStore::Key& key,
       bool with_items);
@@ -276,6 +285,8 @@ class Replicator {
   class FetchingKey;
 
   mutable absl::Mutex mu_;
+  // lost_since_'s nodes not back yet, for Restarting (other threads).
+  std::map<std::string, absl::Time> awaited_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<io::BulkServer> bulk_ ABSL_GUARDED_BY(mu_);
   Rebuilder rebuild_ ABSL_GUARDED_BY(mu_);

@@ -165,8 +165,9 @@ absl::StatusOr<proto::ShardRecord> Replicator::FetchFromPeers(
     const ReplicaStore::Key& key) {
   const std::string what = Describe(key.job, key.step, key.rank);
   ASSIGN_OR_RETURN(std::vector<proto::PeerInfo> peers, Peers());
-  std::vector<std::string> asked;
-  const std::vector<Candidate> candidates = PeersWith(key, peers, &asked);
+  std::vector<std::string> asked, unreachable;
+  const std::vector<Candidate> candidates =
+      PeersWith(key, peers, &asked, &unreachable);
   std::vector<std::string> failures;
   for (const Candidate& c : candidates) {
     const absl::Time start = absl::Now();
@@ -192,7 +193,40 @@ absl::StatusOr<proto::ShardRecord> Replicator::FetchFromPeers(
     failures.push_back(
         absl::StrCat(c.peer->node_id(), ": ", got.status().message()));
   }
-  return NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
+  absl::Status none =
+      NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
+  if (absl::IsNotFound(none)) {
+    // Nobody has it now; a node coming back may.
+    absl::Status restarting = Restarting(what, unreachable);
+    if (!restarting.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(none.message(), "; ", restarting.message()));
+    }
+  }
+  return none;
+}
+
+absl::Status Replicator::Restarting(
+    const std::string& what, const std::vector<std::string>& unreachable) {
+  std::vector<std::string> nodes;
+  for (const std::string& node : unreachable) {
+    nodes.push_back(absl::StrCat(node, " (registered, not answering)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [node, since] : awaited_) {
+      nodes.push_back(
+          absl::StrCat(node, " (lost ",
+                       absl::FormatDuration(absl::Trunc(
+                           absl::Now() - since, absl::Milliseconds(100))),
+                       " ago; awaited for --reprotect-delay ",
+                       absl::FormatDuration(options_.reprotect_delay), ")"));
+    }
+  }
+  if (nodes.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "node", nodes.size() > 1 ? "s " : " ", absl::StrJoin(nodes, ", "),
+      " may be restarting with a copy of ", what));
 }
 
 void Replicator::SetRebuilder(Rebuilder rebuild) {
@@ -262,7 +296,7 @@ absl::StatusOr<proto::ShardRecord> Replicator::Rebuilt(
 
 std::vector<Replicator::Candidate> Replicator::PeersWith(
     const ReplicaStore::Key& key, const std::vector<proto::PeerInfo>& peers,
-    std::vector<std::string>* asked) {
+    std::vector<std::string>* asked, std::vector<std::string>* unreachable) {
   std::vector<Candidate> candidates;
   for (const proto::PeerInfo& peer : peers) {
     asked->push_back(peer.node_id());
@@ -270,6 +304,10 @@ std::vector<Replicator::Candidate> Replicator::PeersWith(
         LocateOn(peer, key, /*with_items=*/false);
     if (resp.ok() && resp->tier() != proto::TIER_UNSPECIFIED) {
       candidates.push_back({&peer, resp->tier()});
+    }
+    if (unreachable != nullptr && (absl::IsUnavailable(resp.status()) ||
+                                   absl::IsDeadlineExceeded(resp.status()))) {
+      unreachable->push_back(peer.node_id());
     }
   }
   // A peer's memory before a peer's disk (DESIGN.md §2).

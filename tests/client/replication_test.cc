@@ -8,6 +8,8 @@
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -373,6 +375,63 @@ TEST(ReplicationTest, ARankMovedToANodeWithoutACopyStreamsItFromThePeer) {
                                        "[1-9]"));
   // Nothing of step 1 landed in node c's memory on the way.
   EXPECT_THAT(c.log(), ::testing::Not(HasSubstr("step 1 rank 0: fetched")));
+}
+
+// The only copy of rank 1's shard is on node b (no replicas), and b restarts:
+// a restore of rank 1 on node a waits for it (ckptd says b may be restarting:
+// registered but not answering, then lost less than --reprotect-delay ago)
+// and completes bit-exact once b is back; with b gone for good, the restore
+// gives up after its wait, naming b.
+TEST(ReplicationTest, ARestoreWaitsForARestartingNodeWithTheOnlyCopy) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  auto args = [&](const std::string& node) {
+    std::vector<std::string> a =
+        NodeArgs(etcd, node, {"--reprotect-delay", "30"});
+    *(std::find(a.begin(), a.end(), "--peer-replicas") + 1) = "0";
+    return a;
+  };
+  testing::DaemonProcess a(args("node-a")), b(args("node-b"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  constexpr int64_t kGlobal = 1 << 20;
+  {
+    Rank r0(a.socket(), "wait", 0, 2, kGlobal),
+        r1(b.socket(), "wait", 1, 2, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    for (uint64_t step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(SaveAll({&r0, &r1}, step, proto::TIER_LOCAL_DISK).ok());
+    }
+  }
+  b.Kill();
+  Rank moved(a.socket(), "wait", 1, 2, kGlobal);
+  ASSERT_TRUE(moved.ckpt);
+  std::atomic<bool> done{false};
+  absl::Status restored;
+  std::thread restore([&] {
+    restored = moved.ckpt->Restore(1);
+    done = true;
+  });
+  // Past b's lease (2 s): b is lost, and awaited.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_FALSE(done) << restored;
+  ASSERT_TRUE(b.Start()) << b.log();
+  restore.join();
+  ASSERT_TRUE(restored.ok()) << restored << "\n" << a.log();
+  EXPECT_TRUE(moved.Matches(1));
+
+  b.Kill();
+  CheckpointerOptions impatient{"wait", 1, 2, a.socket()};
+  impatient.restore_peer_wait = absl::Seconds(2);
+  Rank gone(a.socket(), "wait", 1, 2, kGlobal);
+  gone.ckpt = ConnectRank(impatient, {gone.w.data(), gone.global, gone.offset,
+                                      gone.length, &gone.rng});
+  ASSERT_TRUE(gone.ckpt);
+  // Step 1 of rank 1 is cached on a now; step 2 only b has.
+  absl::Status refused = gone.ckpt->Restore(2);
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("node-b"));
+  EXPECT_THAT(refused.message(), HasSubstr("may be restarting"));
 }
 
 // Tier T3: node a copies every second step to a shared directory; once node a
