@@ -40,6 +40,16 @@ std::string LatestKey(const std::string& job, proto::Tier tier) {
   return absl::StrCat("/ckpt/", job, "/latest/", TierName(tier));
 }
 
+absl::StatusOr<std::vector<proto::Tier>> Coordinator::VoteMany(
+    const std::string& job, uint64_t step, const std::vector<uint32_t>& ranks,
+    uint32_t world_size, const std::vector<proto::Tier>& tiers) {
+  std::vector<proto::Tier> committed;
+  for (uint32_t rank : ranks) {
+    ASSIGN_OR_RETURN(committed, Vote(job, step, rank, world_size, tiers));
+  }
+  return committed;
+}
+
 absl::Status ValidateVote(const std::string& job, uint64_t step, uint32_t rank,
                           uint32_t world_size,
                           const std::vector<proto::Tier>& tiers) {

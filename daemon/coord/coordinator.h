@@ -4,6 +4,9 @@
 // the latest committed step of a tier never goes backward. Key layout
 // (DESIGN.md §5), shared by every backend:
 //   /ckpt/<job>/steps/<step:020>/votes/<rank:010>    VoteRecord
+//   (etcd also indexes the votes, so a vote counts them without reading
+//   them: .../reached/<tier>/<rank:010> per tier a rank reached, and
+//   .../worlds/<world size:010> per world size voted with.)
 //   /ckpt/<job>/steps/<step:020>/commit/<tier>       CommitRecord
 //   /ckpt/<job>/latest/<tier>                        the latest committed step
 //   /ckpt/cluster/seal-key                           ClusterKeyRecord
@@ -42,6 +45,13 @@ class Coordinator {
   virtual absl::StatusOr<std::vector<proto::Tier>> Vote(
       const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
       const std::vector<proto::Tier>& tiers) = 0;
+  // Vote of several of this node's ranks of one step, every one reaching
+  // `tiers`: one round trip where the backend allows (etcd: a transaction
+  // per kVoteBatch ranks). Returns the tiers the step is committed at after
+  // them. The default votes one rank at a time.
+  virtual absl::StatusOr<std::vector<proto::Tier>> VoteMany(
+      const std::string& job, uint64_t step, const std::vector<uint32_t>& ranks,
+      uint32_t world_size, const std::vector<proto::Tier>& tiers);
   virtual absl::StatusOr<absl::optional<proto::CommitRecord>> GetCommit(
       const std::string& job, uint64_t step, proto::Tier tier) = 0;
   virtual absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,9 +63,20 @@ class EtcdCoordinator final : public Coordinator {
   // Stops the keep-alives and revokes the lease (peers see the node leave).
   ~EtcdCoordinator() override;
 
+  // Votes cast while another of the same step, world size and tiers is in
+  // flight go together in the next transaction (a node's ranks finishing at
+  // once make one vote of the node).
   absl::StatusOr<std::vector<proto::Tier>> Vote(
       const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
       const std::vector<proto::Tier>& tiers) override;
+  // One transaction per kVoteBatch ranks, which counts the step's votes
+  // per tier without reading them (count-only ranges over the index keys):
+  // a vote's cost does not grow with the number of ranks.
+  absl::StatusOr<std::vector<proto::Tier>> VoteMany(
+      const std::string& job, uint64_t step, const std::vector<uint32_t>& ranks,
+      uint32_t world_size, const std::vector<proto::Tier>& tiers) override;
+  // Ranks per vote transaction (etcd's --max-txn-ops is 128 by default).
+  static constexpr size_t kVoteBatch = 16;
   absl::StatusOr<absl::optional<proto::CommitRecord>> GetCommit(
       const std::string& job, uint64_t step, proto::Tier tier) override;
   absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
@@ -140,16 +152,22 @@ class EtcdCoordinator final : public Coordinator {
                      int64_t after_revision, absl::Duration timeout);
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(
       const etcdserverpb::TxnRequest& request, const std::string& what);
-  // Vote's steps (etcd_coordinator_steps.cc): the vote written, with every
-  // vote (response 1) and commit (response 2) of the step read after it;
-  // those votes, all of one world size; a tier's commit made.
-  absl::StatusOr<etcdserverpb::TxnResponse> WriteVote(
-      const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
-      const std::vector<proto::Tier>& tiers, int64_t lease,
-      const std::string& what);
-  absl::StatusOr<std::vector<proto::VoteRecord>> VotesOfStep(
-      const etcdserverpb::ResponseOp& range, uint32_t world_size,
-      const std::string& what);
+  // VoteMany's steps (etcd_coordinator_steps.cc): the votes of up to
+  // kVoteBatch ranks written, with what the step has after them counted
+  // (StepCounts); the world sizes voted with checked (one, or the error that
+  // names the rank that differs); a tier's commit made.
+  struct StepCounts {
+    std::map<proto::Tier, int64_t> reached;  // ranks that reached each tier
+    int64_t worlds = 0;                      // world sizes voted with
+    std::set<std::string> commits;           // commit keys of the step
+  };
+  absl::StatusOr<StepCounts> WriteVotes(const std::string& job, uint64_t step,
+                                        const std::vector<uint32_t>& ranks,
+                                        uint32_t world_size,
+                                        const std::vector<proto::Tier>& tiers,
+                                        int64_t lease, const std::string& what);
+  absl::Status CheckOneWorld(const std::string& job, uint64_t step,
+                             uint32_t world_size, const std::string& what);
   absl::Status CommitTier(const std::string& job, uint64_t step,
                           proto::Tier tier, uint32_t world_size, int64_t lease,
                           const std::string& what);
@@ -168,6 +186,29 @@ class EtcdCoordinator final : public Coordinator {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  // Votes waiting for the transaction in flight of their kind (Vote).
+  struct Queued {
+    uint32_t rank = 0;
+    bool done = false;
+    absl::StatusOr<std::vector<proto::Tier>> result;
+  };
+  struct VoteKind {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t world_size = 0;
+    std::vector<proto::Tier> tiers;  // sorted
+    bool operator<(const VoteKind& o) const {
+      return std::tie(job, step, world_size, tiers) <
+             std::tie(o.job, o.step, o.world_size, o.tiers);
+    }
+  };
+  struct VoteQueue {
+    std::vector<Queued*> waiting;
+    bool flushing = false;
+  };
+  absl::Mutex votes_mu_;  // taken before mu_
+  absl::CondVar voted_;
+  std::map<VoteKind, VoteQueue> vote_queues_ ABSL_GUARDED_BY(votes_mu_);
   // The votes this node wrote: key -> (record, revision written at).
   std::map<std::string, std::pair<std::string, int64_t>> my_votes_
       ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 // EtcdCoordinator: votes and commit records (Vote, the commit queries,
 // WithdrawVote, ForgetStep, RollBack). See etcd_coordinator.h.
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -21,106 +22,216 @@ using etcd_ops::ModifiedAt;
 using etcd_ops::PrefixEnd;
 using etcd_ops::PutOp;
 
+namespace {
+
+// The index of the votes (see coordinator.h): counted, never read.
+std::string ReachedPrefix(const std::string& job, uint64_t step,
+                          proto::Tier tier) {
+  return absl::StrCat(StepPrefix(job, step), "reached/", TierName(tier), "/");
+}
+std::string ReachedKey(const std::string& job, uint64_t step, proto::Tier tier,
+                       uint32_t rank) {
+  char padded[16];
+  std::snprintf(padded, sizeof padded, "%010u", rank);
+  return ReachedPrefix(job, step, tier) + padded;
+}
+std::string WorldsPrefix(const std::string& job, uint64_t step) {
+  return StepPrefix(job, step) + "worlds/";
+}
+std::string WorldKey(const std::string& job, uint64_t step, uint32_t world) {
+  char padded[16];
+  std::snprintf(padded, sizeof padded, "%010u", world);
+  return WorldsPrefix(job, step) + padded;
+}
+
+etcdserverpb::RequestOp CountOp(const std::string& prefix) {
+  etcdserverpb::RequestOp op;
+  auto* range = op.mutable_request_range();
+  range->set_key(prefix);
+  range->set_range_end(PrefixEnd(prefix));
+  range->set_count_only(true);
+  return op;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::Vote(
     const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
     const std::vector<proto::Tier>& tiers) {
   RETURN_IF_ERROR(ValidateVote(job, step, rank, world_size, tiers));
-  const std::string what =
-      absl::StrCat("vote of job ", job, " step ", step, " rank ", rank);
-  const int64_t lease = lease_id();
-  if (lease == 0) return FencedOr(lease, absl::OkStatus());
-  ASSIGN_OR_RETURN(etcdserverpb::TxnResponse voted,
-                   WriteVote(job, step, rank, world_size, tiers, lease, what));
-  ASSIGN_OR_RETURN(std::vector<proto::VoteRecord> votes,
-                   VotesOfStep(voted.responses(1), world_size, what));
-  std::set<std::string> commits;
-  for (const etcdserverpb::KeyValue& kv :
-       voted.responses(2).response_range().kvs()) {
-    commits.insert(kv.key());
+  VoteKind kind{job, step, world_size, tiers};
+  std::sort(kind.tiers.begin(), kind.tiers.end());
+  Queued mine;
+  mine.rank = rank;
+  absl::MutexLock lock(&votes_mu_);
+  VoteQueue& queue = vote_queues_[kind];
+  queue.waiting.push_back(&mine);
+  // One thread per kind sends: it takes what queued up while its last
+  // transaction was in flight, until nothing is left.
+  while (!mine.done && queue.flushing) voted_.Wait(&votes_mu_);
+  if (mine.done) return std::move(mine.result);
+  queue.flushing = true;
+  while (!queue.waiting.empty()) {
+    std::vector<Queued*> batch;
+    batch.swap(queue.waiting);
+    std::vector<uint32_t> ranks;
+    for (Queued* q : batch) ranks.push_back(q->rank);
+    votes_mu_.Unlock();
+    absl::StatusOr<std::vector<proto::Tier>> result =
+        VoteMany(job, step, ranks, world_size, kind.tiers);
+    votes_mu_.Lock();
+    for (Queued* q : batch) {
+      q->result = result;
+      q->done = true;
+    }
+    voted_.SignalAll();
+  }
+  queue.flushing = false;
+  vote_queues_.erase(kind);
+  return std::move(mine.result);
+}
+
+absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::VoteMany(
+    const std::string& job, uint64_t step, const std::vector<uint32_t>& ranks,
+    uint32_t world_size, const std::vector<proto::Tier>& tiers) {
+  for (uint32_t rank : ranks) {
+    RETURN_IF_ERROR(ValidateVote(job, step, rank, world_size, tiers));
   }
   std::vector<proto::Tier> committed;
-  for (proto::Tier tier : kAllTiers) {
-    // Votes are never taken back once a step is committed, so a tier not
-    // every rank reached has no commit.
-    if (commits.count(CommitKey(job, step, tier)) == 0) {
-      if (VotesReaching(votes, tier) < world_size) continue;
-      RETURN_IF_ERROR(CommitTier(job, step, tier, world_size, lease, what));
+  for (size_t at = 0; at < ranks.size(); at += kVoteBatch) {
+    const std::vector<uint32_t> batch(
+        ranks.begin() + at,
+        ranks.begin() + std::min(ranks.size(), at + kVoteBatch));
+    const std::string what =
+        batch.size() == 1
+            ? absl::StrCat("vote of job ", job, " step ", step, " rank ",
+                           batch[0])
+            : absl::StrCat("votes of job ", job, " step ", step, " ranks ",
+                           batch.front(), "..", batch.back());
+    const int64_t lease = lease_id();
+    if (lease == 0) return FencedOr(lease, absl::OkStatus());
+    ASSIGN_OR_RETURN(StepCounts counts, WriteVotes(job, step, batch, world_size,
+                                                   tiers, lease, what));
+    if (counts.worlds > 1) {
+      RETURN_IF_ERROR(CheckOneWorld(job, step, world_size, what));
     }
-    committed.push_back(tier);
+    committed.clear();
+    for (proto::Tier tier : kAllTiers) {
+      // Votes are never taken back once a step is committed, so a tier not
+      // every rank reached has no commit.
+      if (counts.commits.count(CommitKey(job, step, tier)) == 0) {
+        if (counts.reached[tier] < static_cast<int64_t>(world_size)) continue;
+        RETURN_IF_ERROR(CommitTier(job, step, tier, world_size, lease, what));
+      }
+      committed.push_back(tier);
+    }
   }
   return committed;
 }
 
-// This rank's vote, merged with what it voted before, written only while
-// this node holds its lease; the same transaction reads every vote and
-// commit of the step after the write, so of two racing voters the later one
-// sees both votes.
-absl::StatusOr<etcdserverpb::TxnResponse> EtcdCoordinator::WriteVote(
-    const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
-    const std::vector<proto::Tier>& tiers, int64_t lease,
+// The ranks' votes, each merged with what it voted before, and their index
+// keys, written only while this node holds its lease; the same transaction
+// counts the step's votes per tier after the writes, so of two racing voters
+// the later one counts both.
+absl::StatusOr<EtcdCoordinator::StepCounts> EtcdCoordinator::WriteVotes(
+    const std::string& job, uint64_t step, const std::vector<uint32_t>& ranks,
+    uint32_t world_size, const std::vector<proto::Tier>& tiers, int64_t lease,
     const std::string& what) {
-  const std::string vote_key = VoteKey(job, step, rank);
-  const std::string votes_prefix = StepPrefix(job, step) + "votes/";
-  const std::string commits_prefix = StepPrefix(job, step) + "commit/";
   // This node is the only writer of its ranks' votes: what it wrote last
   // (and the revision it was written at) is remembered, so a vote is one
   // transaction. Without that memory (the first vote, a restart), the key is
   // assumed absent; a failed comparison then reads it and retries.
-  absl::optional<std::pair<std::string, int64_t>> known;
+  std::map<std::string, std::pair<std::string, int64_t>> known;
   {
     absl::MutexLock lock(&mu_);
-    auto it = my_votes_.find(vote_key);
-    if (it != my_votes_.end()) known = it->second;
+    for (uint32_t rank : ranks) {
+      auto it = my_votes_.find(VoteKey(job, step, rank));
+      if (it != my_votes_.end()) known.insert(*it);
+    }
   }
   for (int attempt = 0;; ++attempt) {
-    proto::VoteRecord mine;
-    mine.set_rank(rank);
-    mine.set_world_size(world_size);
-    int64_t revision = 0;
-    if (known.has_value()) {
-      ASSIGN_OR_RETURN(mine,
-                       ParseRecord<proto::VoteRecord>(vote_key, known->first));
-      revision = known->second;
-    }
-    std::set<int> merged(mine.tiers().begin(), mine.tiers().end());
-    for (proto::Tier t : tiers) merged.insert(t);
-    mine.clear_tiers();
-    for (int t : merged) mine.add_tiers(static_cast<proto::Tier>(t));
     etcdserverpb::TxnRequest txn;
     *txn.add_compare() = HoldsLease(lease);
-    *txn.add_compare() = ModifiedAt(vote_key, revision);
-    *txn.add_success() = PutOp(vote_key, mine.SerializeAsString());
-    for (const std::string* prefix : {&votes_prefix, &commits_prefix}) {
-      auto* range = txn.add_success()->mutable_request_range();
-      range->set_key(*prefix);
-      range->set_range_end(PrefixEnd(*prefix));
+    std::map<std::string, std::string> written;
+    for (uint32_t rank : ranks) {
+      const std::string key = VoteKey(job, step, rank);
+      proto::VoteRecord mine;
+      mine.set_rank(rank);
+      mine.set_world_size(world_size);
+      int64_t revision = 0;
+      if (auto it = known.find(key); it != known.end()) {
+        ASSIGN_OR_RETURN(mine,
+                         ParseRecord<proto::VoteRecord>(key, it->second.first));
+        revision = it->second.second;
+      }
+      std::set<int> merged(mine.tiers().begin(), mine.tiers().end());
+      for (proto::Tier t : tiers) merged.insert(t);
+      mine.clear_tiers();
+      for (int t : merged) {
+        mine.add_tiers(static_cast<proto::Tier>(t));
+        *txn.add_success() =
+            PutOp(ReachedKey(job, step, static_cast<proto::Tier>(t), rank), "");
+      }
+      *txn.add_compare() = ModifiedAt(key, revision);
+      written[key] = mine.SerializeAsString();
+      *txn.add_success() = PutOp(key, written[key]);
     }
+    *txn.add_success() = PutOp(WorldKey(job, step, world_size), "");
+    const int counted = txn.success_size();
+    for (proto::Tier tier : kAllTiers) {
+      *txn.add_success() = CountOp(ReachedPrefix(job, step, tier));
+    }
+    *txn.add_success() = CountOp(WorldsPrefix(job, step));
+    const std::string commits_prefix = StepPrefix(job, step) + "commit/";
+    auto* commits = txn.add_success()->mutable_request_range();
+    commits->set_key(commits_prefix);
+    commits->set_range_end(PrefixEnd(commits_prefix));
+    commits->set_keys_only(true);
     ASSIGN_OR_RETURN(etcdserverpb::TxnResponse voted, Txn(txn, what));
     if (voted.succeeded()) {
-      absl::MutexLock lock(&mu_);
-      if (my_votes_.size() > 100000) my_votes_.clear();  // bounded memory
-      my_votes_[vote_key] = {mine.SerializeAsString(),
-                             voted.header().revision()};
-      return voted;
+      {
+        absl::MutexLock lock(&mu_);
+        if (my_votes_.size() > 100000) my_votes_.clear();  // bounded memory
+        for (auto& [key, record] : written) {
+          my_votes_[key] = {std::move(record), voted.header().revision()};
+        }
+      }
+      StepCounts counts;
+      int at = counted;
+      for (proto::Tier tier : kAllTiers) {
+        counts.reached[tier] = voted.responses(at++).response_range().count();
+      }
+      counts.worlds = voted.responses(at++).response_range().count();
+      for (const etcdserverpb::KeyValue& kv :
+           voted.responses(at).response_range().kvs()) {
+        counts.commits.insert(kv.key());
+      }
+      return counts;
     }
     absl::Status why = FencedOr(lease, absl::AbortedError(absl::StrCat(
                                            what, ": the vote kept changing")));
     if (why.code() != absl::StatusCode::kAborted || attempt >= kAttempts) {
       return why;
     }
-    ASSIGN_OR_RETURN(etcdserverpb::RangeResponse old, Range(vote_key, false));
-    known.reset();
-    if (old.kvs_size() == 1) {
-      known = std::make_pair(old.kvs(0).value(), old.kvs(0).mod_revision());
+    known.clear();
+    for (uint32_t rank : ranks) {
+      const std::string key = VoteKey(job, step, rank);
+      ASSIGN_OR_RETURN(etcdserverpb::RangeResponse old, Range(key, false));
+      if (old.kvs_size() == 1) {
+        known[key] = {old.kvs(0).value(), old.kvs(0).mod_revision()};
+      }
     }
   }
 }
 
-absl::StatusOr<std::vector<proto::VoteRecord>> EtcdCoordinator::VotesOfStep(
-    const etcdserverpb::ResponseOp& range, uint32_t world_size,
-    const std::string& what) {
-  std::vector<proto::VoteRecord> votes;
-  for (const etcdserverpb::KeyValue& kv : range.response_range().kvs()) {
+// More than one world size was voted with (or one withdrawn vote's index
+// stayed): the votes themselves say whether one differs.
+absl::Status EtcdCoordinator::CheckOneWorld(const std::string& job,
+                                            uint64_t step, uint32_t world_size,
+                                            const std::string& what) {
+  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse votes,
+                   Range(StepPrefix(job, step) + "votes/", true));
+  for (const etcdserverpb::KeyValue& kv : votes.kvs()) {
     ASSIGN_OR_RETURN(proto::VoteRecord v,
                      ParseRecord<proto::VoteRecord>(kv.key(), kv.value()));
     if (v.world_size() != world_size) {
@@ -128,9 +239,8 @@ absl::StatusOr<std::vector<proto::VoteRecord>> EtcdCoordinator::VotesOfStep(
           absl::StrCat(what, " with world size ", world_size, ", but rank ",
                        v.rank(), " voted with world size ", v.world_size()));
     }
-    votes.push_back(std::move(v));
   }
-  return votes;
+  return absl::OkStatus();
 }
 
 // The commit record, created only if absent, with the tier's latest pointer
@@ -253,6 +363,10 @@ absl::Status EtcdCoordinator::WithdrawVote(const std::string& job,
   }
   txn.add_success()->mutable_request_delete_range()->set_key(
       VoteKey(job, step, rank));
+  for (proto::Tier tier : kAllTiers) {
+    txn.add_success()->mutable_request_delete_range()->set_key(
+        ReachedKey(job, step, tier, rank));
+  }
   txn.add_success()->mutable_request_delete_range()->set_key(
       HolderKey(job, step, rank));
   // A commit record seen by the transaction may be gone by the time it is

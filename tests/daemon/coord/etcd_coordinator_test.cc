@@ -143,6 +143,33 @@ TEST_F(EtcdCoordinatorTest, TheLatestStepNeverGoesBackward) {
             absl::StatusCode::kAlreadyExists);
 }
 
+// Votes in batches (more ranks than one transaction takes) count as votes one
+// at a time do; a withdrawn vote no longer counts.
+TEST_F(EtcdCoordinatorTest, VotesInBatchesCountRankByRank) {
+  auto a = Node("node-a"), b = Node("node-b");
+  ASSERT_TRUE(a && b);
+  auto ranks = [](uint32_t from, uint32_t to) {
+    std::vector<uint32_t> r;
+    for (uint32_t i = from; i < to; ++i) r.push_back(i);
+    return r;
+  };
+  EXPECT_THAT(*a->VoteMany("job", 3, ranks(0, 20), 40, {kMem, kDisk}),
+              ElementsAre());
+  EXPECT_THAT(*b->VoteMany("job", 3, ranks(20, 39), 40, {kMem}), ElementsAre());
+  ASSERT_TRUE(b->WithdrawVote("job", 3, 38).ok());
+  EXPECT_THAT(*b->VoteMany("job", 3, {39}, 40, {kMem}), ElementsAre());
+  EXPECT_FALSE(a->GetCommit("job", 3, kMem)->has_value());
+  EXPECT_THAT(*b->VoteMany("job", 3, {38}, 40, {kMem}), ElementsAre(kMem));
+  EXPECT_EQ(**a->LatestCommitted("job", kMem), 3u);
+  // The disk: ranks 20..39 reach it later, one batch.
+  EXPECT_THAT(*b->VoteMany("job", 3, ranks(20, 40), 40, {kDisk}),
+              ElementsAre(kMem, kDisk));
+  // Another world size in a batch is refused, naming the rank that differs.
+  auto bad = a->VoteMany("job", 3, {0, 1}, 41, {kMem});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bad.status().message(), HasSubstr("world size 40"));
+}
+
 TEST_F(EtcdCoordinatorTest, RacingNodesCommitEachStepExactlyOnce) {
   constexpr int kNodes = 4, kRanksPerNode = 4, kSteps = 6;
   std::vector<std::unique_ptr<EtcdCoordinator>> nodes;
