@@ -97,11 +97,14 @@ absl::StatusOr<std::vector<proto::Tier>> EtcdCoordinator::VoteMany(
   for (uint32_t rank : ranks) {
     RETURN_IF_ERROR(ValidateVote(job, step, rank, world_size, tiers));
   }
+  // A rank twice (two votes of it queued together) is one vote: etcd refuses
+  // a transaction that writes a key twice.
+  const std::set<uint32_t> unique(ranks.begin(), ranks.end());
+  const std::vector<uint32_t> all(unique.begin(), unique.end());
   std::vector<proto::Tier> committed;
-  for (size_t at = 0; at < ranks.size(); at += kVoteBatch) {
+  for (size_t at = 0; at < all.size(); at += kVoteBatch) {
     const std::vector<uint32_t> batch(
-        ranks.begin() + at,
-        ranks.begin() + std::min(ranks.size(), at + kVoteBatch));
+        all.begin() + at, all.begin() + std::min(all.size(), at + kVoteBatch));
     const std::string what =
         batch.size() == 1
             ? absl::StrCat("vote of job ", job, " step ", step, " rank ",
