@@ -202,6 +202,10 @@ void Replicator::Loop() {
       }
       {
         absl::MutexLock lock(&mu_);
+        last_seen_.clear();
+        for (const auto& [node, incarnation] : known_peers_) {
+          last_seen_.insert(node);
+        }
         awaited_.clear();
         for (const auto& [node, since] : lost_since_) {
           if (known_peers_.count(node) == 0) awaited_.emplace(node, since);

@@ -225,8 +225,11 @@ class Replicator {
   // outlives its process), or a node lost less than `reprotect_delay` ago
   // (the cluster waits that long for it to come back). Unavailable naming
   // them, for a restore to wait on; OK when there is none.
+  // `peers`: the live peers now; a node the pushing thread last saw live
+  // that is not among them was lost moments ago (awaited too).
   absl::Status Restarting(const std::string& what,
-                          const std::vector<std::string>& unreachable);
+                          const std::vector<std::string>& unreachable,
+                          const std::vector<proto::PeerInfo>& peers);
   absl::StatusOr<proto::LocateShardResponse> LocateOn(
       const proto::PeerInfo& peer, const ReplicaStore::Key& key,
       bool with_items);
@@ -287,6 +290,8 @@ class Replicator {
   mutable absl::Mutex mu_;
   // lost_since_'s nodes not back yet, for Restarting (other threads).
   std::map<std::string, absl::Time> awaited_ ABSL_GUARDED_BY(mu_);
+  // The peers the pushing thread last saw live.
+  std::set<std::string> last_seen_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<io::BulkServer> bulk_ ABSL_GUARDED_BY(mu_);
   Rebuilder rebuild_ ABSL_GUARDED_BY(mu_);

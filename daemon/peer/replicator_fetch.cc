@@ -197,7 +197,7 @@ absl::StatusOr<proto::ShardRecord> Replicator::FetchFromPeers(
       NoCopy(absl::StatusCode::kDataLoss, what, failures, asked);
   if (absl::IsNotFound(none)) {
     // Nobody has it now; a node coming back may.
-    absl::Status restarting = Restarting(what, unreachable);
+    absl::Status restarting = Restarting(what, unreachable, peers);
     if (!restarting.ok()) {
       return absl::UnavailableError(
           absl::StrCat(none.message(), "; ", restarting.message()));
@@ -206,14 +206,27 @@ absl::StatusOr<proto::ShardRecord> Replicator::FetchFromPeers(
   return none;
 }
 
-absl::Status Replicator::Restarting(
-    const std::string& what, const std::vector<std::string>& unreachable) {
+absl::Status Replicator::Restarting(const std::string& what,
+                                    const std::vector<std::string>& unreachable,
+                                    const std::vector<proto::PeerInfo>& peers) {
   std::vector<std::string> nodes;
   for (const std::string& node : unreachable) {
     nodes.push_back(absl::StrCat(node, " (registered, not answering)"));
   }
   {
     absl::MutexLock lock(&mu_);
+    if (options_.reprotect_delay > absl::ZeroDuration()) {
+      for (const std::string& node : last_seen_) {
+        const bool live = std::any_of(
+            peers.begin(), peers.end(),
+            [&](const proto::PeerInfo& p) { return p.node_id() == node; });
+        if (!live && awaited_.count(node) == 0) {
+          nodes.push_back(absl::StrCat(
+              node, " (lost just now; awaited for --reprotect-delay ",
+              absl::FormatDuration(options_.reprotect_delay), ")"));
+        }
+      }
+    }
     for (const auto& [node, since] : awaited_) {
       nodes.push_back(
           absl::StrCat(node, " (lost ",
