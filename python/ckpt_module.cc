@@ -99,8 +99,14 @@ class PyCheckpointer {
                  uintptr_t compute_stream, const std::string& host_snapshot,
                  bool read_only, bool order_compute_stream,
                  uint64_t gather_max_tensor_bytes, uint64_t gather_buffer_bytes,
-                 uint64_t restore_buffer_bytes) {
+                 uint64_t restore_buffer_bytes, double restore_peer_wait_s) {
     client::CheckpointerOptions options;
+    if (!(restore_peer_wait_s >= 0)) {
+      RaiseIfError(absl::InvalidArgumentError(
+          absl::StrCat("restore_peer_wait is ", restore_peer_wait_s,
+                       "; it must be 0 or more seconds")));
+    }
+    options.restore_peer_wait = Seconds(restore_peer_wait_s);
     options.read_only = read_only;
     options.job = job;
     options.rank = rank;
@@ -387,7 +393,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def(py::init<const std::string&, uint32_t, uint32_t, const std::string&,
                     double, const std::string&, int, uintptr_t,
                     const std::string&, bool, bool, uint64_t, uint64_t,
-                    uint64_t>(),
+                    uint64_t, double>(),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1,
            py::arg("socket") = "", py::arg("rpc_timeout") = 30.0,
            py::arg("device") = "cpu", py::arg("cuda_device") = 0,
@@ -395,7 +401,8 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("read_only") = false, py::arg("order_compute_stream") = true,
            py::arg("gather_max_tensor_bytes") = uint64_t{1} << 20,
            py::arg("gather_buffer_bytes") = uint64_t{64} << 20,
-           py::arg("restore_buffer_bytes") = uint64_t{256} << 20)
+           py::arg("restore_buffer_bytes") = uint64_t{256} << 20,
+           py::arg("restore_peer_wait") = 60.0)
       .def("register_tensor", &PyCheckpointer::RegisterTensor, py::arg("name"),
            py::arg("dtype"), py::arg("data_ptr"), py::arg("global_shape"),
            py::arg("box_offset") = py::none(),

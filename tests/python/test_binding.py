@@ -83,6 +83,13 @@ class BindingTest(DaemonTestCase):
         self.assertIn("absent.sock does not exist (is ckptd running", str(e.exception))
         self.assertIsInstance(e.exception, ConnectionError)
 
+    def test_restore_peer_wait_is_checked(self):
+        c = ckpt.Checkpointer("wait", socket=self.daemon.socket, restore_peer_wait=1.5)
+        c.close()
+        with self.assertRaises(ckpt.InvalidArgumentError) as e:
+            ckpt.Checkpointer("wait", socket=self.daemon.socket, restore_peer_wait=-1)
+        self.assertIn("restore_peer_wait is -1", str(e.exception))
+
     def test_ckpt_socket_names_the_daemon_when_no_socket_is_given(self):
         code = ("import ckpt; c = ckpt.Checkpointer('binding-env'); "
                 "print(ckpt.default_socket()); print(c.latest_committed()); c.close()")

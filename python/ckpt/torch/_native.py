@@ -14,9 +14,11 @@ from ckpt.torch._state import DTYPES
 class NativeBinding:
 
     def __init__(self, job, rank, world_size, socket, rpc_timeout,
-                 host_snapshot, device=None, read_only=False):
+                 host_snapshot, device=None, read_only=False,
+                 restore_peer_wait=60.0):
         self.job, self.rank, self.world_size = job, rank, world_size
         self.socket, self.rpc_timeout = socket, rpc_timeout
+        self.restore_peer_wait = restore_peer_wait
         self.host_snapshot, self.device = host_snapshot, device
         self.read_only = read_only  # restores never withdraw newer shards
         self.native = None
@@ -39,7 +41,8 @@ class NativeBinding:
                                   cuda_device=cuda_device,
                                   compute_stream=stream,
                                   host_snapshot=self.host_snapshot,
-                                  read_only=self.read_only)
+                                  read_only=self.read_only,
+                                  restore_peer_wait=self.restore_peer_wait)
 
     def close(self):
         if self.native is not None:

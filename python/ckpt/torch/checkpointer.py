@@ -34,7 +34,10 @@ class Checkpointer:
     (containers, scalars, tensors, numpy arrays: see ckpt.torch._unpickle)
     and refuse any other class a pickle names, as torch.load(weights_only=
     True) does; trusted_globals adds classes (or "module.name"), and
-    unsafe_pickle=True trusts the checkpoint with everything."""
+    unsafe_pickle=True trusts the checkpoint with everything.
+    restore_peer_wait: seconds a restore waits while the node that may hold
+    the only copy of this rank's shard restarts (ckptd names it), asking
+    again, before it raises ckptd's UNAVAILABLE."""
 
     def __init__(self,
                  state,
@@ -47,7 +50,8 @@ class Checkpointer:
                  rng=True,
                  host_snapshot="copy",
                  trusted_globals=(),
-                 unsafe_pickle=False):
+                 unsafe_pickle=False,
+                 restore_peer_wait=60.0):
         if not isinstance(state, dict):
             raise errors.InvalidArgumentError(
                 f"state must be a dict of tensors, modules, optimizers and "
@@ -64,7 +68,8 @@ class Checkpointer:
         self._resume = None  # the epoch of the last rejoin(), until restore()
         self._binding = NativeBinding(job, self.rank, self.world_size,
                                       self.socket, rpc_timeout, host_snapshot,
-                                      device)
+                                      device,
+                                      restore_peer_wait=restore_peer_wait)
         self._binding.sync(self._flatten())
 
     # --- the public API ---------------------------------------------------
