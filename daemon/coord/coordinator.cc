@@ -30,6 +30,20 @@ std::string StepPrefix(const std::string& job, uint64_t step) {
 std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank) {
   return absl::StrCat(StepPrefix(job, step), "votes/", Pad(rank, 10));
 }
+std::string ReachedPrefix(const std::string& job, uint64_t step,
+                          proto::Tier tier) {
+  return absl::StrCat(StepPrefix(job, step), "reached/", TierName(tier), "/");
+}
+std::string ReachedKey(const std::string& job, uint64_t step, proto::Tier tier,
+                       uint32_t rank) {
+  return ReachedPrefix(job, step, tier) + Pad(rank, 10);
+}
+std::string WorldsPrefix(const std::string& job, uint64_t step) {
+  return StepPrefix(job, step) + "worlds/";
+}
+std::string WorldKey(const std::string& job, uint64_t step, uint32_t world) {
+  return WorldsPrefix(job, step) + Pad(world, 10);
+}
 std::string HolderKey(const std::string& job, uint64_t step, uint32_t rank) {
   return absl::StrCat(StepPrefix(job, step), "parity/holders/", Pad(rank, 10));
 }

@@ -222,6 +222,14 @@ class Coordinator {
 // Key helpers shared by the backends.
 std::string StepPrefix(const std::string& job, uint64_t step);
 std::string VoteKey(const std::string& job, uint64_t step, uint32_t rank);
+// The votes' index (etcd): the ranks that reached a tier, and the world sizes
+// voted with.
+std::string ReachedPrefix(const std::string& job, uint64_t step,
+                          proto::Tier tier);
+std::string ReachedKey(const std::string& job, uint64_t step, proto::Tier tier,
+                       uint32_t rank);
+std::string WorldsPrefix(const std::string& job, uint64_t step);
+std::string WorldKey(const std::string& job, uint64_t step, uint32_t world);
 // Where `rank`'s shard of the step lies (the erasure-coded peer tier):
 // withdrawing the rank's vote takes it back too.
 std::string HolderKey(const std::string& job, uint64_t step, uint32_t rank);

@@ -1,7 +1,6 @@
 // EtcdCoordinator: votes and commit records (Vote, the commit queries,
 // WithdrawVote, ForgetStep, RollBack). See etcd_coordinator.h.
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <set>
 
@@ -24,26 +23,7 @@ using etcd_ops::PutOp;
 
 namespace {
 
-// The index of the votes (see coordinator.h): counted, never read.
-std::string ReachedPrefix(const std::string& job, uint64_t step,
-                          proto::Tier tier) {
-  return absl::StrCat(StepPrefix(job, step), "reached/", TierName(tier), "/");
-}
-std::string ReachedKey(const std::string& job, uint64_t step, proto::Tier tier,
-                       uint32_t rank) {
-  char padded[16];
-  std::snprintf(padded, sizeof padded, "%010u", rank);
-  return ReachedPrefix(job, step, tier) + padded;
-}
-std::string WorldsPrefix(const std::string& job, uint64_t step) {
-  return StepPrefix(job, step) + "worlds/";
-}
-std::string WorldKey(const std::string& job, uint64_t step, uint32_t world) {
-  char padded[16];
-  std::snprintf(padded, sizeof padded, "%010u", world);
-  return WorldsPrefix(job, step) + padded;
-}
-
+// The votes' index (coordinator.h) is counted, never read.
 etcdserverpb::RequestOp CountOp(const std::string& prefix) {
   etcdserverpb::RequestOp op;
   auto* range = op.mutable_request_range();
