@@ -26,7 +26,7 @@ size_t PageRound(size_t n) {
 // Whether the chunk's raw bytes lie, as they are, page aligned in the file.
 bool InPlace(const proto::ChunkInfo& c) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  return c.base() == 0 && c.codec() == proto::CODEC_NONE &&
+  return c.base() == 0 && c.xor_base() == 0 && c.codec() == proto::CODEC_NONE &&
          c.filter() == proto::FILTER_NONE && c.raw_size() == c.stored_size() &&
          c.stored_offset() == snapshot::kAlignment &&
          (c.file_offset() + c.stored_offset()) % page == 0 &&

@@ -98,6 +98,10 @@ absl::Status DecodeChunk(const ChunkHeader& header,
 // XXH3-64 of `bytes`.
 uint64_t Checksum(absl::Span<const uint8_t> bytes);
 
+// dst[i] ^= src[i] for every byte of dst (src at least as long): an XOR
+// delta made, or undone (format 5).
+void XorInto(absl::Span<uint8_t> dst, absl::Span<const uint8_t> src);
+
 }  // namespace ckpt::snapshot
 
 #endif  // CKPT_SNAPSHOT_CHUNK_CODEC_H_

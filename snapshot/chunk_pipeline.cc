@@ -1,7 +1,9 @@
 #include "snapshot/chunk_pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "snapshot/format.h"
@@ -19,9 +21,10 @@ struct ChunkPipeline::Task {
 ChunkPipeline::ChunkPipeline(std::vector<Chunk> chunks,
                              const CodecOptions& codec, CodecGovernor* governor,
                              io::ThreadPool* pool, int encode_threads,
-                             size_t chunk_size)
+                             size_t chunk_size, double min_delta_saving)
     : codec_(codec),
       governor_(codec.codec == proto::CODEC_NONE ? nullptr : governor),
+      min_delta_saving_(min_delta_saving),
       pool_(pool) {
   if (pool_ == nullptr) {
     own_pool_ = std::make_unique<io::ThreadPool>(encode_threads);
@@ -75,20 +78,61 @@ void ChunkPipeline::Schedule(Task* task) {
     if (result.unchanged) {
       result.encoded = EncodedChunk();
     } else {
-      CodecOptions chunk_codec = codec_;
-      if (governor_ != nullptr) {
-        result.choice = governor_->Choose(chunk.raw.size());
-        if (!result.choice->compress) chunk_codec.codec = proto::CODEC_NONE;
-        chunk_codec.zstd_level = result.choice->level;
-      }
-      result.encoded =
-          EncodeChunk(chunk.raw, result.header.element_width, chunk_codec,
-                      buffers_.get(), &result.header, hash);
+      if (!hash.has_value()) hash = Checksum(chunk.raw);
+      Encode(chunk, *hash, result);
     }
     absl::MutexLock l(&task->mu);
     task->result = std::move(result);
     task->done = true;
   });
+}
+
+void ChunkPipeline::Encode(const Chunk& chunk, uint64_t raw_xxh3,
+                           Result& result) {
+  CodecOptions chunk_codec = codec_;
+  if (governor_ != nullptr) {
+    result.choice = governor_->Choose(chunk.raw.size());
+    if (!result.choice->compress) chunk_codec.codec = proto::CODEC_NONE;
+    chunk_codec.zstd_level = result.choice->level;
+  }
+  result.raw_xxh3 = raw_xxh3;
+  result.encoded =
+      EncodeChunk(chunk.raw, result.header.element_width, chunk_codec,
+                  buffers_.get(), &result.header, raw_xxh3);
+  if (result.encoded.ok() && chunk.read_base_raw != nullptr &&
+      chunk_codec.codec != proto::CODEC_NONE) {
+    TryDelta(chunk, chunk_codec, result);
+  }
+}
+
+void ChunkPipeline::TryDelta(const Chunk& chunk, const CodecOptions& codec,
+                             Result& result) {
+  thread_local std::vector<uint8_t> delta;
+  delta.resize(chunk.raw.size());
+  const absl::Span<uint8_t> bytes(delta.data(), delta.size());
+  // The base's bytes, checked: a slot reused since, or a file that lies,
+  // gives no delta (the chunk is stored as it is).
+  if (!(*chunk.read_base_raw)(chunk.header.item_index, chunk.header.raw_offset,
+                              bytes)
+           .ok() ||
+      Checksum(bytes) != chunk.base_chunk->raw_xxh3()) {
+    return;
+  }
+  XorInto(bytes, chunk.raw);
+  ChunkHeader header = chunk.header;
+  header.xor_delta = true;
+  CodecOptions delta_codec = codec;
+  delta_codec.in_place = false;  // `delta` is this thread's, reused
+  absl::StatusOr<EncodedChunk> encoded = EncodeChunk(
+      bytes, header.element_width, delta_codec, buffers_.get(), &header);
+  if (!encoded.ok() || header.codec == proto::CODEC_NONE ||
+      static_cast<double>(header.stored_size) >
+          (1 - min_delta_saving_) *
+              static_cast<double>(result.header.stored_size)) {
+    return;
+  }
+  result.header = header;
+  result.encoded = std::move(encoded);
 }
 
 std::optional<ChunkPipeline::Result> ChunkPipeline::Next() {

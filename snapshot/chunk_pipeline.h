@@ -4,6 +4,8 @@
 // unchanged on the pool and not encoded. The codec governor is told what each
 // chunk cost end to end: from handing the previous chunk to the disk to
 // handing this one, the last one's cost including the drain of the writes.
+// A changed chunk whose base chunk's raw bytes can be had (ReadBaseRaw) is
+// also encoded as the XOR with them, and stored so when that is smaller.
 //
 // Thread-safety: driven by one thread; the pool's threads touch only the
 // chunks being encoded. The destructor waits for them.
@@ -12,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -26,6 +29,12 @@
 
 namespace ckpt::snapshot {
 
+// Reads the base's raw bytes of the chunk at `raw_offset` of item
+// `item_index` into `out` (its raw size). Called on the pool's threads, several
+// at once.
+using ReadBaseRaw = std::function<absl::Status(
+    uint32_t item_index, uint64_t raw_offset, absl::Span<uint8_t> out)>;
+
 class ChunkPipeline {
  public:
   // One chunk to store.
@@ -38,6 +47,9 @@ class ChunkPipeline {
     const proto::ChunkInfo* base_chunk = nullptr;
     // The raw bytes' hash, when the caller knew it.
     std::optional<uint64_t> known_xxh3;
+    // Set when the chunk may be stored as the XOR with base_chunk's raw
+    // bytes (float elements, format 5, a base that can give them).
+    const ReadBaseRaw* read_base_raw = nullptr;
   };
   // What became of one chunk.
   struct Result {
@@ -45,15 +57,20 @@ class ChunkPipeline {
     // Unchanged: recorded as the base chunk, nothing to write.
     bool unchanged = false;
     ChunkHeader header;  // as encoded (sizes, codec, checksums)
+    // The raw bytes' checksum (header.raw_xxh3 is the delta's for a delta).
+    uint64_t raw_xxh3 = 0;
     absl::StatusOr<EncodedChunk> encoded = absl::UnknownError("pending");
     std::optional<CodecChoice> choice;  // the governor's, if it was asked
   };
 
   // Encodes on `pool`, or when it is null on a pool of its own of
   // `encode_threads`; `governor` may be null.
+  // A delta is kept when it stores `min_delta_saving` of the chunk's stored
+  // size less.
   ChunkPipeline(std::vector<Chunk> chunks, const CodecOptions& codec,
                 CodecGovernor* governor, io::ThreadPool* pool,
-                int encode_threads, size_t chunk_size);
+                int encode_threads, size_t chunk_size,
+                double min_delta_saving = 0.1);
   ~ChunkPipeline();
   ChunkPipeline(const ChunkPipeline&) = delete;
   ChunkPipeline& operator=(const ChunkPipeline&) = delete;
@@ -75,10 +92,16 @@ class ChunkPipeline {
  private:
   struct Task;
   void Schedule(Task* task);
+  // Encodes a changed chunk, as the XOR with its base chunk when that is
+  // smaller than as it is.
+  void Encode(const Chunk& chunk, uint64_t raw_xxh3, Result& result);
+  // `result` replaced by the chunk's XOR delta if it is stored smaller.
+  void TryDelta(const Chunk& chunk, const CodecOptions& codec, Result& result);
   double SecondsSinceLastHanded();
 
   const CodecOptions codec_;
   CodecGovernor* const governor_;
+  const double min_delta_saving_;
   std::unique_ptr<io::ThreadPool> own_pool_;
   io::ThreadPool* pool_;
   size_t window_;

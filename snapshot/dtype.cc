@@ -59,4 +59,9 @@ std::vector<proto::DType> AllDTypes() {
   return out;
 }
 
+bool IsWideFloat(proto::DType dtype) {
+  return dtype == proto::DTYPE_FLOAT16 || dtype == proto::DTYPE_BFLOAT16 ||
+         dtype == proto::DTYPE_FLOAT32 || dtype == proto::DTYPE_FLOAT64;
+}
+
 }  // namespace ckpt::snapshot

@@ -18,6 +18,9 @@ size_t DTypeSize(proto::DType dtype);
 // "float32", "bfloat16", ...; "unknown(N)" for values not in the enum.
 std::string DTypeName(proto::DType dtype);
 absl::StatusOr<proto::DType> ParseDType(absl::string_view name);
+// Floating point of 2 bytes or more (float16, bfloat16, float32, float64):
+// what may be stored as an XOR delta.
+bool IsWideFloat(proto::DType dtype);
 // Every dtype a tensor may have (all but DTYPE_UNSPECIFIED).
 std::vector<proto::DType> AllDTypes();
 

@@ -83,10 +83,10 @@ bool KnownFilter(proto::Filter f) {
 }  // namespace
 
 // Layout (little-endian): magic[4] version u16 codec u8 filter u8 | width u8
-// reserved[3] item u32 chunk u32 | raw_size u32 stored_size u32 stored_offset
-// u32 (version 2; zero in version 1) |
-// raw_offset u64 raw_xxh3 u64 stored_xxh3 u64 | header_xxh3 u64 (of bytes
-// 0..55).
+// flags u8 (version 5: bit 0, an XOR delta; else zero) reserved[2] item u32
+// chunk u32 | raw_size u32 stored_size u32 stored_offset u32 (version 2; zero
+// in version 1) | raw_offset u64 raw_xxh3 u64 stored_xxh3 u64 | header_xxh3 u64
+// (of bytes 0..55).
 void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
   std::memset(out, 0, kChunkHeaderSize);
   std::memcpy(out, kChunkMagic, 4);
@@ -94,6 +94,7 @@ void EncodeChunkHeader(const ChunkHeader& h, uint8_t out[kChunkHeaderSize]) {
   out[6] = static_cast<uint8_t>(h.codec);
   out[7] = static_cast<uint8_t>(h.filter);
   out[8] = static_cast<uint8_t>(h.element_width);
+  out[9] = h.xor_delta ? 1 : 0;
   Put32(out + 12, h.item_index);
   Put32(out + 16, h.chunk_index);
   Put32(out + 20, h.raw_size);
@@ -129,11 +130,14 @@ absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
     return absl::DataLossError(
         absl::StrCat("chunk header: unsupported version ", version));
   }
-  if (!AllZero(p + 9, 3) || (version == 1 && !AllZero(p + 28, 4))) {
+  const uint8_t flags_allowed = version >= kDeltaFormatVersion ? 1 : 0;
+  if ((p[9] & ~flags_allowed) != 0 || !AllZero(p + 10, 2) ||
+      (version == 1 && !AllZero(p + 28, 4))) {
     return absl::DataLossError("chunk header: reserved bytes are not zero");
   }
   ChunkHeader h;
   h.version = version;
+  h.xor_delta = (p[9] & 1) != 0;
   if (version >= 2) {
     h.stored_offset = Get32(p + 28);
     if (h.stored_offset != kChunkHeaderSize && h.stored_offset != kAlignment) {
@@ -259,8 +263,9 @@ ChunkHeader HeaderFor(const proto::ChunkInfo& c, uint32_t item_index,
   h.raw_size = c.raw_size();
   h.stored_size = c.stored_size();
   h.raw_offset = c.raw_offset();
-  h.raw_xxh3 = c.raw_xxh3();
+  h.raw_xxh3 = c.xor_base() > 0 ? c.delta_xxh3() : c.raw_xxh3();
   h.stored_xxh3 = c.stored_xxh3();
+  h.xor_delta = c.xor_base() > 0;
   return h;
 }
 
@@ -270,7 +275,8 @@ bool operator==(const ChunkHeader& a, const ChunkHeader& b) {
          a.element_width == b.element_width && a.item_index == b.item_index &&
          a.chunk_index == b.chunk_index && a.raw_size == b.raw_size &&
          a.stored_size == b.stored_size && a.raw_offset == b.raw_offset &&
-         a.raw_xxh3 == b.raw_xxh3 && a.stored_xxh3 == b.stored_xxh3;
+         a.raw_xxh3 == b.raw_xxh3 && a.stored_xxh3 == b.stored_xxh3 &&
+         a.xor_delta == b.xor_delta;
 }
 
 namespace {
@@ -387,6 +393,32 @@ absl::Status ValidateCoding(const proto::ChunkInfo& chunk, uint32_t version,
   return absl::OkStatus();
 }
 
+// An XOR delta: only in format 5, against one of the manifest's bases.
+absl::Status ValidateDelta(const proto::ShardManifest& m,
+                           const proto::ChunkInfo& chunk) {
+  if (chunk.xor_base() == 0) {
+    if (chunk.delta_xxh3() != 0 || chunk.xor_depth() != 0)
+      return absl::DataLossError(
+          "a delta checksum or depth on a chunk that is no delta");
+    return absl::OkStatus();
+  }
+  if (chunk.xor_depth() == 0 || chunk.xor_depth() > m.increments()) {
+    return absl::DataLossError(
+        absl::StrCat("XOR delta depth ", chunk.xor_depth(), " outside [1, ",
+                     m.increments(), "] (the increments since a full save)"));
+  }
+  if (m.format_version() < kDeltaFormatVersion) {
+    return absl::DataLossError(
+        absl::StrCat("an XOR delta in format ", m.format_version()));
+  }
+  if (chunk.xor_base() > static_cast<uint32_t>(m.bases_size())) {
+    return absl::DataLossError(
+        absl::StrCat("XOR delta against base ", chunk.xor_base(),
+                     " but the manifest has ", m.bases_size(), " base shards"));
+  }
+  return absl::OkStatus();
+}
+
 // Where a chunk lies: in this file at `file_pos`, or aligned in a base; its
 // stored offset valid in the format.
 absl::Status ValidatePlacement(const proto::ShardManifest& m,
@@ -415,7 +447,7 @@ absl::Status ValidatePlacement(const proto::ShardManifest& m,
   if (stored_offset == kAlignment && chunk.codec() != proto::CODEC_NONE) {
     return absl::DataLossError("a compressed chunk stored at the alignment");
   }
-  return absl::OkStatus();
+  return ValidateDelta(m, chunk);
 }
 
 // Chunk `c` of an item, the next `raw_pos` bytes of it.

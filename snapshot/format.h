@@ -20,12 +20,13 @@ namespace ckpt::snapshot {
 
 // What writers write; readers also read every version from
 // kOldestFormatVersion on.
-inline constexpr uint32_t kFormatVersion = 4;
+inline constexpr uint32_t kFormatVersion = 5;
 inline constexpr uint32_t kOldestFormatVersion = 1;
-// The first versions with chunks stored in base shards (incremental saves)
-// and with byte-plane coded chunks (CODEC_ZSTD_PLANES).
+// The first versions with chunks stored in base shards (incremental saves),
+// with byte-plane coded chunks (CODEC_ZSTD_PLANES) and with XOR deltas.
 inline constexpr uint32_t kIncrementalFormatVersion = 3;
 inline constexpr uint32_t kPlanesFormatVersion = 4;
+inline constexpr uint32_t kDeltaFormatVersion = 5;
 // The oldest version a writer may be asked to write (ckptd --shard-format), so
 // that nodes not yet upgraded read what upgraded ones write.
 inline constexpr uint32_t kOldestWrittenFormatVersion = 3;
@@ -66,8 +67,11 @@ struct ChunkHeader {
   uint32_t raw_size = 0;
   uint32_t stored_size = 0;
   uint64_t raw_offset = 0;
+  // The raw bytes' checksum; for an XOR delta, the decoded delta's.
   uint64_t raw_xxh3 = 0;
   uint64_t stored_xxh3 = 0;
+  // Format 5: the stored bytes decode to an XOR delta (flags byte, bit 0).
+  bool xor_delta = false;
 };
 
 // The file name of rank `rank`'s shard of step `step`: the step in 20 digits,

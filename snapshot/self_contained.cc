@@ -17,6 +17,29 @@
 namespace ckpt::snapshot {
 namespace {
 
+// The entry of an XOR delta's chunk stored whole and raw at `file_offset`.
+proto::ChunkInfo RawEntryFor(const proto::ChunkInfo& delta,
+                             uint64_t file_offset) {
+  proto::ChunkInfo c = delta;
+  c.set_base(0);
+  c.set_xor_base(0);
+  c.set_delta_xxh3(0);
+  c.set_xor_depth(0);
+  c.set_file_offset(file_offset);
+  c.set_codec(proto::CODEC_NONE);
+  c.set_filter(proto::FILTER_NONE);
+  c.set_stored_size(c.raw_size());
+  c.set_stored_offset(kChunkHeaderSize);
+  c.set_stored_xxh3(c.raw_xxh3());  // stored bytes are the raw bytes
+  return c;
+}
+
+// Its header, from the delta's entry in the shard.
+ChunkHeader RawHeaderFor(const proto::ChunkInfo& delta, uint32_t item,
+                         uint32_t chunk, uint32_t version) {
+  return HeaderFor(RawEntryFor(delta, 0), item, chunk, version);
+}
+
 // The view: consecutive byte ranges, each read from a file (a chunk where it
 // lies) or from memory (the new manifest, padding and footer).
 class View : public io::SyncReadableFile {
@@ -24,8 +47,13 @@ class View : public io::SyncReadableFile {
   struct Segment {
     uint64_t start = 0;  // in the view
     uint64_t length = 0;
-    io::ReadableFile* file = nullptr;  // null: `tail_`
+    io::ReadableFile* file = nullptr;  // null: `tail_` or a delta's chunk
     uint64_t source = 0;               // offset in `file` or in `tail_`
+    // An XOR delta stored whole and raw: chunk `chunk` of item `item`, made
+    // when read (its header and bytes).
+    bool materialized = false;
+    uint32_t item = 0;
+    uint32_t chunk = 0;
   };
   View(std::unique_ptr<ShardReader> reader, std::vector<Segment> segments,
        std::string tail, uint64_t size)
@@ -51,7 +79,10 @@ class View : public io::SyncReadableFile {
       const uint64_t into = offset - s.start;
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(dst.size(), s.length - into));
-      if (s.file == nullptr) {
+      if (s.materialized) {
+        RETURN_IF_ERROR(Materialize(i));
+        std::memcpy(dst.data(), made_.data() + into, n);
+      } else if (s.file == nullptr) {
         std::memcpy(dst.data(), tail_.data() + s.source + into, n);
       } else {
         RETURN_IF_ERROR(s.file->Read(s.source + into, dst.first(n)));
@@ -65,10 +96,31 @@ class View : public io::SyncReadableFile {
   const std::string& path() const override { return reader_->path(); }
 
  private:
+  // Segment `i`'s chunk in made_, decoded through its bases, framed raw.
+  absl::Status Materialize(size_t i) {
+    if (made_segment_ == i) return absl::OkStatus();
+    made_segment_ = SIZE_MAX;
+    const Segment& s = segments_[i];
+    const proto::ChunkInfo& c = reader_->manifest()
+                                    .items(static_cast<int>(s.item))
+                                    .chunks(static_cast<int>(s.chunk));
+    made_.assign(s.length, 0);
+    RETURN_IF_ERROR(reader_->ReadChunk(
+        s.item, s.chunk,
+        absl::MakeSpan(made_.data() + kChunkHeaderSize, c.raw_size())));
+    EncodeChunkHeader(
+        RawHeaderFor(c, s.item, s.chunk, reader_->manifest().format_version()),
+        made_.data());
+    made_segment_ = i;
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<ShardReader> reader_;  // owns the files
   std::vector<Segment> segments_;
   std::string tail_;
   uint64_t size_;
+  std::vector<uint8_t> made_;  // the last delta materialized
+  size_t made_segment_ = SIZE_MAX;
 };
 
 }  // namespace
@@ -93,8 +145,23 @@ absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
   flat.set_increments(0);
   std::vector<View::Segment> segments;
   uint64_t at = 0;
-  for (proto::Item& item : *flat.mutable_items()) {
-    for (proto::ChunkInfo& chunk : *item.mutable_chunks()) {
+  for (int i = 0; i < flat.items_size(); ++i) {
+    proto::Item& item = *flat.mutable_items(i);
+    for (int c = 0; c < item.chunks_size(); ++c) {
+      proto::ChunkInfo& chunk = *item.mutable_chunks(c);
+      if (chunk.xor_base() > 0) {
+        // Its bytes depend on other shards': stored whole, raw.
+        chunk = RawEntryFor(chunk, at);
+        const uint64_t footprint =
+            ChunkFootprint(kChunkHeaderSize, chunk.raw_size());
+        View::Segment s{at, footprint, nullptr, 0};
+        s.materialized = true;
+        s.item = static_cast<uint32_t>(i);
+        s.chunk = static_cast<uint32_t>(c);
+        segments.push_back(s);
+        at += footprint;
+        continue;
+      }
       ASSIGN_OR_RETURN(io::ReadableFile * file, reader->FileOf(chunk.base()));
       const uint64_t footprint =
           ChunkFootprint(StoredOffset(chunk), chunk.stored_size());

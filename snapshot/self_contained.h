@@ -4,7 +4,9 @@
 // stand alone. OpenSelfContained presents such a shard as a read-only file in
 // which every chunk is stored: each chunk's bytes read verbatim from the file
 // that holds them (its header and checksums unchanged), the manifest rewritten
-// with the chunks back to back and no bases, and a new footer. A shard with no
+// with the chunks back to back and no bases, and a new footer. A chunk stored
+// as an XOR delta (format 5) depends on other shards' bytes: it is decoded
+// through them when read and stored whole, raw (CODEC_NONE). A shard with no
 // bases is its own file. Readers and receivers check it like any shard file.
 //
 // Thread-safety: a view is used by one thread at a time.

@@ -4,7 +4,10 @@
 // zero padding, stored and raw checksums. Chunks stored in base shards (an
 // incremental save) are read from the bases' files, opened when first needed;
 // each base must be the very file the manifest names (its footer's manifest
-// checksum). Reads are queued through
+// checksum). A chunk stored as an XOR delta (format 5) is decoded, then XORed
+// with the same chunk of the shard it is a delta against, read (and verified)
+// through a reader of that shard, which resolves its own deltas; the result
+// must match the chunk's raw checksum. Reads are queued through
 // io::FileSystem (io_uring, O_DIRECT) a window at a time and decoded in
 // parallel. Every error names the file, and where it applies the item, chunk
 // and file offset.
@@ -77,6 +80,10 @@ class ShardReader {
   // chunks that overlap.
   absl::Status ReadItemRange(absl::string_view name, uint64_t offset,
                              absl::Span<uint8_t> out);
+  // Reads one whole chunk (item and chunk by position); out.size() must be its
+  // raw size.
+  absl::Status ReadChunk(uint32_t item_index, uint32_t chunk_index,
+                         absl::Span<uint8_t> out);
   // Checks every chunk, those stored in base shards too; returns one error per
   // bad chunk and one per base shard that is missing or not the one named
   // (empty when the shard is intact).
@@ -90,6 +97,14 @@ class ShardReader {
 
  private:
   struct Piece;  // one chunk to read and where its bytes go
+  // Chunks of an XOR delta's base shard to read whole.
+  struct BaseChunkRead {
+    uint32_t item_index;
+    uint32_t chunk_index;
+    const proto::Item* item;  // of the shard asking: what the base must hold
+    absl::Span<uint8_t> out;
+    absl::Status status;
+  };
   // A file chunks are read from: the shard's own (0) or a base's.
   struct Source {
     std::string path;
@@ -97,6 +112,9 @@ class ShardReader {
     uint32_t version = 0;
     uint64_t data_end = 0;  // where its chunks end (its manifest's offset)
     absl::Status status;    // why it could not be opened
+    // The shard as a whole, for XOR deltas against it: opened on first use.
+    std::unique_ptr<ShardReader> shard;
+    absl::Status shard_status;
   };
   ShardReader(io::FileSystem* fs, std::string path,
               std::unique_ptr<io::ReadableFile> file,
@@ -109,9 +127,22 @@ class ShardReader {
                          std::vector<Piece>* pieces);
   // Opens base `index` on first use and checks it is the file named.
   Source& SourceOf(uint32_t index);
-  // Reads and decodes `pieces`, from whichever files hold them; stops at the
-  // first error unless `errors` collects them.
+  // A reader of base `index`, for the deltas against it; checked to be the
+  // shard named.
+  absl::StatusOr<ShardReader*> DeltaBaseOf(uint32_t index);
+  // Reads the XOR deltas among `pieces` (a window of them at a time: each
+  // needs its base chunk in memory); the others are left to ReadPieces.
+  absl::Status ReadDeltas(std::vector<Piece>& pieces,
+                          std::vector<absl::Status>* errors);
+  // Reads whole chunks of this shard for a shard with deltas against it:
+  // each must be the chunk the asking shard's item expects.
+  void ReadBaseChunks(std::vector<BaseChunkRead>& reads);
+  // Reads and decodes `pieces`, from whichever files hold them, deltas
+  // with their bases; stops at the first error unless `errors` collects them.
   absl::Status ReadPieces(std::vector<Piece>& pieces,
+                          std::vector<absl::Status>* errors);
+  // ReadPieces for pieces that need no other shard's chunks (or have them).
+  absl::Status ReadStored(std::vector<Piece>& pieces,
                           std::vector<absl::Status>* errors);
   // Reads `pieces`, all stored in `source`.
   absl::Status ReadFrom(Source& source, std::vector<Piece>& pieces,
@@ -131,6 +162,7 @@ class ShardReader {
   std::unique_ptr<io::ThreadPool> own_pool_;
   std::unique_ptr<io::BufferPool>
       buffers_;  // chunk-sized read buffers, reused across windows
+  std::unique_ptr<io::BufferPool> delta_buffers_;  // XOR deltas' base chunks
   proto::ShardManifest manifest_;
   // Item name -> index in manifest_.items() (the first of a name): FindItem
   // in constant time, so reading a model's thousands of items is linear.

@@ -201,7 +201,7 @@ uint32_t ShardWriter::BaseIndex(uint32_t in_base) {
 absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
   ChunkPipeline pipeline(PlanChunks(), options_.codec, options_.governor.get(),
                          options_.pool, options_.encode_threads,
-                         options_.chunk_size);
+                         options_.chunk_size, options_.min_delta_saving);
   // The data region never exceeds every chunk stored raw; reserving it up
   // front keeps the O_DIRECT writes from extending the file. The tail write
   // extends it, then Truncate trims.
@@ -214,7 +214,7 @@ absl::Status ShardWriter::WriteAll(io::WritableFile* file) {
       pipeline.Handed(*chunk);
       continue;
     }
-    RecordStored(chunk->header, chunk->choice, file_pos);
+    RecordStored(*chunk, file_pos);
     // A chunk stored in place is written from the caller's memory, which
     // stays unchanged until Commit() returns.
     const uint64_t footprint = chunk->encoded->size();
@@ -246,6 +246,12 @@ std::vector<ChunkPipeline::Chunk> ShardWriter::PlanChunks() {
                                : 1;
     absl::Span<const uint8_t> data = data_[i];
     const proto::Item* base_item = BaseItem(options_.base.get(), manifest_, i);
+    const ReadBaseRaw* read_base_raw =
+        base_item != nullptr && options_.xor_deltas &&
+                manifest_.format_version() >= kDeltaFormatVersion &&
+                options_.base->read_raw && IsWideFloat(item.dtype())
+            ? &options_.base->read_raw
+            : nullptr;
     uint32_t index = 0;
     for (uint64_t off = 0; off < data.size();
          off += options_.chunk_size, ++index) {
@@ -263,6 +269,8 @@ std::vector<ChunkPipeline::Chunk> ShardWriter::PlanChunks() {
         if (old.raw_offset() == off && old.raw_size() == chunk.raw.size() &&
             old.element_width() == width) {
           chunk.base_chunk = &old;
+          if (old.xor_depth() < options_.max_delta_depth)
+            chunk.read_base_raw = read_base_raw;
         }
       }
     }
@@ -276,11 +284,16 @@ void ShardWriter::RecordUnchanged(uint32_t item_index,
   proto::ChunkInfo* info = manifest_.mutable_items(item_index)->add_chunks();
   *info = base_chunk;
   info->set_base(BaseIndex(base_chunk.base()));
+  // A delta against a shard the base names: the same shard, named here.
+  if (base_chunk.xor_base() > 0)
+    info->set_xor_base(BaseIndex(base_chunk.xor_base()));
 }
 
-void ShardWriter::RecordStored(const ChunkHeader& h,
-                               const std::optional<CodecChoice>& choice,
+void ShardWriter::RecordStored(const ChunkPipeline::Result& result,
                                uint64_t file_offset) {
+  const ChunkHeader& h = result.header;
+  const std::optional<CodecChoice>& choice = result.choice;
+  if (h.xor_delta) ++stats_.deltas;
   if (h.codec != proto::CODEC_NONE) {
     ++stats_.compressed;
   } else if (choice.has_value() && !choice->compress) {
@@ -296,9 +309,15 @@ void ShardWriter::RecordStored(const ChunkHeader& h,
   info->set_codec(h.codec);
   info->set_filter(h.filter);
   info->set_element_width(h.element_width);
-  info->set_raw_xxh3(h.raw_xxh3);
+  info->set_raw_xxh3(result.raw_xxh3);
   info->set_stored_xxh3(h.stored_xxh3);
   info->set_stored_offset(h.stored_offset);
+  if (h.xor_delta) {
+    // Against the base shard itself, wherever it stores that chunk.
+    info->set_xor_base(BaseIndex(0));
+    info->set_delta_xxh3(h.raw_xxh3);
+    info->set_xor_depth(result.chunk->base_chunk->xor_depth() + 1);
+  }
 }
 
 absl::Status ShardWriter::WriteChunk(io::WritableFile* file, uint64_t at,

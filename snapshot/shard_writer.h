@@ -64,9 +64,19 @@ struct TensorRef {
 // at the same index is recorded as stored where the base stores it, and not
 // written. The new shard then depends on the base's file (and on the files it
 // depends on) lying beside it.
+//
+// With `read_raw`, a changed chunk of floats may be stored as the XOR with the
+// base's chunk at its place (format 5), when that is stored smaller:
+// consecutive saves of training state share most sign, exponent and high
+// mantissa bits. The base's bytes are checked against its chunk's raw checksum
+// first; bytes that do not match give no delta.
 struct ShardBase {
   proto::ShardManifest manifest;  // as the base's file holds it
   uint64_t manifest_xxh3 = 0;     // the base's footer manifest checksum
+  // The base's raw bytes of a chunk (its staging slot still in memory, or its
+  // file read back); called on encoding threads, several at once. Null: no
+  // deltas.
+  ReadBaseRaw read_raw;
 };
 
 struct ShardWriterOptions {
@@ -86,6 +96,16 @@ struct ShardWriterOptions {
   std::string recycle_from;
   // Null: every chunk is stored in this shard.
   std::shared_ptr<const ShardBase> base;
+  // Changed float chunks may be stored as XOR deltas (when the format and the
+  // base allow), when that stores at least `min_delta_saving` of the chunk's
+  // stored size less: each delta costs a restore from disk one more decode
+  // of the chunk (the chain's), worth it only for a real saving.
+  bool xor_deltas = true;
+  double min_delta_saving = 0.1;
+  // Deltas a read of a chunk may have to decode, at most: a chunk whose base
+  // chunk is that deep already is stored as it is. Bounds what a restore
+  // from disk reads and decodes per chunk (depth + 1 chunks).
+  uint32_t max_delta_depth = 4;
   // Decides per chunk between compressing (codec.codec, at the level it
   // picks) and storing raw; the writer reports to it what each chunk cost end
   // to end. Null: every chunk is offered to the compressor at
@@ -106,6 +126,7 @@ struct ShardWriteStats {
   uint64_t raw_chosen = 0;          // stored raw: the governor chose so
   uint64_t raw_incompressible = 0;  // stored raw: compressing did not pay
   uint64_t unchanged = 0;           // left in a base shard
+  uint64_t deltas = 0;  // stored as the XOR with the base's chunk (compressed)
 };
 
 class ShardWriter {
@@ -138,9 +159,7 @@ class ShardWriter {
   absl::Status WriteAll(io::WritableFile* file);
   std::vector<ChunkPipeline::Chunk> PlanChunks();
   void RecordUnchanged(uint32_t item_index, const proto::ChunkInfo& base_chunk);
-  void RecordStored(const ChunkHeader& header,
-                    const std::optional<CodecChoice>& choice,
-                    uint64_t file_offset);
+  void RecordStored(const ChunkPipeline::Result& result, uint64_t file_offset);
   static absl::Status WriteChunk(io::WritableFile* file, uint64_t at,
                                  EncodedChunk encoded);
   absl::StatusOr<uint64_t> WriteTail(io::WritableFile* file,

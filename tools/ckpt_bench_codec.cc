@@ -270,8 +270,20 @@ Snapshot Tiled(const Snapshot& s, uint64_t min_bytes) {
 Written Persist(const std::string& dir, uint64_t step, const Snapshot& s,
                 std::shared_ptr<const snapshot::ShardBase> base,
                 std::shared_ptr<snapshot::CodecGovernor> governor = nullptr,
-                bool raw = false) {
+                bool raw = false, const Snapshot* base_bytes = nullptr) {
   snapshot::ShardWriterOptions options;
+  if (base != nullptr && base_bytes != nullptr) {
+    // The previous save's bytes in memory, as ckptd has its slot: changed
+    // float chunks may be stored as XOR deltas.
+    auto with = std::make_shared<snapshot::ShardBase>(*base);
+    with->read_raw = [base_bytes](uint32_t item, uint64_t offset,
+                                  absl::Span<uint8_t> out) {
+      std::memcpy(out.data(), base_bytes->tensors[item].data.data() + offset,
+                  out.size());
+      return absl::OkStatus();
+    };
+    base = std::move(with);
+  }
   options.base = std::move(base);
   options.governor = std::move(governor);
   if (raw) options.codec.codec = proto::CODEC_NONE;
@@ -327,18 +339,57 @@ double Restore(const std::string& dir, uint64_t step, const Snapshot& s) {
 }
 
 // A chain: the run's first snapshot in full, then each next one over the
-// previous shard. Returns the bytes written per save.
+// previous shard, with XOR deltas against it when `deltas`. Returns the
+// bytes written per save.
 std::vector<Written> Chain(const std::string& dir,
-                           const std::vector<Snapshot>& run) {
+                           const std::vector<Snapshot>& run,
+                           bool deltas = true) {
   if (absl::Status s = io::DefaultFileSystem()->CreateDirs(dir); !s.ok())
     Die(std::string(s.message()));
   std::vector<Written> out;
   std::shared_ptr<const snapshot::ShardBase> base;
-  for (const Snapshot& s : run) {
-    out.push_back(Persist(dir, s.step, s, base));
+  for (size_t i = 0; i < run.size(); ++i) {
+    out.push_back(Persist(dir, run[i].step, run[i], base, nullptr, false,
+                          deltas && i > 0 ? &run[i - 1] : nullptr));
     base = out.back().as_base;
   }
   return out;
+}
+
+// Saves one step apart: the bytes each save after the first writes with XOR
+// deltas, against byte-shuffle + zstd -1 of the same chunks (every chunk of
+// dense training changes), and the same chain without deltas.
+struct DeltaResult {
+  double vs_zstd_shuffle = 0;        // reference bytes over ckpt's, per save
+  double vs_no_delta = 0;            // without deltas over with
+  double persist_seconds_ratio = 0;  // with deltas over without
+  double restore_seconds_ratio = 0;  // the last save: with over without
+  uint64_t deltas = 0, chunks = 0;
+};
+DeltaResult DeltaChain(const std::string& dir,
+                       const std::vector<Snapshot>& run) {
+  const std::vector<Written> with = Chain(dir + "/x", run, true);
+  const std::vector<Written> without = Chain(dir + "/n", run, false);
+  DeltaResult r;
+  double ref = 0, ckpt = 0, plain = 0, with_s = 0, without_s = 0;
+  for (size_t i = 1; i < run.size(); ++i) {
+    ref += static_cast<double>(ZstdShuffle(run[i]).stored);
+    ckpt += static_cast<double>(with[i].file_bytes);
+    plain += static_cast<double>(without[i].file_bytes);
+    with_s += with[i].seconds;
+    without_s += without[i].seconds;
+    r.deltas += with[i].chunks.deltas;
+    r.chunks += with[i].chunks.compressed + with[i].chunks.raw_chosen +
+                with[i].chunks.raw_incompressible + with[i].chunks.unchanged;
+  }
+  r.vs_zstd_shuffle = ref / ckpt;
+  r.vs_no_delta = plain / ckpt;
+  r.persist_seconds_ratio = with_s / without_s;
+  (void)std::system("sync");
+  const Snapshot& last = run.back();
+  r.restore_seconds_ratio = Restore(dir + "/x", last.step, last) /
+                            Restore(dir + "/n", last.step, last);
+  return r;
 }
 
 double Mean(const std::vector<double>& v) {
@@ -384,18 +435,36 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   (void)std::system(("rm -rf '" + chain_dir + "'").c_str());
   if (absl::Status s = io::DefaultFileSystem()->CreateDirs(chain_dir); !s.ok())
     Die(std::string(s.message()));
-  const std::vector<Written> frozen_chain = Chain(chain_dir + "/f", frozen);
+  const std::vector<Written> frozen_chain =
+      Chain(chain_dir + "/f", frozen, /*deltas=*/false);
   std::vector<double> frozen_after;
   for (size_t i = 1; i < frozen_chain.size(); ++i) {
     frozen_after.push_back(static_cast<double>(frozen_chain[i].file_bytes) /
                            static_cast<double>(frozen_chain[0].file_bytes));
   }
-  const std::vector<Written> dense_chain = Chain(chain_dir + "/d", dense);
+  const std::vector<Written> dense_chain =
+      Chain(chain_dir + "/d", dense, /*deltas=*/false);
   std::vector<double> dense_after;
   for (size_t i = 1; i < dense_chain.size(); ++i)
     dense_after.push_back(static_cast<double>(dense_chain[i].file_bytes));
   const double incremental_ratio_dense =
       static_cast<double>(dense_chain[0].file_bytes) / Mean(dense_after);
+
+  // Saves one step apart (a trainer saving every step), with XOR deltas.
+  const DeltaResult delta32 =
+      DeltaChain(chain_dir + "/s32", LoadRun(data, "steps_fp32", "grad/"));
+  const DeltaResult delta16 =
+      DeltaChain(chain_dir + "/s16", LoadRun(data, "steps_bf16", "grad/"));
+  const std::vector<Snapshot> frozen_steps =
+      LoadRun(data, "frozen90_steps", "grad/");
+  const std::vector<Written> frozen_steps_chain =
+      Chain(chain_dir + "/fs", frozen_steps);
+  std::vector<double> frozen_steps_after;
+  for (size_t i = 1; i < frozen_steps_chain.size(); ++i) {
+    frozen_steps_after.push_back(
+        static_cast<double>(frozen_steps_chain[i].file_bytes) /
+        static_cast<double>(frozen_steps_chain[0].file_bytes));
+  }
 
   // 3. Throughput against fio, same run: persisting full snapshots of float
   // state (at least 256 MiB: the fp32 snapshot tiled), compressing every
@@ -455,7 +524,20 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   j["decode_mib_s_fp32"] =
       static_cast<double>(raw32) / (1 << 20) / ckpt32.decode_seconds;
   j["frozen90_full_bytes"] = frozen_chain[0].file_bytes;
-  j["incremental_bytes_frozen90"] = Mean(frozen_after);
+  j["incremental_bytes_frozen90"] = Mean(frozen_steps_after);
+  j["incremental_bytes_frozen90_every10"] = Mean(frozen_after);
+  j["delta_vs_zstd_shuffle_fp32"] = delta32.vs_zstd_shuffle;
+  j["delta_vs_zstd_shuffle_bf16"] = delta16.vs_zstd_shuffle;
+  j["delta_vs_no_delta_fp32"] = delta32.vs_no_delta;
+  j["delta_vs_no_delta_bf16"] = delta16.vs_no_delta;
+  j["delta_chunks_fraction_fp32"] =
+      static_cast<double>(delta32.deltas) / static_cast<double>(delta32.chunks);
+  j["delta_chunks_fraction_bf16"] =
+      static_cast<double>(delta16.deltas) / static_cast<double>(delta16.chunks);
+  j["delta_persist_seconds_vs_no_delta_fp32"] = delta32.persist_seconds_ratio;
+  j["delta_persist_seconds_vs_no_delta_bf16"] = delta16.persist_seconds_ratio;
+  j["delta_restore_seconds_vs_no_delta_fp32"] = delta32.restore_seconds_ratio;
+  j["delta_restore_seconds_vs_no_delta_bf16"] = delta16.restore_seconds_ratio;
   j["dense_full_bytes"] = dense_chain[0].file_bytes;
   j["incremental_ratio_dense"] = incremental_ratio_dense;
   j["fio_write_mib_s"] = fio_write;
@@ -504,7 +586,14 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   std::printf(
       "incremental: fine-tuning (frozen) writes %.3f of a full save per "
       "save; dense training %.2fx less than full\n",
-      Mean(frozen_after), incremental_ratio_dense);
+      Mean(frozen_steps_after), incremental_ratio_dense);
+  std::printf(
+      "XOR deltas, saves one step apart: %.3f (fp32) and %.3f (bf16) of "
+      "shuffle+zstd-1's bytes; %.2fx and %.2fx smaller than without deltas; "
+      "persist %.2fx and restore %.2fx the time without (fp32)\n",
+      1 / delta32.vs_zstd_shuffle, 1 / delta16.vs_zstd_shuffle,
+      delta32.vs_no_delta, delta16.vs_no_delta, delta32.persist_seconds_ratio,
+      delta32.restore_seconds_ratio);
   std::printf(
       "persist %.0f MiB of floats: adaptive %.0f MiB/s (%.3f stored, %llu of "
       "%llu chunks compressed, effort %.2f), compressing all %.0f MiB/s "

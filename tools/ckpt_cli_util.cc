@@ -58,9 +58,14 @@ nlohmann::json ItemJson(const proto::Item& item) {
                                            item.box_length().end());
   }
   uint64_t stored = 0, in_bases = 0;
-  int chunks_in_bases = 0;
+  int chunks_in_bases = 0, xor_deltas = 0;
+  uint32_t xor_depth = 0;
   std::map<std::string, int> codecs;
   for (const proto::ChunkInfo& c : item.chunks()) {
+    if (c.xor_base() != 0) {  // the XOR with an earlier save's chunk
+      ++xor_deltas;
+      xor_depth = std::max(xor_depth, c.xor_depth());
+    }
     if (c.base() != 0) {  // unchanged since a base shard, stored there
       in_bases += c.stored_size();
       ++chunks_in_bases;
@@ -77,6 +82,8 @@ nlohmann::json ItemJson(const proto::Item& item) {
   j["codecs"] = codecs;
   j["chunks_in_bases"] = chunks_in_bases;
   j["stored_in_bases"] = in_bases;
+  j["xor_delta_chunks"] = xor_deltas;
+  j["xor_max_depth"] = xor_depth;
   return j;
 }
 

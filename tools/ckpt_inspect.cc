@@ -87,15 +87,20 @@ int Inspect(const std::string& path, bool json) {
                            Dims(item->box_length()))
             : "bytes";
     const int in_bases = ij["chunks_in_bases"].get<int>();
+    const int deltas = ij["xor_delta_chunks"].get<int>();
     std::printf(
-        "  %-40s %-44s raw %10lu stored %10lu chunks %d %s%s\n",
+        "  %-40s %-44s raw %10lu stored %10lu chunks %d %s%s%s\n",
         item->name().c_str(), what.c_str(),
         static_cast<unsigned long>(item->raw_size()),
         static_cast<unsigned long>(ij["stored_size"].get<uint64_t>()),
         item->chunks_size(), ij["codecs"].dump().c_str(),
         in_bases == 0
             ? ""
-            : absl::StrCat(" (", in_bases, " unchanged, in bases)").c_str());
+            : absl::StrCat(" (", in_bases, " unchanged, in bases)").c_str(),
+        deltas == 0 ? ""
+                    : absl::StrCat(" (", deltas, " XOR deltas, depth <= ",
+                                   ij["xor_max_depth"].get<uint32_t>(), ")")
+                          .c_str());
   }
   return 0;
 }

@@ -6,7 +6,11 @@ consecutive save points, in three runs:
   dense_bf16  the same snapshots with every tensor in bfloat16;
   frozen90    fine-tuning the trained model with about 90% of its parameters
               frozen: weights of every parameter, Adam moments and gradients of
-              the trainable ones (what a trainer holds and saves).
+              the trainable ones (what a trainer holds and saves);
+  steps_fp32, steps_bf16, frozen90_steps
+              the last pre-training steps saved one step apart (a trainer
+              that saves every step), in float32 and in bfloat16, and the last
+              fine-tuning steps so.
 
 Each snapshot is one file of back-to-back raw tensors (row-major, little
 endian); index.json lists, per run, the snapshots (step, file) and their
@@ -126,6 +130,8 @@ def main():
     p.add_argument("--finetune-steps", type=int, default=100)
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--saves", type=int, default=10, help="snapshots kept per run")
+    p.add_argument("--step-saves", type=int, default=10,
+                   help="consecutive steps saved at the end of pre-training")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -136,7 +142,8 @@ def main():
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     index = {"model_parameters": params, "runs": {"dense_fp32": [], "dense_bf16": [],
-                                                    "frozen90": []}}
+                                                    "frozen90": [], "steps_fp32": [],
+                                                    "steps_bf16": [], "frozen90_steps": []}}
     first_save = args.pretrain_steps - (args.saves - 1) * args.save_every
     start = time.time()
 
@@ -146,6 +153,11 @@ def main():
                   flush=True)
         if step >= first_save and (step - first_save) % args.save_every == 0:
             for run, dtype in (("dense_fp32", torch.float32), ("dense_bf16", torch.bfloat16)):
+                name = f"{run}-{step:06d}.bin"
+                tensors = write(os.path.join(args.out, name), snapshot(model, optim, dtype))
+                index["runs"][run].append({"step": step, "file": name, "tensors": tensors})
+        if step > args.pretrain_steps - args.step_saves:
+            for run, dtype in (("steps_fp32", torch.float32), ("steps_bf16", torch.bfloat16)):
                 name = f"{run}-{step:06d}.bin"
                 tensors = write(os.path.join(args.out, name), snapshot(model, optim, dtype))
                 index["runs"][run].append({"step": step, "file": name, "tensors": tensors})
@@ -174,6 +186,12 @@ def main():
             tensors = write(os.path.join(args.out, name),
                             snapshot(model, optim, torch.float32))
             index["runs"]["frozen90"].append({"step": step, "file": name, "tensors": tensors})
+        if step > args.finetune_steps - args.step_saves:
+            name = f"frozen90_steps-{step:06d}.bin"
+            tensors = write(os.path.join(args.out, name),
+                            snapshot(model, optim, torch.float32))
+            index["runs"]["frozen90_steps"].append({"step": step, "file": name,
+                                                    "tensors": tensors})
 
     train(model, optim, gen, args.finetune_steps, args.batch, args.seq, finetune_step)
     index["frozen_fraction"] = frozen / params

@@ -266,7 +266,7 @@ absl::Status StagingArena::Release(const SlotId& id) {
         // and falls back. Probed first, a reader locking in between would go
         // on reading a slot that the next save writes over.
         if (!fs_->InUse(keep_as).value_or(true)) {
-          free_.emplace(bytes, FreeSlot{keep_as, std::move(map)});
+          free_.emplace(bytes, FreeSlot{keep_as, std::move(map), id});
           free_bytes_ += bytes;
           return absl::OkStatus();
         }
@@ -305,6 +305,17 @@ absl::StatusOr<std::shared_ptr<io::MappedFile>> StagingArena::Map(
                      fs_->MapFile(it->second.info.path, io::MapOptions{}));
   }
   return it->second.map;
+}
+
+absl::StatusOr<std::shared_ptr<io::MappedFile>> StagingArena::MapLiveOrReleased(
+    const SlotId& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [bytes, free] : free_) {
+      if (free.former == id && free.map != nullptr) return free.map;
+    }
+  }
+  return Map(id);
 }
 
 absl::StatusOr<std::vector<SlotInfo>> StagingArena::Recover(

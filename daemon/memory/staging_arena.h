@@ -88,6 +88,13 @@ class StagingArena {
   // slot file, also while it waits in the free list for reuse: a reused slot
   // is persisted without mapping and faulting in its pages again.
   absl::StatusOr<std::shared_ptr<io::MappedFile>> Map(const SlotId& id);
+  // The daemon's mapping of slot `id` while it is live, or after its release
+  // while it waits in the free list, not yet reused (its bytes as they were):
+  // what an XOR delta may be made against. Once released the bytes may be
+  // written over at any moment by a reuse, so a reader copies them out and
+  // checks them. NotFound when there is none.
+  absl::StatusOr<std::shared_ptr<io::MappedFile>> MapLiveOrReleased(
+      const SlotId& id);
 
   // After a restart: every slot file found is adopted when `keep` says so (its
   // bytes count against the budget) and deleted otherwise. Returns the adopted
@@ -131,6 +138,7 @@ class StagingArena {
   struct FreeSlot {
     std::string path;
     std::shared_ptr<io::MappedFile> map;
+    SlotId former;  // the slot it was until released
   };
   // Allocate's steps: the slot's bytes reserved within the budget (waiting
   // per the policy; returns how long), a kept free slot of its size taken

@@ -138,6 +138,18 @@ void AddLocalOptions(CLI::App& app, CkptdFlags& f) {
                  "safe on disk or at peers; 0: never")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--xor-deltas", f.xor_deltas,
+                 "incremental saves: a changed float chunk is stored as the "
+                 "XOR with the same chunk of the rank's previous save when "
+                 "that is smaller and the previous save is still in memory "
+                 "(shard format 5); restores then decode the chain")
+      ->capture_default_str();
+  app.add_option("--xor-max-depth", f.xor_max_depth,
+                 "XOR deltas a restore from disk decodes per chunk, at most "
+                 "(a chunk whose previous save is that deep is stored as it "
+                 "is)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--recycle-files", f.recycle_files,
                  "shard files retired by garbage collection that are kept for "
                  "the next persists to write over (0: delete them)")
@@ -165,8 +177,9 @@ void AddLocalOptions(CLI::App& app, CkptdFlags& f) {
       ->check(CLI::Range(-7, 19))
       ->capture_default_str();
   app.add_option("--shard-format", f.shard_format,
-                 "shard file format to write: 4 (byte-plane coded chunks), or "
-                 "3 while some node still runs a ckptd that reads only 3")
+                 "shard file format to write: 5 (XOR deltas of changed float "
+                 "chunks), or 4 (byte-plane coded chunks) or 3 while some node "
+                 "still runs a ckptd that reads only those")
       ->check(
           CLI::Range(static_cast<int>(snapshot::kOldestWrittenFormatVersion),
                      static_cast<int>(snapshot::kFormatVersion)))
@@ -490,6 +503,8 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
       f.idle_ttl_s > 0 ? absl::Seconds(f.idle_ttl_s) : absl::InfiniteDuration();
   options.persist_threads = f.persist_threads;
   options.recycle_files = f.recycle_files;
+  options.writer.xor_deltas = f.xor_deltas;
+  options.writer.max_delta_depth = static_cast<uint32_t>(f.xor_max_depth);
   options.writer.codec.zstd_level = f.zstd_level;
   options.writer.codec.format_version = static_cast<uint32_t>(f.shard_format);
   if (f.codec == "none") {

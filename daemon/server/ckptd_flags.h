@@ -25,6 +25,8 @@ struct CkptdFlags {
   int keep_disk = 2, keep_memory = 1, persist_threads = 2, zstd_level = 1;
   int recycle_files = 2;
   int full_every = 10;
+  bool xor_deltas = true;
+  int xor_max_depth = 4;
   std::string metrics_address;
   bool metrics_allow_remote = false;
   double idle_ttl_s = 600;

@@ -338,6 +338,12 @@ class CheckpointService {
       const proto::ShardRecord& record);
   void UnpinBase(const proto::ShardRecord& record,
                  const std::shared_ptr<const snapshot::ShardBase>& base);
+  // `base` with the way to its raw bytes, when its staging slot is still in
+  // memory (live, or released and not yet reused): changed float chunks may
+  // then be stored as XOR deltas against it. Else `base` as it is.
+  std::shared_ptr<const snapshot::ShardBase> WithBaseBytes(
+      const proto::ShardRecord& record,
+      std::shared_ptr<const snapshot::ShardBase> base);
   // `record` was persisted with `manifest`: the base of the rank's next save.
   void RememberBase(const proto::ShardRecord& record,
                     proto::ShardManifest manifest, uint64_t manifest_xxh3);

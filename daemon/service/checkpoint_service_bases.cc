@@ -9,6 +9,7 @@
 // which candidate a save uses is here).
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <vector>
@@ -69,6 +70,43 @@ void CheckpointService::UnpinBase(
     const proto::ShardRecord& r,
     const std::shared_ptr<const snapshot::ShardBase>& base) {
   if (base != nullptr) bases_.Unpin(r.job(), r.rank(), base->manifest.step());
+}
+
+std::shared_ptr<const snapshot::ShardBase> CheckpointService::WithBaseBytes(
+    const proto::ShardRecord& r,
+    std::shared_ptr<const snapshot::ShardBase> base) {
+  if (base == nullptr || !options_.writer.xor_deltas) return base;
+  const uint64_t step = base->manifest.step();
+  absl::StatusOr<std::shared_ptr<io::MappedFile>> slot =
+      arena_->MapLiveOrReleased({r.job(), step, r.rank()});
+  absl::StatusOr<absl::optional<proto::ShardRecord>> record =
+      catalog_->GetShard(r.job(), step, r.rank());
+  if (!slot.ok() || !record.ok() || !record->has_value()) return base;
+  // Where each of the base's items lay in its slot, in manifest order.
+  struct Span {
+    uint64_t offset, size;
+  };
+  std::vector<Span> items;
+  for (const proto::StagedItem& staged : (*record)->items())
+    items.push_back({staged.slot_offset(), staged.item().raw_size()});
+  auto with = std::make_shared<snapshot::ShardBase>(*base);
+  // The writer checks what this copies out against the base chunk's raw
+  // checksum: a slot reused meanwhile gives no delta, never a wrong one.
+  with->read_raw = [map = *std::move(slot), items = std::move(items)](
+                       uint32_t item, uint64_t offset,
+                       absl::Span<uint8_t> out) -> absl::Status {
+    if (item >= items.size() || offset > items[item].size ||
+        out.size() > items[item].size - offset ||
+        items[item].offset + items[item].size > map->size()) {
+      return absl::OutOfRangeError(absl::StrCat("item ", item, " bytes ",
+                                                offset, "+", out.size(),
+                                                " are not in the base's slot"));
+    }
+    std::memcpy(out.data(), map->data() + items[item].offset + offset,
+                out.size());
+    return absl::OkStatus();
+  };
+  return with;
 }
 
 void CheckpointService::RememberBase(const proto::ShardRecord& r,

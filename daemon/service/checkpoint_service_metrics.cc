@@ -28,6 +28,10 @@ void CheckpointService::DeclareMetrics() {
                    "raw_chosen (the adaptive codec stored them raw so the "
                    "disk need not wait for the compressor), "
                    "raw_incompressible, unchanged (left in a base shard)");
+  metrics_.Declare("ckpt_persist_xor_delta_chunks_total", T::kCounter,
+                   "persisted chunks stored compressed as the XOR with the "
+                   "same chunk of the rank's previous save (among the "
+                   "compressed ones)");
   metrics_.Declare("ckpt_codec_effort", T::kGauge,
                    "the adaptive codec's effort: below 1 the fraction of "
                    "chunks compressed, 1 all at --zstd-level, above 1 some "

@@ -139,15 +139,16 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   CKPT_LOG_INFO(
       "{}: persisted {} bytes ({} stored, {} unchanged in {} base shards) in "
       "{:.1f} ms, {:.0f} MiB/s (map {:.1f} ms, write+sync {:.1f} ms, "
-      "catalog+vote {:.1f} ms); chunks: {} compressed, {} raw by choice, {} "
-      "raw incompressible, {} unchanged",
+      "catalog+vote {:.1f} ms); chunks: {} compressed ({} as XOR deltas), {} "
+      "raw by choice, {} raw incompressible, {} unchanged",
       Describe(r.job(), r.step(), r.rank()), sizes.raw, sizes.stored,
       sizes.reused, r.base_steps_size(), seconds * 1e3,
       seconds > 0 ? sizes.raw / seconds / (1 << 20) : 0.0,
       absl::ToDoubleMilliseconds(mapped - start),
       absl::ToDoubleMilliseconds(written_at - mapped),
       absl::ToDoubleMilliseconds(end - written_at), chunks.compressed,
-      chunks.raw_chosen, chunks.raw_incompressible, chunks.unchanged);
+      chunks.deltas, chunks.raw_chosen, chunks.raw_incompressible,
+      chunks.unchanged);
   return absl::OkStatus();
 }
 
@@ -186,7 +187,7 @@ absl::StatusOr<CheckpointService::WrittenShard> CheckpointService::WriteShard(
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
   snapshot::ShardWriterOptions writer_options = options_.writer;
   writer_options.recycle_from = recycler_->Take(r.slot_bytes());
-  writer_options.base = std::move(base);
+  writer_options.base = WithBaseBytes(r, std::move(base));
   // The housekeeper's liveness check watches every chunk written; a slow
   // coordinator afterwards (the vote) is no reason to restart the daemon.
   const SlotId id{r.job(), r.step(), r.rank()};
@@ -258,6 +259,10 @@ void CheckpointService::CountPersist(const proto::ShardRecord& r,
       metrics_.Add("ckpt_persist_chunks_total", {{"stored", what}},
                    static_cast<double>(count));
     }
+  }
+  if (chunks.deltas > 0) {
+    metrics_.Add("ckpt_persist_xor_delta_chunks_total", job_label,
+                 static_cast<double>(chunks.deltas));
   }
   if (options_.writer.governor != nullptr) {
     const snapshot::CodecGovernor::Stats g = options_.writer.governor->stats();

@@ -1,7 +1,7 @@
 // ckptd --shard-format: while some node still runs a ckptd that reads only
 // format 3, upgraded nodes write format 3 too; restarted with the default they
-// write format 4 (byte-plane coded chunks), and what they wrote before still
-// restores.
+// write the newest format (byte-plane coded chunks, XOR deltas), and what they
+// wrote before still restores.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -9,6 +9,7 @@
 
 #include "client/checkpointer.h"
 #include "gtest/gtest.h"
+#include "snapshot/format.h"
 #include "snapshot/shard_reader.h"
 #include "tests/client/daemon_process.h"
 #include "tests/test_util.h"
@@ -77,7 +78,7 @@ TEST(ShardFormatTest, FormatThreeUntilEveryNodeReadsFourThenFour) {
   auto shard = c->DescribeShard(2);
   ASSERT_TRUE(shard.ok()) << shard.status();
   ASSERT_NO_FATAL_FAILURE(Inspect(shard->shard_path(), &version, &planes));
-  EXPECT_EQ(version, 4u);
+  EXPECT_EQ(version, snapshot::kFormatVersion);
   EXPECT_GT(planes, 0);
   for (uint64_t step : {1, 2}) {
     std::fill(w.begin(), w.end(), -1.0f);

@@ -45,7 +45,9 @@ bool OnDisk(CheckpointService* service, uint64_t step) {
 }
 
 TEST_F(IncrementalServiceTest, SavesStoreWhatChangedAndKeepTheirBases) {
-  auto started = CheckpointService::Start(io::DefaultFileSystem(), Options());
+  ServiceOptions o = Options();
+  o.writer.xor_deltas = false;  // the changed chunk stored as it is
+  auto started = CheckpointService::Start(io::DefaultFileSystem(), o);
   ASSERT_TRUE(started.ok()) << started.status();
   CheckpointService* service = started->get();
   for (uint64_t step = 1; step <= 9; ++step) {
@@ -77,13 +79,53 @@ TEST_F(IncrementalServiceTest, SavesStoreWhatChangedAndKeepTheirBases) {
   }
   // A restart forgets the last shard: the next save is full.
   started->reset();
-  started = CheckpointService::Start(io::DefaultFileSystem(), Options());
+  started = CheckpointService::Start(io::DefaultFileSystem(), o);
   ASSERT_TRUE(started.ok()) << started.status();
   service = started->get();
   ASSERT_TRUE(StateAt(10).Stage(service, "job", 10, 0, 1).ok());
   ASSERT_TRUE(service->WaitCommitted("job", 10, kDisk, absl::Seconds(30)).ok());
   service->WaitIdle();
   EXPECT_TRUE(service->GetShard("job", 10, 0)->base_steps().empty());
+}
+
+// With XOR deltas (the default): the changed float chunk is stored as the XOR
+// with the save before, which its shard then names as a base too; retention
+// keeps that chain, and every kept step reads back bit-exact.
+TEST_F(IncrementalServiceTest, ChangedFloatChunksAreDeltasOfTheSaveBefore) {
+  auto started = CheckpointService::Start(io::DefaultFileSystem(), Options());
+  ASSERT_TRUE(started.ok()) << started.status();
+  CheckpointService* service = started->get();
+  for (uint64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(StateAt(step).Stage(service, "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+    service->WaitIdle();
+    absl::StatusOr<proto::ShardRecord> r = service->GetShard("job", step, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::set<uint64_t> bases(r->base_steps().begin(),
+                                   r->base_steps().end());
+    const uint64_t full = (step - 1) / 4 * 4 + 1;  // steps 1 and 5 are full
+    std::set<uint64_t> expected;
+    if (step != full) expected = {full, step - 1};
+    EXPECT_EQ(bases, expected) << "step " << step;
+    auto reader =
+        snapshot::ShardReader::Open(io::DefaultFileSystem(), r->shard_path());
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    const proto::ChunkInfo& changed = (*reader)->manifest().items(0).chunks(0);
+    EXPECT_EQ(changed.xor_base() > 0, step != full) << "step " << step;
+    if (step != full) {
+      // The XOR of two saves that differ in one byte: next to nothing.
+      EXPECT_LT(changed.stored_size(), 1024u) << "step " << step;
+    }
+    // --keep-disk 1 keeps the newest step and the chain it reads through.
+    for (uint64_t s = 1; s <= step; ++s) {
+      const bool kept = s == step || (step != full && s >= full);
+      EXPECT_EQ(OnDisk(service, s), kept) << "step " << s << " after " << step;
+    }
+    for (uint64_t s = full; s <= step; ++s)
+      EXPECT_TRUE(StateAt(s).Check(service->ShardPath("job", s, 0)).ok())
+          << "step " << s << " after " << step;
+  }
 }
 
 // Saves back to back on two ranks while garbage collection runs beside the
@@ -142,7 +184,8 @@ TEST_F(IncrementalServiceTest, FullEveryOneAndARollBackMakeFullSaves) {
         service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
   }
   service->WaitIdle();
-  EXPECT_EQ(service->GetShard("job", 3, 0)->base_steps_size(), 1);
+  // Its unchanged chunks lie in step 1, its changed one is a delta of 2's.
+  EXPECT_EQ(service->GetShard("job", 3, 0)->base_steps_size(), 2);
   // Back to step 2, newer steps kept in an archive job: step 3 is copied
   // there with the full save it stores chunks in, and reads alone.
   absl::StatusOr<proto::RollbackRecord> back =
