@@ -100,8 +100,13 @@ void ChunkPipeline::Encode(const Chunk& chunk, uint64_t raw_xxh3,
       EncodeChunk(chunk.raw, result.header.element_width, chunk_codec,
                   buffers_.get(), &result.header, raw_xxh3);
   if (result.encoded.ok() && chunk.read_base_raw != nullptr &&
-      chunk_codec.codec != proto::CODEC_NONE) {
-    TryDelta(chunk, chunk_codec, result);
+      codec_.codec != proto::CODEC_NONE) {
+    // Also when the governor stored the chunk raw to spare the cores: the
+    // XOR of two saves codes fast (its high planes are nearly all zeros), and
+    // it spares the disk and the network most of the chunk.
+    CodecOptions delta_codec = codec_;
+    delta_codec.zstd_level = chunk_codec.zstd_level;
+    TryDelta(chunk, delta_codec, result);
   }
 }
 
@@ -159,9 +164,12 @@ double ChunkPipeline::SecondsSinceLastHanded() {
 
 void ChunkPipeline::Handed(const Result& result) {
   const double seconds = SecondsSinceLastHanded();
-  // What a hash costs is not the codec's.
-  if (result.unchanged || governor_ == nullptr || !result.choice.has_value())
+  // What a hash costs is not the codec's, nor is a delta made where the
+  // governor chose raw.
+  if (result.unchanged || governor_ == nullptr || !result.choice.has_value() ||
+      (result.header.xor_delta && !result.choice->compress)) {
     return;
+  }
   if (unreported_.has_value()) {
     governor_->Written(unreported_->choice, unreported_->raw_bytes,
                        unreported_->seconds);

@@ -148,7 +148,8 @@ absl::StatusOr<ChunkHeader> CheckChunkFrame(const proto::ChunkInfo& chunk,
 }
 
 absl::StatusOr<proto::ShardManifest> CheckShardBytes(
-    absl::Span<const uint8_t> file, bool every_chunk, int threads) {
+    absl::Span<const uint8_t> file, bool every_chunk, int threads,
+    bool allow_bases) {
   if (file.size() < kAlignment) {
     return CheckFooter({}, file.size()).status();  // names the size
   }
@@ -157,7 +158,7 @@ absl::StatusOr<proto::ShardManifest> CheckShardBytes(
       CheckFooter(file.subspan(file.size() - kAlignment), file.size()));
   ASSIGN_OR_RETURN(proto::ShardManifest manifest,
                    CheckManifest(file.subspan(footer.manifest_offset), footer));
-  if (manifest.bases_size() > 0) {
+  if (manifest.bases_size() > 0 && !allow_bases) {
     return absl::DataLossError(
         absl::StrCat("the file stores chunks in ", manifest.bases_size(),
                      " base shards: it is not self-contained"));
@@ -166,7 +167,7 @@ absl::StatusOr<proto::ShardManifest> CheckShardBytes(
   std::vector<std::pair<int, int>> chunks;  // (item, chunk), in file order
   for (int i = 0; i < manifest.items_size(); ++i) {
     for (int c = 0; c < manifest.items(i).chunks_size(); ++c) {
-      chunks.emplace_back(i, c);
+      if (manifest.items(i).chunks(c).base() == 0) chunks.emplace_back(i, c);
     }
   }
   std::vector<absl::Status> checked(chunks.size());

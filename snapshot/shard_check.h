@@ -37,13 +37,16 @@ absl::StatusOr<ChunkHeader> CheckChunkFrame(const proto::ChunkInfo& chunk,
                                             uint32_t version,
                                             const uint8_t* bytes);
 
-// A self-contained shard file in memory: footer and manifest, and with
-// `every_chunk` every chunk's framing and stored-bytes checksum, on up to
-// `threads` threads (the calling one among them). Returns the manifest;
-// DataLoss names what is wrong (the first bad chunk by item and index, and
-// its file offset).
+// A shard file in memory: footer and manifest, and with `every_chunk` every
+// chunk's framing and stored-bytes checksum, on up to `threads` threads (the
+// calling one among them). Returns the manifest; DataLoss names what is wrong
+// (the first bad chunk by item and index, and its file offset). A file that
+// stores chunks in base shards (an increment) is refused unless
+// `allow_bases`: then only its own chunks are checked here, and the caller
+// checks that it has the bases.
 absl::StatusOr<proto::ShardManifest> CheckShardBytes(
-    absl::Span<const uint8_t> file, bool every_chunk, int threads = 1);
+    absl::Span<const uint8_t> file, bool every_chunk, int threads = 1,
+    bool allow_bases = false);
 
 }  // namespace ckpt::snapshot
 

@@ -85,6 +85,90 @@ double TcpCopyMibS(uint64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20) / s;
 }
 
+// Bytes replication sent for `job`, summed over the nodes' metrics.
+double ReplicatedBytes(const std::vector<std::string>& sockets,
+                       const std::string& job) {
+  double sum = 0;
+  for (const std::string& socket : sockets) {
+    if (auto text = ckpt::client::GetMetricsText(socket); text.ok()) {
+      sum += ckpt::tools::SumOf(ckpt::tools::ParseMetricsText(*text),
+                                "ckpt_replicated_bytes_total", {{"job", job}})
+                 .value_or(0);
+    }
+  }
+  return sum;
+}
+
+// What replication sends per save of a job saving every step, over what it
+// sent for the first (full) save: two ranks on the first two of `sockets`,
+// `mib` of state each, six saves waiting for each commit at tier peer.
+// `frozen90`: float32 weights of which a tenth (the layers being trained)
+// moves each step, by a thousandth of each value, the rest frozen; else a
+// dense bfloat16 model every value of which moves so. Returns the ratio, or
+// an error.
+absl::StatusOr<double> NetworkBytesVsFull(
+    const std::vector<std::string>& sockets, uint64_t mib, bool frozen90) {
+  const std::string job = frozen90 ? "net-frozen90" : "net-dense-bf16";
+  const ckpt::proto::DType dtype =
+      frozen90 ? ckpt::proto::DTYPE_FLOAT32 : ckpt::proto::DTYPE_BFLOAT16;
+  const size_t width = frozen90 ? 4 : 2;
+  const int64_t per_rank = static_cast<int64_t>((mib << 20) / width);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> values(2, std::vector<float>(per_rank));
+  std::vector<std::vector<uint8_t>> bytes(
+      2, std::vector<uint8_t>(static_cast<size_t>(per_rank) * width));
+  for (auto& v : values)
+    for (float& f : v) f = 0.02f * normal(rng);
+  auto encode = [&](int r) {
+    for (int64_t i = 0; i < per_rank; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &values[r][i], 4);
+      if (frozen90) {
+        std::memcpy(&bytes[r][i * 4], &bits, 4);
+      } else {
+        const uint16_t top = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(&bytes[r][i * 2], &top, 2);
+      }
+    }
+  };
+  std::vector<std::unique_ptr<ckpt::client::Checkpointer>> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto c = ckpt::client::Checkpointer::Connect({job, r, 2, sockets[r]});
+    if (!c.ok()) return c.status();
+    absl::Status reg =
+        (*c)->RegisterTensor("w", dtype, bytes[r].data(), {2 * per_rank},
+                             {per_rank * r}, {per_rank});
+    if (!reg.ok()) return reg;
+    ranks.push_back(*std::move(c));
+  }
+  constexpr int kSaves = 6;
+  double after_first = 0;
+  for (uint64_t step = 1; step <= kSaves; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      // The moving part: all of it, or the last tenth.
+      const int64_t from = step == 1 || !frozen90 ? 0 : per_rank / 10 * 9;
+      for (int64_t i = from; step > 1 && i < per_rank; ++i)
+        values[r][i] *= 1 + 1e-3f * normal(rng) * (frozen90 ? 1 : 4);
+      encode(r);
+    }
+    std::vector<std::shared_ptr<ckpt::client::SaveHandle>> saves;
+    for (auto& c : ranks) {
+      auto save = c->SaveAsync(step);
+      if (!save.ok()) return save.status();
+      saves.push_back(*std::move(save));
+    }
+    for (auto& save : saves) {
+      absl::Status st = save->WaitCommitted(ckpt::proto::TIER_PEER);
+      if (!st.ok()) return st;
+    }
+    if (step == 1) after_first = ReplicatedBytes(sockets, job);
+  }
+  const double total = ReplicatedBytes(sockets, job);
+  if (after_first <= 0) return absl::InternalError("no replicated bytes seen");
+  return (total - after_first) / (kSaves - 1) / after_first;
+}
+
 }  // namespace
 
 // `ckpt-bench recovery`: three ckptd on etcd with peer replication; a job of
@@ -171,6 +255,20 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
     }
     if (!up) return fail(n.id + " did not start", absl::UnavailableError(""));
   }
+  // Increments over the network: what each save of a job saving every step
+  // sends to peers, against its first (full) save.
+  const std::vector<std::string> sockets = {
+      nodes[0].socket(), nodes[1].socket(), nodes[2].socket()};
+  const uint64_t net_mib =
+      std::min<uint64_t>(std::max<uint64_t>(state_mib / 4, 8), 64);
+  absl::StatusOr<double> net_frozen =
+      NetworkBytesVsFull(sockets, net_mib, true);
+  if (!net_frozen.ok())
+    return fail("network bytes, frozen", net_frozen.status());
+  absl::StatusOr<double> net_dense =
+      NetworkBytesVsFull(sockets, net_mib, false);
+  if (!net_dense.ok())
+    return fail("network bytes, dense bf16", net_dense.status());
   // From the step's commit on disk to its commit at tier peer: both shard
   // files pushed (at once, each to a peer) and verified there.
   double disk_to_peer_commit_s = 0;
@@ -332,6 +430,9 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
   j["restore_from_peer_vs_tcp"] = peer_mib_s / tcp_mib_s;
   j["fetch_from_peer_mib_s"] = fetch_mib_s;
   j["fetch_from_peer_vs_tcp"] = fetch_mib_s / tcp_mib_s;
+  j["network_state_mib_per_rank"] = net_mib;
+  j["network_bytes_vs_full"] = *net_frozen;
+  j["network_bytes_vs_full_dense_bf16"] = *net_dense;
   if (json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -340,11 +441,13 @@ int RunRecovery(const std::string& dir, uint64_t state_mib, bool json) {
         "with a 2 s lease, rendezvous %.2f s, restore %.2f s)\n"
         "restore of the lost rank from peers: %.0f MiB/s (its shard file's "
         "fetch %.0f MiB/s); loopback TCP copy %.0f MiB/s; ratio %.2f (fetch "
-        "%.2f)\n",
+        "%.2f)\n"
+        "replication per save of a job saving every step, over its full "
+        "save: %.3f (90%% frozen, float32), %.3f (dense, bfloat16)\n",
         static_cast<unsigned long long>(state_mib),
         detect_s + rendezvous_s + restore_s, detect_s, rendezvous_s, restore_s,
         peer_mib_s, fetch_mib_s, tcp_mib_s, peer_mib_s / tcp_mib_s,
-        fetch_mib_s / tcp_mib_s);
+        fetch_mib_s / tcp_mib_s, *net_frozen, *net_dense);
   }
   return 0;
 }

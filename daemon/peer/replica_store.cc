@@ -2,9 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -13,12 +15,20 @@
 #include "daemon/common/describe.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
+#include "snapshot/chunk_codec.h"
+#include "snapshot/format.h"
 #include "snapshot/names.h"
 #include "snapshot/shard_check.h"
 #include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
 namespace {
+
+uint64_t ManifestXxh3(const snapshot::ShardReader& reader) {
+  const std::string& m = reader.manifest_bytes();
+  return snapshot::Checksum(
+      {reinterpret_cast<const uint8_t*>(m.data()), m.size()});
+}
 
 constexpr absl::string_view kSuffix = ".ckpt";
 constexpr absl::string_view kPartial = ".partial";
@@ -41,6 +51,7 @@ absl::StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Open(
       new ReplicaStore(fs, std::move(dir), budget_bytes));
   ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs->ListDir(store->dir_));
   absl::MutexLock lock(&store->mu_);
+  std::map<Key, proto::ShardManifest> adopted;
   for (const std::string& job : jobs) {
     const std::string job_dir = io::JoinPath(store->dir_, job);
     absl::StatusOr<std::vector<std::string>> names = fs->ListDir(job_dir);
@@ -61,11 +72,61 @@ absl::StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Open(
         continue;
       }
       e.bytes = *size;
+      snapshot::ShardReaderOptions options;
+      options.direct_io = false;
+      absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> reader =
+          snapshot::ShardReader::Open(fs, path, options);
+      if (!reader.ok()) {
+        CKPT_LOG_INFO("replicas: removing {}: {}", path,
+                      reader.status().ToString());
+        (void)fs->Unlink(path);
+        continue;
+      }
+      e.manifest_xxh3 = ManifestXxh3(**reader);
+      for (const proto::BaseShard& b : (*reader)->manifest().bases())
+        e.base_steps.push_back(b.step());
+      adopted[e.key] = (*reader)->manifest();
       store->used_ += e.bytes;
       store->files_[e.key] = e;
     }
   }
+  // Increments whose bases did not survive are never readable: gone too.
+  // (Bases are earlier steps: in step order, a base is judged first.)
+  for (const auto& [key, manifest] : adopted) {
+    absl::Status bases = store->HasBases(key, manifest);
+    if (bases.ok()) continue;
+    CKPT_LOG_INFO("replicas: removing {}: {}", store->files_[key].path,
+                  bases.ToString());
+    (void)fs->Unlink(store->files_[key].path);
+    store->used_ -= store->files_[key].bytes;
+    store->files_.erase(key);
+  }
   return store;
+}
+
+absl::Status ReplicaStore::HasBases(const Key& key,
+                                    const proto::ShardManifest& m) const {
+  for (const proto::BaseShard& b : m.bases()) {
+    auto it = files_.find(Key{key.job, b.step(), key.rank});
+    if (it == files_.end() || it->second.manifest_xxh3 != b.manifest_xxh3()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Describe(key), " stores chunks in step ", b.step(), ", of which ",
+          it == files_.end() ? "this node holds no copy"
+                             : "this node holds another copy"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool ReplicaStore::IsBase(const Key& key) const {
+  for (auto it = files_.upper_bound(key);
+       it != files_.end() && it->first.job == key.job; ++it) {
+    if (it->first.rank != key.rank) continue;
+    const std::vector<uint64_t>& bases = it->second.base_steps;
+    if (std::find(bases.begin(), bases.end(), key.step) != bases.end())
+      return true;
+  }
+  return false;
 }
 
 std::string ReplicaStore::PathOf(const Key& key) const {
@@ -205,27 +266,52 @@ absl::StatusOr<ReplicaStore::Entry> ReplicaStore::Receiver::Finish(
         absl::StrCat(what, ": ", received_, " of ", bytes_, " bytes arrived"));
   }
   // Verified end to end before it counts, where it lies in memory: footer,
-  // manifest, and every chunk's framing and stored bytes.
+  // manifest, and every chunk's framing and stored bytes (an increment's
+  // own; those in its bases were when they came).
+  Entry e{key_, store_->PathOf(key_), bytes_};
+  proto::ShardManifest m;
   {
-    absl::StatusOr<proto::ShardManifest> checked =
-        snapshot::CheckShardBytes({map_->data(), map_->size()}, every_chunk);
+    absl::StatusOr<proto::ShardManifest> checked = snapshot::CheckShardBytes(
+        {map_->data(), map_->size()}, every_chunk, 1, /*allow_bases=*/true);
     if (!checked.ok()) {
       return absl::Status(checked.status().code(),
                           absl::StrCat(what, ": ", checked.status().message()));
     }
-    const proto::ShardManifest& m = *checked;
+    m = *std::move(checked);
     if (m.job() != key_.job || m.step() != key_.step || m.rank() != key_.rank) {
       return absl::DataLossError(
           absl::StrCat(what, ": the file received is job ", m.job(), " step ",
                        m.step(), " rank ", m.rank()));
     }
+    // CheckShardBytes checked the footer: it is there.
+    absl::StatusOr<snapshot::Footer> footer = snapshot::DecodeFooter(
+        {map_->data() + map_->size() - snapshot::kFooterSize,
+         snapshot::kFooterSize});
+    if (!footer.ok()) return footer.status();
+    e.manifest_xxh3 = footer->manifest_xxh3;
+    for (const proto::BaseShard& b : m.bases())
+      e.base_steps.push_back(b.step());
   }
   map_.reset();
   io::FileSystem* fs = store_->fs_;
-  Entry e{key_, store_->PathOf(key_), bytes_};
+  // The bases are checked, and the file made visible, under the lock that a
+  // Drop takes: a base present now stays while this increment does.
+  absl::MutexLock lock(&store_->mu_);
+  if (absl::Status bases = store_->HasBases(key_, m); !bases.ok()) {
+    return absl::Status(
+        bases.code(),
+        absl::StrCat(what, ": an increment refused: ", bases.message()));
+  }
+  if (auto old = store_->files_.find(key_);
+      old != store_->files_.end() &&
+      old->second.manifest_xxh3 != e.manifest_xxh3 && store_->IsBase(key_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": another copy of it is held here, which a later increment "
+        "stores chunks in"));
+  }
   RETURN_IF_ERROR(fs->Rename(partial_, e.path));
   done_ = true;
-  absl::MutexLock lock(&store_->mu_);
   auto [it, fresh] = store_->files_.try_emplace(key_, e);
   if (!fresh) {
     store_->used_ -= it->second.bytes;  // the older copy was replaced
@@ -263,6 +349,11 @@ absl::Status ReplicaStore::Drop(const Key& key) {
     auto it = files_.find(key);
     if (it == files_.end()) {
       return absl::NotFoundError(absl::StrCat("no replica of ", Describe(key)));
+    }
+    if (IsBase(key)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the replica of ", Describe(key),
+                       " is a base of a later one held here"));
     }
     e = it->second;
     files_.erase(it);

@@ -8,6 +8,14 @@
 // nothing behind. The store holds at most `budget_bytes`, counting transfers
 // in progress.
 //
+// A file may be an increment (snapshot/FORMAT.md, format 3 and later): it
+// stores chunks in earlier shards of its rank, which must be here already,
+// byte for byte the files it names (their manifest checksums), beside it
+// under their own names, where readers look for them. It is refused
+// otherwise, and a file that a kept increment reads is never dropped before
+// it (Drop refuses). After a restart, an increment whose bases are gone is
+// deleted.
+//
 // Layout: <dir>/<job>/<step:020>-<rank:010>.ckpt
 //
 // Thread-safety: thread-safe.
@@ -29,6 +37,7 @@
 #include "absl/types/span.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
+#include "proto/manifest.pb.h"
 
 namespace ckpt::daemon {
 
@@ -46,6 +55,8 @@ class ReplicaStore {
     Key key;
     std::string path;
     uint64_t bytes = 0;
+    uint64_t manifest_xxh3 = 0;        // its footer's: which file it is
+    std::vector<uint64_t> base_steps;  // an increment's bases (same rank)
   };
 
   // One file being received. Destroyed before Finish(), it deletes what it
@@ -100,7 +111,8 @@ class ReplicaStore {
   absl::optional<Entry> Find(const Key& key) const;
   // Every complete file of `job` (every job when empty), by key.
   std::vector<Entry> List(const std::string& job = "") const;
-  // Deletes a file; NotFound if there is none.
+  // Deletes a file; NotFound if there is none, FailedPrecondition while an
+  // increment here stores chunks in it.
   absl::Status Drop(const Key& key);
 
   uint64_t used_bytes() const;
@@ -117,6 +129,13 @@ class ReplicaStore {
       : fs_(fs), dir_(std::move(dir)), budget_(budget) {}
   std::string PathOf(const Key& key) const;
   void Release(uint64_t bytes);
+  // The first base of `m` (an increment of `key`'s rank) this store does not
+  // hold as the very file named: FailedPrecondition naming it; OK when all
+  // are here.
+  absl::Status HasBases(const Key& key, const proto::ShardManifest& m) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether an increment here stores chunks in `key`'s file.
+  bool IsBase(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   io::FileSystem* const fs_;
   const std::string dir_;

@@ -26,6 +26,7 @@
 #include "proto/peer.grpc.pb.h"
 #include "snapshot/names.h"
 #include "snapshot/self_contained.h"
+#include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
 namespace {
@@ -64,6 +65,9 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
   using T = Metrics::Type;
   metrics->Declare("ckpt_replicated_bytes_total", T::kCounter,
                    "shard-file bytes pushed to peers and verified there");
+  metrics->Declare("ckpt_replicated_increments_total", T::kCounter,
+                   "shards pushed to a peer as increments (only the chunks "
+                   "they store; the peer held their bases)");
   metrics->Declare("ckpt_replication_failures_total", T::kCounter,
                    "pushes to a peer that failed (the next peer is tried)");
   metrics->Declare("ckpt_replication_skipped_steps_total", T::kCounter,
@@ -413,6 +417,45 @@ std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
   return channel;
 }
 
+absl::StatusOr<snapshot::SelfContained> Replicator::Outgoing(
+    const proto::ShardRecord& shard, const proto::PeerInfo& peer,
+    bool* increment) {
+  *increment = false;
+  ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                   snapshot::OpenSelfContained(fs_, shard.shard_path()));
+  if (!view.incremental) return view;
+  snapshot::ShardReaderOptions options;
+  options.direct_io = false;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<snapshot::ShardReader> reader,
+      snapshot::ShardReader::Open(fs_, shard.shard_path(), options));
+  for (const proto::BaseShard& b : reader->manifest().bases()) {
+    absl::StatusOr<proto::LocateShardResponse> held =
+        LocateOn(peer, {shard.job(), b.step(), shard.rank()}, false);
+    if (!held.ok() || held->tier() != proto::TIER_PEER ||
+        held->held_manifest_xxh3() != b.manifest_xxh3()) {
+      return view;  // the peer lacks a base: the whole shard goes
+    }
+  }
+  // Its own file: the chunks it stores, the rest already there.
+  snapshot::SelfContained own;
+  ASSIGN_OR_RETURN(own.file, fs_->NewReadableFile(shard.shard_path(), {}));
+  ASSIGN_OR_RETURN(own.size, own.file->Size());
+  own.manifest_bytes = reader->manifest_bytes();
+  *increment = true;
+  return own;
+}
+
+void Replicator::Sent(const proto::ShardRecord& shard, uint64_t bytes,
+                      bool increment) {
+  metrics_->Add("ckpt_replicated_bytes_total", {{"job", shard.job()}},
+                static_cast<double>(bytes));
+  if (increment) {
+    metrics_->Add("ckpt_replicated_increments_total", {{"job", shard.job()}},
+                  1);
+  }
+}
+
 bool Replicator::Holds(const proto::ShardRecord& shard,
                        const proto::PeerInfo& peer) {
   // What the peer holds is the shard's self-contained form.
@@ -444,10 +487,9 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
     bulk = bulk_;
     address = address_;
   }
-  // Peers hold shards self-contained: an incremental save goes with its
-  // unchanged chunks, read from its bases.
+  bool increment = false;
   ASSIGN_OR_RETURN(snapshot::SelfContained view,
-                   snapshot::OpenSelfContained(fs_, shard.shard_path()));
+                   Outgoing(shard, peer, &increment));
   if (bulk != nullptr && !address.empty()) {
     // The fast path: the peer fetches the file as a bulk transfer.
     ASSIGN_OR_RETURN(io::BulkServer::Ticket ticket,
@@ -480,16 +522,14 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
                                                 resp.bytes(), " of ",
                                                 ticket.bytes, " bytes"));
       }
-      metrics_->Add("ckpt_replicated_bytes_total", {{"job", shard.job()}},
-                    static_cast<double>(ticket.bytes));
+      Sent(shard, ticket.bytes, increment);
       return absl::OkStatus();
     }
     // A peer without PullReplica, or that would not dial this node: the
     // bytes go over the stream below.
   }
   if (view.file == nullptr) {  // offered above to a peer that cannot pull
-    ASSIGN_OR_RETURN(view,
-                     snapshot::OpenSelfContained(fs_, shard.shard_path()));
+    ASSIGN_OR_RETURN(view, Outgoing(shard, peer, &increment));
   }
   std::unique_ptr<io::ReadableFile> file = std::move(view.file);
   const uint64_t size = view.size;
@@ -529,8 +569,7 @@ absl::Status Replicator::Push(const proto::ShardRecord& shard,
     return absl::DataLossError(absl::StrCat(
         what, ": the peer verified ", resp.bytes(), " of ", size, " bytes"));
   }
-  metrics_->Add("ckpt_replicated_bytes_total", {{"job", shard.job()}},
-                static_cast<double>(size));
+  Sent(shard, size, increment);
   return absl::OkStatus();
 }
 

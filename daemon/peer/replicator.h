@@ -42,6 +42,7 @@
 #include "proto/catalog.pb.h"
 #include "proto/daemon.pb.h"
 #include "proto/peer.pb.h"
+#include "snapshot/self_contained.h"
 
 namespace grpc {
 class Channel;
@@ -209,6 +210,14 @@ class Replicator {
                                    std::vector<Pending>* later);
   absl::Status Push(const proto::ShardRecord& shard,
                     const proto::PeerInfo& peer);
+  // What Push sends `peer`: the shard's own file when it is an increment
+  // whose bases the peer holds byte for byte (`increment` set: only the
+  // chunks it stores travel), else its self-contained form.
+  absl::StatusOr<snapshot::SelfContained> Outgoing(
+      const proto::ShardRecord& shard, const proto::PeerInfo& peer,
+      bool* increment);
+  // Counts a push's bytes.
+  void Sent(const proto::ShardRecord& shard, uint64_t bytes, bool increment);
   struct Candidate {
     const proto::PeerInfo* peer;
     proto::Tier tier;

@@ -489,11 +489,12 @@ void Replicator::CollectGarbage(const std::string& job) {
   if (!retention->has_value()) return;
   const PeerRetention& r = **retention;
   std::set<uint64_t> held, cached;
-  for (const ReplicaStore::Entry& e : held_->List(job)) {
-    if (!r.KeepsHeld(e.key.step)) {
-      (void)held_->Drop(e.key);
-      held.insert(e.key.step);
-    }
+  // Newest first: an increment goes before the bases it reads, and a base
+  // of a kept increment stays (Drop refuses it).
+  const std::vector<ReplicaStore::Entry> entries = held_->List(job);
+  for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+    if (!r.KeepsHeld(e->key.step) && held_->Drop(e->key).ok())
+      held.insert(e->key.step);
   }
   for (const ReplicaStore::Entry& e : fetched_->List(job)) {
     const bool keep =

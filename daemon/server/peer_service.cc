@@ -224,6 +224,10 @@ class PeerService final : public proto::CkptPeer::Service {
     if (!copy.ok()) return ToGrpc(copy.status());
     resp->set_tier(copy->tier);
     resp->set_file_bytes(copy->bytes);
+    if (copy->tier == proto::TIER_PEER) {
+      resp->set_held_manifest_xxh3(copy->held_manifest_xxh3);
+      resp->set_held_file_bytes(copy->held_bytes);
+    }
     if (req->with_items()) {
       absl::StatusOr<snapshot::SelfContained> view =
           snapshot::OpenSelfContained(fs_, copy->path);
@@ -451,8 +455,12 @@ class PeerService final : public proto::CkptPeer::Service {
     }
     resp->set_bytes(stored->bytes);
     authorization_.Held(key, from, *replicator_->held());
-    CKPT_LOG_INFO("holding a replica of {} for node {} ({} bytes)",
-                  Describe(key), from, stored->bytes);
+    CKPT_LOG_INFO("holding a replica of {} for node {} ({} bytes{})",
+                  Describe(key), from, stored->bytes,
+                  stored->base_steps.empty()
+                      ? ""
+                      : absl::StrCat(", an increment over steps ",
+                                     absl::StrJoin(stored->base_steps, ",")));
     replicator_->CollectGarbage(key.job);
     return grpc::Status::OK;
   }
@@ -460,14 +468,24 @@ class PeerService final : public proto::CkptPeer::Service {
   struct Copy {
     proto::Tier tier;
     std::string path;
-    uint64_t bytes;
+    uint64_t bytes;                   // of its self-contained form
+    uint64_t held_manifest_xxh3 = 0;  // in memory: the file as held
+    uint64_t held_bytes = 0;
   };
   // A copy in memory (a replica held, or one fetched or rebuilt here for a
   // restore), else this node's own shard file.
   absl::StatusOr<Copy> Best(const ReplicaStore::Key& key) {
     for (ReplicaStore* store : {replicator_->held(), replicator_->fetched()}) {
       if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
-        return Copy{proto::TIER_PEER, e->path, e->bytes};
+        Copy copy{proto::TIER_PEER, e->path, e->bytes, e->manifest_xxh3,
+                  e->bytes};
+        if (!e->base_steps.empty()) {
+          // An increment held with its bases: it leaves self-contained.
+          ASSIGN_OR_RETURN(snapshot::SelfContained view,
+                           snapshot::OpenSelfContained(fs_, e->path));
+          copy.bytes = view.size;
+        }
+        return copy;
       }
     }
     ASSIGN_OR_RETURN(absl::optional<std::string> own,

@@ -252,9 +252,11 @@ TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
 // asks ckptd again, which now names the shared tier's copy.
 TEST(CheckpointerTest, CopiesDroppedWhileARestoreReadsThemAreAskedForAgain) {
   testing::TempDir shared;
+  // Full saves (no XOR deltas): retention keeping one step drops the others.
   testing::DaemonProcess daemon({"--shared-dir", shared.path(),
                                  "--shared-every", "2", "--keep-shared", "2",
-                                 "--keep-disk", "3", "--keep-memory", "3"});
+                                 "--keep-disk", "3", "--keep-memory", "3",
+                                 "--xor-deltas", "false"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   Trainer t(daemon.socket(), 0, 1);
   ASSERT_TRUE(t.ckpt);
@@ -410,7 +412,9 @@ TEST(CheckpointerTest, ChunksHashedByTheSaverGuardTheMemoryCopy) {
 }
 
 TEST(CheckpointerTest, RestoresFromDiskOnceTheMemoryCopyIsGone) {
-  testing::DaemonProcess daemon({"--keep-memory", "1", "--keep-disk", "2"});
+  // Full saves (no XOR deltas, which would keep step 1 as the base of 2).
+  testing::DaemonProcess daemon(
+      {"--keep-memory", "1", "--keep-disk", "2", "--xor-deltas", "false"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   Trainer t(daemon.socket(), 0, 1);
   ASSERT_TRUE(t.ckpt);

@@ -135,5 +135,87 @@ TEST(IncrementalNodesTest, AShardBuiltOnAStepSavedAgainIsMadeSelfContained) {
   EXPECT_EQ(verify.exit_code, 0) << verify.out;
 }
 
+// Increments over the network: a node's replica of a rank is pushed once in
+// full, then as increments (only the chunks the save stores) on top of the
+// files the peer holds; with the owner killed, every committed step restores
+// bit-exact on the node holding the replica (through its held bases) and on
+// the third node (fetching the replica's self-contained form).
+TEST(IncrementalNodesTest, ReplicasReceiveIncrementsAndRestoreAfterALoss) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  const std::vector<std::string> ids = {"node-a", "node-b", "node-c"};
+  std::vector<std::unique_ptr<testing::DaemonProcess>> nodes;
+  for (const std::string& id : ids) {
+    nodes.push_back(std::make_unique<testing::DaemonProcess>(
+        NodeArgs(etcd, id, {"--keep-memory", "4"})));
+    ASSERT_TRUE(nodes.back()->Start()) << nodes.back()->log();
+  }
+  constexpr int64_t kWorld3 = 3 * (4 << 20);  // four 4 MiB chunks per rank
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (uint32_t r = 0; r < 3; ++r) {
+    ranks.push_back(
+        std::make_unique<Rank>(nodes[r]->socket(), "net", r, 3, kWorld3));
+    ASSERT_TRUE(ranks.back()->ckpt);
+  }
+  // Step 1 in full; steps 2 to 4 change 16 values of one chunk each.
+  std::vector<std::vector<std::vector<float>>> saved(5);
+  for (uint64_t step = 1; step <= 4; ++step) {
+    std::vector<std::shared_ptr<SaveHandle>> saves;
+    for (auto& r : ranks) {
+      if (step == 1) r->Fill(1);
+      const int64_t from = static_cast<int64_t>(step % 4) * (r->length / 4);
+      for (int64_t i = from; step > 1 && i < from + 16; ++i)
+        r->w[i] = static_cast<float>(step * 1000 + i);
+      r->rng = absl::StrCat("rng-", step, "-", r->rank);
+      saved[step].push_back(r->w);
+      auto save = r->ckpt->SaveAsync(step);
+      ASSERT_TRUE(save.ok()) << save.status();
+      saves.push_back(*save);
+    }
+    for (auto& save : saves) {
+      absl::Status s = save->WaitCommitted(proto::TIER_PEER);
+      ASSERT_TRUE(s.ok()) << s << nodes[0]->log();
+    }
+  }
+  // Every node's replica of steps 2 to 4 arrived as an increment.
+  std::string logs;
+  for (auto& n : nodes) logs += n->log();
+  for (uint64_t step = 2; step <= 4; ++step) {
+    for (uint32_t r = 0; r < 3; ++r) {
+      EXPECT_THAT(logs,
+                  ContainsRegex(absl::StrCat(
+                      "holding a replica of job net step ", step, " rank ", r,
+                      " for node node-[abc] \\([0-9]+ bytes, an increment")))
+          << "step " << step << " rank " << r;
+    }
+  }
+  // Node a is lost: rank 0's steps restore on b and c.
+  ranks.clear();
+  nodes[0]->Kill();
+  for (size_t n : {1u, 2u}) {
+    for (uint64_t step = 1; step <= 4; ++step) {
+      auto reader = Checkpointer::Connect({.job = "net",
+                                           .rank = 0,
+                                           .world_size = 3,
+                                           .socket_path = nodes[n]->socket(),
+                                           .read_only = true});
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      std::vector<float> w(kWorld3 / 3);
+      std::string rng;
+      ASSERT_TRUE((*reader)
+                      ->RegisterTensor("model/w", proto::DTYPE_FLOAT32,
+                                       w.data(), {kWorld3}, {0}, {kWorld3 / 3})
+                      .ok());
+      ASSERT_TRUE((*reader)->RegisterBytes("rng", &rng).ok());
+      absl::Status restored = (*reader)->Restore(step);
+      ASSERT_TRUE(restored.ok())
+          << restored << " on " << ids[n] << " step " << step << "\n"
+          << nodes[n]->log();
+      EXPECT_TRUE(w == saved[step][0]) << ids[n] << " step " << step;
+      EXPECT_EQ(rng, absl::StrCat("rng-", step, "-0"));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::client

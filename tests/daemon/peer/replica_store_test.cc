@@ -3,6 +3,7 @@
 // files and drops the partial ones.
 #include "daemon/peer/replica_store.h"
 
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
+#include "snapshot/names.h"
+#include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
 #include "tests/test_util.h"
 
@@ -195,6 +198,84 @@ TEST(ReplicaStoreTest, ReopenKeepsCompleteFilesAndDropsPartialOnes) {
   auto left = io::DefaultFileSystem()->ListDir(dir.File("held/j"));
   ASSERT_TRUE(left.ok());
   EXPECT_EQ(left->size(), 1u);
+}
+
+// An increment (a shard storing chunks in earlier ones of its rank) is kept
+// only beside the very files it names; its base is not dropped before it,
+// it reads through them, and after a restart an increment whose base is gone
+// is deleted.
+TEST(ReplicaStoreTest, AnIncrementIsKeptOnlyWithItsBasesAndBeforeThem) {
+  testing::TempDir dir;
+  auto store =
+      ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+  ASSERT_TRUE(store.ok()) << store.status();
+  // Steps 1 and 2 of rank 0, 2 over 1 (one of its chunks changed).
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<uint8_t> data = testing::RandomBytes(rng, 6 << 20);
+  auto write = [&](uint64_t step,
+                   std::shared_ptr<const snapshot::ShardBase> base) {
+    const std::string path =
+        dir.File(snapshot::ShardFileName(step, 0, ".shard"));
+    snapshot::ShardWriterOptions options;
+    options.base = std::move(base);
+    snapshot::ShardWriter writer(io::DefaultFileSystem(), path,
+                                 {"j", step, 0, 1}, options);
+    EXPECT_TRUE(writer.AddBytes("state", data).ok());
+    absl::StatusOr<proto::ShardManifest> m = writer.Commit();
+    EXPECT_TRUE(m.ok()) << m.status();
+    auto next = std::make_shared<snapshot::ShardBase>();
+    next->manifest = *m;
+    next->manifest_xxh3 = writer.manifest_xxh3();
+    return std::make_pair(testing::ReadAll(path), next);
+  };
+  auto [full, base] = write(1, nullptr);
+  data[5 << 20] ^= 1;
+  auto [increment, unused] = write(2, base);
+  ASSERT_LT(increment.size(), full.size() / 2);
+  const std::vector<uint8_t> saved2 = data;
+
+  // Without its base, or beside another file of step 1, it is refused.
+  absl::Status refused = Send(store->get(), {"j", 2, 0}, increment);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("step 1"));
+  data[0] ^= 1;
+  auto [other, unused1] = write(1, nullptr);
+  ASSERT_TRUE(Send(store->get(), {"j", 1, 0}, other).ok());
+  refused = Send(store->get(), {"j", 2, 0}, increment);
+  EXPECT_THAT(refused.message(), HasSubstr("holds another copy"));
+  EXPECT_FALSE((*store)->Find({"j", 2, 0}).has_value());
+
+  // Beside the very file it names: kept, and read through it.
+  ASSERT_TRUE(Send(store->get(), {"j", 1, 0}, full).ok());
+  ASSERT_TRUE(Send(store->get(), {"j", 2, 0}, increment).ok());
+  auto e = (*store)->Find({"j", 2, 0});
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->base_steps, std::vector<uint64_t>{1});
+  auto reader = snapshot::ShardReader::Open(io::DefaultFileSystem(), e->path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<uint8_t> back(saved2.size());
+  ASSERT_TRUE((*reader)->ReadItem("state", absl::MakeSpan(back)).ok());
+  EXPECT_TRUE(back == saved2);
+  // Its base stays while it does.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*store)->Drop({"j", 1, 0})));
+  // Replacing the base with another file would strand it: refused.
+  EXPECT_FALSE(Send(store->get(), {"j", 1, 0}, other).ok());
+
+  // A restart keeps both; with the base gone, the increment goes too.
+  store->reset();
+  store =
+      ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Find({"j", 2, 0}).has_value());
+  EXPECT_EQ((*store)->Find({"j", 1, 0})->manifest_xxh3, base->manifest_xxh3);
+  const std::string base_path = (*store)->Find({"j", 1, 0})->path;
+  store->reset();
+  ASSERT_EQ(std::remove(base_path.c_str()), 0);
+  store =
+      ReplicaStore::Open(io::DefaultFileSystem(), dir.File("held"), 64 << 20);
+  ASSERT_TRUE(store.ok());
+  EXPECT_FALSE((*store)->Find({"j", 2, 0}).has_value());
+  EXPECT_EQ((*store)->used_bytes(), 0u);
 }
 
 }  // namespace
