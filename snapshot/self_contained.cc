@@ -206,6 +206,27 @@ absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
   return out;
 }
 
+absl::StatusOr<SelfContained> OpenForReceiver(
+    io::FileSystem* fs, const std::string& path,
+    const std::function<bool(const proto::BaseShard&)>& has_base, bool* as_is) {
+  *as_is = false;
+  ASSIGN_OR_RETURN(SelfContained view, OpenSelfContained(fs, path));
+  if (!view.incremental) return view;
+  ShardReaderOptions options;
+  options.direct_io = false;
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> reader,
+                   ShardReader::Open(fs, path, options));
+  for (const proto::BaseShard& b : reader->manifest().bases()) {
+    if (!has_base(b)) return view;
+  }
+  SelfContained own;
+  ASSIGN_OR_RETURN(own.file, fs->NewReadableFile(path, {}));
+  ASSIGN_OR_RETURN(own.size, own.file->Size());
+  own.manifest_bytes = reader->manifest_bytes();
+  *as_is = true;
+  return own;
+}
+
 absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
                                 const std::string& path) {
   constexpr size_t kCopyBytes = 8 << 20;

@@ -13,11 +13,13 @@
 #ifndef CKPT_SNAPSHOT_SELF_CONTAINED_H_
 #define CKPT_SNAPSHOT_SELF_CONTAINED_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "io/file_system.h"
+#include "proto/manifest.pb.h"
 
 namespace ckpt::snapshot {
 
@@ -34,6 +36,14 @@ struct SelfContained {
 // as a self-contained file. Errors name the shard and the base.
 absl::StatusOr<SelfContained> OpenSelfContained(io::FileSystem* fs,
                                                 const std::string& path);
+
+// The shard at `path` as it goes to a receiver: its own file, as it is, when
+// it is an increment every base of which `has_base` says the receiver holds
+// as the very file named (`as_is` set: only the chunks it stores travel);
+// else its self-contained form (OpenSelfContained).
+absl::StatusOr<SelfContained> OpenForReceiver(
+    io::FileSystem* fs, const std::string& path,
+    const std::function<bool(const proto::BaseShard&)>& has_base, bool* as_is);
 
 // Writes a view's bytes to `path` (created, or truncated) and syncs the file;
 // the caller renames it into place.

@@ -615,6 +615,15 @@ absl::Status ShardReader::InContext(const Source& source, const Piece& p,
                    chunk.file_offset(), ": ", st.message()));
 }
 
+absl::StatusOr<uint64_t> ManifestChecksumOf(io::FileSystem* fs,
+                                            const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<io::ReadableFile> file,
+                   fs->NewReadableFile(path, {}));
+  ASSIGN_OR_RETURN(const uint64_t size, file->Size());
+  ASSIGN_OR_RETURN(Footer footer, ReadFooter(file.get(), size));
+  return footer.manifest_xxh3;
+}
+
 std::vector<absl::Status> VerifyShard(io::FileSystem* fs,
                                       const std::string& path,
                                       const ShardReaderOptions& options) {

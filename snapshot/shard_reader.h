@@ -171,6 +171,12 @@ class ShardReader {
   uint64_t file_size_ = 0;
 };
 
+// The footer's manifest checksum of the shard file at `path` (its footer
+// checked, nothing else read): which file it is, as a later shard's
+// BaseShard names it.
+absl::StatusOr<uint64_t> ManifestChecksumOf(io::FileSystem* fs,
+                                            const std::string& path);
+
 // Verifies a shard file; what `ckpt verify` prints. Returns every problem found
 // (empty = intact).
 std::vector<absl::Status> VerifyShard(io::FileSystem* fs,

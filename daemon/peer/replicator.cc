@@ -420,30 +420,15 @@ std::shared_ptr<grpc::Channel> Replicator::ChannelTo(
 absl::StatusOr<snapshot::SelfContained> Replicator::Outgoing(
     const proto::ShardRecord& shard, const proto::PeerInfo& peer,
     bool* increment) {
-  *increment = false;
-  ASSIGN_OR_RETURN(snapshot::SelfContained view,
-                   snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  if (!view.incremental) return view;
-  snapshot::ShardReaderOptions options;
-  options.direct_io = false;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<snapshot::ShardReader> reader,
-      snapshot::ShardReader::Open(fs_, shard.shard_path(), options));
-  for (const proto::BaseShard& b : reader->manifest().bases()) {
-    absl::StatusOr<proto::LocateShardResponse> held =
-        LocateOn(peer, {shard.job(), b.step(), shard.rank()}, false);
-    if (!held.ok() || held->tier() != proto::TIER_PEER ||
-        held->held_manifest_xxh3() != b.manifest_xxh3()) {
-      return view;  // the peer lacks a base: the whole shard goes
-    }
-  }
-  // Its own file: the chunks it stores, the rest already there.
-  snapshot::SelfContained own;
-  ASSIGN_OR_RETURN(own.file, fs_->NewReadableFile(shard.shard_path(), {}));
-  ASSIGN_OR_RETURN(own.size, own.file->Size());
-  own.manifest_bytes = reader->manifest_bytes();
-  *increment = true;
-  return own;
+  return snapshot::OpenForReceiver(
+      fs_, shard.shard_path(),
+      [&](const proto::BaseShard& b) {
+        absl::StatusOr<proto::LocateShardResponse> held =
+            LocateOn(peer, {shard.job(), b.step(), shard.rank()}, false);
+        return held.ok() && held->tier() == proto::TIER_PEER &&
+               held->held_manifest_xxh3() == b.manifest_xxh3();
+      },
+      increment);
 }
 
 void Replicator::Sent(const proto::ShardRecord& shard, uint64_t bytes,

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "daemon/common/describe.h"
 #include "daemon/peer/replica_store.h"
@@ -18,18 +20,32 @@
 #include "io/status_macros.h"
 #include "snapshot/names.h"
 #include "snapshot/self_contained.h"
+#include "snapshot/shard_reader.h"
 
 namespace ckpt::daemon {
 namespace {
 
 constexpr int kAttempts = 5;
 
-// The step of "<step:020>-<rank:010>.ckpt".
-bool StepOf(absl::string_view name, uint64_t* step) {
+constexpr absl::string_view kPinInfix = ".ckpt.base-of-";
+
+// The step and rank of "<step:020>-<rank:010>.ckpt".
+bool StepOf(absl::string_view name, uint64_t* step, uint32_t* rank) {
   if (!absl::ConsumeSuffix(&name, ".ckpt")) return false;
   std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
-  return parts.size() == 2 && parts[0].size() == 20 &&
-         absl::SimpleAtoi(parts[0], step);
+  return parts.size() == 2 && parts[0].size() == 20 && parts[1].size() == 10 &&
+         absl::SimpleAtoi(parts[0], step) && absl::SimpleAtoi(parts[1], rank);
+}
+
+// A pin, "<base:020>-<rank:010>.ckpt.base-of-<step:020>": step's copy stores
+// chunks in base's.
+bool PinOf(absl::string_view name, uint64_t* base, uint32_t* rank,
+           uint64_t* step) {
+  const size_t at = name.find(kPinInfix);
+  if (at == absl::string_view::npos) return false;
+  const absl::string_view of = name.substr(at + kPinInfix.size());
+  return of.size() == 20 && absl::SimpleAtoi(of, step) &&
+         StepOf(name.substr(0, at + 5), base, rank);
 }
 
 }  // namespace
@@ -120,16 +136,59 @@ void SharedTier::Loop() {
   }
 }
 
+absl::StatusOr<snapshot::SelfContained> SharedTier::Outgoing(
+    const proto::ShardRecord& shard, std::vector<uint64_t>* bases) {
+  bases->clear();
+  bool as_is = false;
+  ASSIGN_OR_RETURN(
+      snapshot::SelfContained out,
+      snapshot::OpenForReceiver(
+          fs_, shard.shard_path(),
+          [&](const proto::BaseShard& b) {
+            absl::StatusOr<uint64_t> there = snapshot::ManifestChecksumOf(
+                fs_, PathOf(shard.job(), b.step(), shard.rank()));
+            bases->push_back(b.step());
+            return there.ok() && *there == b.manifest_xxh3();
+          },
+          &as_is));
+  if (!as_is) bases->clear();
+  return out;
+}
+
 absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(shard.job()));
   const std::string path = PathOf(shard.job(), shard.step(), shard.rank());
   const std::string partial = path + ".partial";
-  // Self-contained: an incremental save's unchanged chunks come from its
-  // bases, so the copy stands alone on the shared tier.
-  ASSIGN_OR_RETURN(snapshot::SelfContained view,
-                   snapshot::OpenSelfContained(fs_, shard.shard_path()));
-  const uint64_t size = view.size;
+  // An increment over copies here, or the shard self-contained (its
+  // unchanged chunks read from its bases) to stand alone.
+  std::vector<uint64_t> bases;
+  ASSIGN_OR_RETURN(snapshot::SelfContained view, Outgoing(shard, &bases));
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
+  if (!bases.empty()) {
+    // The pins first, durable: a copy never stands without them.
+    for (uint64_t base : bases) {
+      ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> pin,
+                       fs_->NewWritableFile(
+                           absl::StrCat(PathOf(shard.job(), base, shard.rank()),
+                                        kPinInfix.substr(5),  // after ".ckpt"
+                                        absl::StrFormat("%020d", shard.step())),
+                           {}));
+      RETURN_IF_ERROR(pin->Close());
+    }
+    RETURN_IF_ERROR(fs_->SyncDir(io::DirName(path)));
+    // A collection elsewhere may have dropped a base before it saw the pin:
+    // then the copy stands alone after all.
+    for (uint64_t base : bases) {
+      if (!snapshot::ManifestChecksumOf(fs_,
+                                        PathOf(shard.job(), base, shard.rank()))
+               .ok()) {
+        ASSIGN_OR_RETURN(view,
+                         snapshot::OpenSelfContained(fs_, shard.shard_path()));
+        break;
+      }
+    }
+  }
+  const uint64_t size = view.size;
   RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, partial));
   CKPT_KILL_POINT("shared.before_rename");
   RETURN_IF_ERROR(fs_->Rename(partial, path));
@@ -172,14 +231,39 @@ void SharedTier::CollectGarbage(
   const std::string job_dir = io::JoinPath(options_.dir, job);
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
   if (!names.ok()) return;
+  // Kept: the newest committed steps and newer ones, and (newest first,
+  // through chains) every copy a kept one pins.
+  using Copy = std::pair<uint64_t, uint32_t>;  // step, rank
+  // A pin of a kept step counts before its copy is there: another node may
+  // be writing that copy now.
+  std::set<Copy> named, kept;
+  std::map<Copy, std::vector<Copy>> pins;  // the pinning copy -> its bases
+  for (const std::string& name : *names) {
+    uint64_t step = 0, base = 0;
+    uint32_t rank = 0;
+    const bool pin = PinOf(name, &base, &rank, &step);
+    if (pin) pins[{step, rank}].push_back({base, rank});
+    if (pin || StepOf(name, &step, &rank)) {
+      named.insert({step, rank});
+      if (step >= oldest_kept) kept.insert({step, rank});
+    }
+  }
+  for (auto it = named.rbegin(); it != named.rend(); ++it) {
+    if (kept.count(*it) == 0) continue;
+    for (const Copy& base : pins[*it]) kept.insert(base);
+  }
   std::set<uint64_t> dropped;
   for (const std::string& name : *names) {
-    uint64_t step = 0;
+    uint64_t step = 0, base = 0;
+    uint32_t rank = 0;
     // Partial files of a copy cut short are left to the next copy of that
-    // shard (it truncates them): another node may be writing one now.
-    if (StepOf(name, &step) && step < oldest_kept) {
+    // shard (it truncates them): another node may be writing one now. A
+    // pin goes with the copy that made it, once that is not kept.
+    const bool pin = PinOf(name, &base, &rank, &step);
+    if ((pin || StepOf(name, &step, &rank)) && step < oldest_kept &&
+        kept.count({step, rank}) == 0) {
       (void)fs_->Unlink(io::JoinPath(job_dir, name));
-      dropped.insert(step);
+      if (!pin) dropped.insert(step);
     }
   }
   if (!dropped.empty()) {

@@ -10,6 +10,14 @@
 //
 // Layout: <dir>/<job>/<step:020>-<rank:010>.ckpt
 //
+// A copy of an increment is the shard's own file when the tier holds its
+// bases as the very files it names (their footers' manifest checksums),
+// else its self-contained form. Each base it names gets a pin beside it,
+// <base:020>-<rank:010>.ckpt.base-of-<step:020> (empty, durable before the
+// copy is renamed into place): retention keeps a copy while a kept copy pins
+// it, through chains, reading nothing but the directory's names; pins go
+// with the copies that made them.
+//
 // Thread-safety: thread-safe.
 #ifndef CKPT_DAEMON_PEER_SHARED_TIER_H_
 #define CKPT_DAEMON_PEER_SHARED_TIER_H_
@@ -28,6 +36,7 @@
 #include "daemon/common/metrics.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
+#include "snapshot/self_contained.h"
 
 namespace ckpt::daemon {
 
@@ -68,6 +77,11 @@ class SharedTier {
                      uint32_t rank) const;
   void Loop();
   absl::Status Copy(const proto::ShardRecord& shard);
+  // What Copy writes: the shard's own file when it is an increment whose
+  // bases are here as the very files it names (`bases` gets their steps),
+  // else its self-contained form.
+  absl::StatusOr<snapshot::SelfContained> Outgoing(
+      const proto::ShardRecord& shard, std::vector<uint64_t>* bases);
 
   io::FileSystem* const fs_;
   const SharedTierOptions options_;

@@ -5,6 +5,8 @@
 #include "daemon/peer/shared_tier.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "io/fault_injection_fs.h"
 #include "io/file_system.h"
+#include "snapshot/names.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
 #include "tests/test_util.h"
@@ -140,6 +143,96 @@ TEST_F(SharedTierTest, RetentionKeepsTheNewestCommittedStepsAndNewerOnes) {
   }
   EXPECT_TRUE(*io::DefaultFileSystem()->Exists(
       dir_.File("shared/j/" + name(1) + ".partial")));
+}
+
+// Increments: a copy of an increment whose base is on the tier is the
+// shard's own file, pinning its base; it reads through it, and retention
+// keeps the base while the increment is kept, then drops both and the pin.
+// Without its base on the tier, the copy stands alone.
+TEST_F(SharedTierTest, AnIncrementIsCopiedOverItsBaseWhichItPins) {
+  std::unique_ptr<SharedTier> tier = Start({.keep = 1});
+  ASSERT_NE(tier, nullptr);
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<uint8_t> data = testing::RandomBytes(rng, 256 << 10);
+  std::vector<std::vector<uint8_t>> saved(4);
+  std::shared_ptr<snapshot::ShardBase> base;
+  auto persist = [&](uint64_t step, bool over_base) {
+    const std::string path =
+        dir_.File(snapshot::ShardFileName(step, 0, ".shard"));
+    snapshot::ShardWriterOptions options;
+    options.chunk_size = 64 << 10;
+    if (over_base) options.base = base;
+    snapshot::ShardWriter writer(io::DefaultFileSystem(), path,
+                                 {"j", step, 0, 2}, options);
+    EXPECT_TRUE(writer.AddBytes("state", data).ok());
+    absl::StatusOr<proto::ShardManifest> m = writer.Commit();
+    EXPECT_TRUE(m.ok()) << m.status();
+    base = std::make_shared<snapshot::ShardBase>();
+    base->manifest = *m;
+    base->manifest_xxh3 = writer.manifest_xxh3();
+    saved[step] = data;
+    proto::ShardRecord r;
+    r.set_job("j");
+    r.set_step(step);
+    r.set_rank(0);
+    r.set_world_size(2);
+    r.set_state(proto::SHARD_PERSISTED);
+    r.set_shard_path(path);
+    return r;
+  };
+  auto size_of = [&](uint64_t step) {
+    absl::StatusOr<proto::ShardRecord> r = tier->Find("j", step, 0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *io::DefaultFileSystem()->FileSize(r->shard_path()) : 0;
+  };
+  auto reads_back = [&](uint64_t step) {
+    absl::StatusOr<proto::ShardRecord> r = tier->Find("j", step, 0);
+    if (!r.ok()) return false;
+    auto reader =
+        snapshot::ShardReader::Open(io::DefaultFileSystem(), r->shard_path());
+    if (!reader.ok()) return false;
+    std::vector<uint8_t> out(data.size());
+    return (*reader)->ReadItem("state", absl::MakeSpan(out)).ok() &&
+           out == saved[step];
+  };
+  tier->Enqueue(persist(1, false));
+  ASSERT_EQ(AwaitCopied(1).size(), 1u);
+  data[1000] ^= 1;  // one chunk of four changes
+  tier->Enqueue(persist(2, true));
+  ASSERT_EQ(AwaitCopied(2).size(), 2u);
+  EXPECT_LT(size_of(2), size_of(1) / 2) << "only the changed chunk";
+  const std::string pin =
+      dir_.File("shared/j/" + snapshot::ShardFileName(1, 0, ".ckpt") +
+                ".base-of-00000000000000000002");
+  EXPECT_TRUE(*io::DefaultFileSystem()->Exists(pin));
+  EXPECT_TRUE(reads_back(2));
+  auto commits = [](std::vector<uint64_t> steps) {
+    std::vector<proto::CommitRecord> out;
+    for (uint64_t step : steps) {
+      proto::CommitRecord& c = out.emplace_back();
+      c.set_job("j");
+      c.set_step(step);
+      c.set_tier(proto::TIER_SHARED);
+    }
+    return out;
+  };
+  // Keeping one step keeps step 2 and, pinned, step 1.
+  tier->CollectGarbage("j", commits({1, 2}));
+  EXPECT_TRUE(tier->Has("j", 1, 0));
+  EXPECT_TRUE(reads_back(2));
+  // Step 3's base (step 2) is dropped from the local disk's view of the tier:
+  // a copy made without it on the tier stands alone.
+  ASSERT_EQ(std::remove(tier->Find("j", 2, 0)->shard_path().c_str()), 0);
+  data[200000] ^= 1;
+  tier->Enqueue(persist(3, true));
+  ASSERT_EQ(AwaitCopied(3).size(), 3u);
+  EXPECT_GT(size_of(3), size_of(1) / 2) << "self-contained";
+  EXPECT_TRUE(reads_back(3));
+  // Step 3 kept alone: step 1 and the pin go.
+  tier->CollectGarbage("j", commits({1, 2, 3}));
+  EXPECT_FALSE(tier->Has("j", 1, 0));
+  EXPECT_FALSE(*io::DefaultFileSystem()->Exists(pin));
+  EXPECT_TRUE(reads_back(3));
 }
 
 }  // namespace
