@@ -137,9 +137,10 @@ TEST(IncrementalNodesTest, AShardBuiltOnAStepSavedAgainIsMadeSelfContained) {
 
 // Increments over the network: a node's replica of a rank is pushed once in
 // full, then as increments (only the chunks the save stores) on top of the
-// files the peer holds; with the owner killed, every committed step restores
-// bit-exact on the node holding the replica (through its held bases) and on
-// the third node (fetching the replica's self-contained form).
+// files the peer holds; after the peers restart, and with the owner killed,
+// every committed step restores bit-exact on the node holding the replica
+// (through its held bases) and on the third node (fetching the replica's
+// self-contained form).
 TEST(IncrementalNodesTest, ReplicasReceiveIncrementsAndRestoreAfterALoss) {
   testing::EtcdProcess etcd;
   ASSERT_TRUE(etcd.Start()) << etcd.log();
@@ -189,8 +190,14 @@ TEST(IncrementalNodesTest, ReplicasReceiveIncrementsAndRestoreAfterALoss) {
           << "step " << step << " rank " << r;
     }
   }
-  // Node a is lost: rank 0's steps restore on b and c.
+  // Nodes b and c restart (SIGKILL): they adopt the replicas they held,
+  // increments beside their bases. Then node a is lost: rank 0's steps
+  // restore on b and c.
   ranks.clear();
+  for (size_t n : {1u, 2u}) {
+    nodes[n]->Kill();
+    ASSERT_TRUE(nodes[n]->Start()) << nodes[n]->log();
+  }
   nodes[0]->Kill();
   for (size_t n : {1u, 2u}) {
     for (uint64_t step = 1; step <= 4; ++step) {
