@@ -25,6 +25,7 @@
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
 #include "tools/bench_stats.h"
+#include "tools/bench_training_state.h"
 #include "tools/ckpt_bench.h"
 
 namespace ckpt::bench {
@@ -36,75 +37,6 @@ namespace proto = ckpt::proto;
 using ckpt::tools::Seconds;
 
 namespace {
-
-struct Tensor {
-  std::string name;
-  proto::DType dtype;
-  std::vector<int64_t> shape;
-  absl::Span<const uint8_t> data;
-};
-
-// One snapshot of a run: its bytes (page aligned, as in a staging slot) and
-// the tensors in them.
-struct Snapshot {
-  uint64_t step = 0;
-  io::AlignedBuffer bytes;
-  std::vector<Tensor> tensors;
-  uint64_t raw() const {
-    uint64_t n = 0;
-    for (const Tensor& t : tensors) n += t.data.size();
-    return n;
-  }
-};
-
-[[noreturn]] void Die(const std::string& what) {
-  std::cerr << "ckpt-bench codec: " << what << "\n";
-  std::exit(1);
-}
-
-// The run's snapshots from `dir`/index.json; tensors whose name starts with
-// `skip` (if not empty) are left out.
-std::vector<Snapshot> LoadRun(const std::string& dir, const std::string& run,
-                              const std::string& skip = "") {
-  std::ifstream in(dir + "/index.json");
-  if (!in) {
-    Die(dir +
-        "/index.json is missing: make the data with "
-        "build/torch-venv/bin/python tools/gen_training_state.py --out " +
-        dir);
-  }
-  nlohmann::json index = nlohmann::json::parse(in);
-  if (!index["runs"].contains(run)) Die("index.json has no run " + run);
-  std::vector<Snapshot> out;
-  for (const nlohmann::json& s : index["runs"][run]) {
-    Snapshot snap;
-    snap.step = s["step"].get<uint64_t>();
-    const std::string path = dir + "/" + s["file"].get<std::string>();
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    if (!f) Die("cannot read " + path);
-    const size_t size = static_cast<size_t>(f.tellg());
-    snap.bytes = io::AlignedBuffer(io::AlignUp(std::max<size_t>(size, 1)));
-    f.seekg(0);
-    f.read(reinterpret_cast<char*>(snap.bytes.data()),
-           static_cast<std::streamsize>(size));
-    for (const nlohmann::json& t : s["tensors"]) {
-      const std::string name = t["name"].get<std::string>();
-      if (!skip.empty() && name.rfind(skip, 0) == 0) continue;
-      const std::string dtype = t["dtype"].get<std::string>();
-      const uint64_t offset = t["offset"].get<uint64_t>();
-      const uint64_t bytes = t["bytes"].get<uint64_t>();
-      if (offset + bytes > size) Die(path + ": tensor " + name + " overflows");
-      snap.tensors.push_back(
-          {name,
-           dtype == "bfloat16" ? proto::DTYPE_BFLOAT16 : proto::DTYPE_FLOAT32,
-           t["shape"].get<std::vector<int64_t>>(),
-           snap.bytes.span().subspan(offset, bytes)});
-    }
-    out.push_back(std::move(snap));
-  }
-  if (out.empty()) Die("run " + run + " has no snapshots");
-  return out;
-}
 
 // Chunks of `chunk` bytes of every tensor, as the writer cuts them.
 template <typename F>

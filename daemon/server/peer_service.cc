@@ -17,6 +17,7 @@
 #include "daemon/server/call_watchdog.h"
 #include "daemon/server/peer_tls.h"
 #include "daemon/server/piece_stream.h"
+#include "daemon/server/served_copy.h"
 #include "io/host.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
@@ -216,7 +217,7 @@ class PeerService final : public proto::CkptPeer::Service {
                            const proto::LocateShardRequest* req,
                            proto::LocateShardResponse* resp) override {
     if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
-    absl::StatusOr<Copy> copy = Best(KeyOf(req->shard()));
+    absl::StatusOr<ServedCopy> copy = Best(KeyOf(req->shard()));
     if (absl::IsNotFound(copy.status())) {
       resp->set_tier(proto::TIER_UNSPECIFIED);
       return grpc::Status::OK;
@@ -247,7 +248,7 @@ class PeerService final : public proto::CkptPeer::Service {
       grpc::ServerWriter<proto::ShardPiece>* writer) override {
     if (grpc::Status in = Admit(*ctx, ""); !in.ok()) return in;
     const ReplicaStore::Key key = KeyOf(req->shard());
-    absl::StatusOr<Copy> copy = Best(key);
+    absl::StatusOr<ServedCopy> copy = Best(key);
     if (!copy.ok()) return ToGrpc(copy.status());
     // Opened once: garbage collection unlinking it meanwhile does not cut
     // the transfer short.
@@ -330,7 +331,7 @@ class PeerService final : public proto::CkptPeer::Service {
                           "use FetchShard");
     }
     const ReplicaStore::Key key = KeyOf(req->shard());
-    absl::StatusOr<Copy> copy = Best(key);
+    absl::StatusOr<ServedCopy> copy = Best(key);
     if (!copy.ok()) return ToGrpc(copy.status());
     absl::StatusOr<snapshot::SelfContained> view =
         snapshot::OpenSelfContained(fs_, copy->path);
@@ -465,40 +466,9 @@ class PeerService final : public proto::CkptPeer::Service {
     return grpc::Status::OK;
   }
 
-  struct Copy {
-    proto::Tier tier;
-    std::string path;
-    uint64_t bytes;                   // of its self-contained form
-    uint64_t held_manifest_xxh3 = 0;  // in memory: the file as held
-    uint64_t held_bytes = 0;
-  };
-  // A copy in memory (a replica held, or one fetched or rebuilt here for a
-  // restore), else this node's own shard file.
-  absl::StatusOr<Copy> Best(const ReplicaStore::Key& key) {
-    for (ReplicaStore* store : {replicator_->held(), replicator_->fetched()}) {
-      if (absl::optional<ReplicaStore::Entry> e = store->Find(key)) {
-        Copy copy{proto::TIER_PEER, e->path, e->bytes, e->manifest_xxh3,
-                  e->bytes};
-        if (!e->base_steps.empty()) {
-          // An increment held with its bases: it leaves self-contained.
-          ASSIGN_OR_RETURN(snapshot::SelfContained view,
-                           snapshot::OpenSelfContained(fs_, e->path));
-          copy.bytes = view.size;
-        }
-        return copy;
-      }
-    }
-    ASSIGN_OR_RETURN(absl::optional<std::string> own,
-                     service_->LocalShardFile(key.job, key.step, key.rank));
-    if (own.has_value()) {
-      // As it leaves the node: self-contained (an incremental save's chunks
-      // in its bases included).
-      ASSIGN_OR_RETURN(snapshot::SelfContained view,
-                       snapshot::OpenSelfContained(fs_, *own));
-      return Copy{proto::TIER_LOCAL_DISK, *own, view.size};
-    }
-    return absl::NotFoundError(
-        absl::StrCat("this node has no copy of ", Describe(key)));
+  // The copy of a shard this node serves (server/served_copy.h).
+  absl::StatusOr<ServedCopy> Best(const ReplicaStore::Key& key) {
+    return BestServedCopy(fs_, *replicator_, *service_, key);
   }
 
   grpc::Status Send(grpc::ServerContext* ctx,

@@ -253,10 +253,9 @@ TEST(CheckpointerTest, SaveCommitAndRestoreThroughTheDaemon) {
 TEST(CheckpointerTest, CopiesDroppedWhileARestoreReadsThemAreAskedForAgain) {
   testing::TempDir shared;
   // Full saves (no XOR deltas): retention keeping one step drops the others.
-  testing::DaemonProcess daemon({"--shared-dir", shared.path(),
-                                 "--shared-every", "2", "--keep-shared", "2",
-                                 "--keep-disk", "3", "--keep-memory", "3",
-                                 "--xor-deltas", "false"});
+  testing::DaemonProcess daemon(
+      {"--shared-dir", shared.path(), "--shared-every", "2", "--keep-shared",
+       "2", "--keep-disk", "3", "--keep-memory", "3", "--xor-deltas", "false"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   Trainer t(daemon.socket(), 0, 1);
   ASSERT_TRUE(t.ckpt);

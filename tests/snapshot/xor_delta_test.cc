@@ -18,6 +18,7 @@
 #include "io/file_system.h"
 #include "io/thread_pool.h"
 #include "snapshot/dtype.h"
+#include "snapshot/format.h"
 #include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
@@ -116,10 +117,12 @@ struct Saved {
 Saved Save(const std::string& path, uint64_t step,
            const std::vector<Tensor>& state, std::shared_ptr<ShardBase> base,
            const std::vector<Tensor>* base_state,
-           ReadBaseRaw read_raw = nullptr, uint32_t max_depth = 4) {
+           ReadBaseRaw read_raw = nullptr, uint32_t max_depth = 4,
+           uint32_t format_version = kFormatVersion) {
   ShardWriterOptions options;
   options.chunk_size = kChunk;
   options.max_delta_depth = max_depth;
+  options.codec.format_version = format_version;
   options.encode_threads = 2;
   if (base != nullptr) {
     auto with_raw = std::make_shared<ShardBase>(*base);
@@ -252,7 +255,7 @@ TEST(XorDeltaTest, ChainsOfDeltasStopAtTheirDepthBound) {
           EXPECT_EQ(c.xor_depth(), expected) << "step " << step;
       }
     }
-    EXPECT_GT(Deltas(last.manifest) + (expected == 0), 0u) << "step " << step;
+    if (expected > 0) EXPECT_GT(Deltas(last.manifest), 0u) << "step " << step;
   }
   for (size_t s = 0; s < saved.size(); ++s)
     ExpectReadsBack(PathOf(dir, s + 1), saved[s]);
@@ -285,8 +288,9 @@ TEST(XorDeltaTest, AFlippedByteInABaseOrADeltaIsCaught) {
     return VerifyShard(io::DefaultFileSystem(), paths[2], fast);
   };
   ASSERT_THAT(last_errors(), ::testing::IsEmpty());
-  // Every byte of every chunk step 3 reads (its own, its delta bases', the
-  // chunks it left in them), flipped once: step 3 alone no longer verifies.
+  // Bytes throughout every chunk step 3 reads (its own, its delta bases', the
+  // chunks it left in them; one every 1 to 7 bytes, at random), each flipped
+  // once: step 3 alone no longer verifies.
   size_t flips = 0;
   for (const std::string& p : paths) {
     auto reader = ShardReader::Open(io::DefaultFileSystem(), p);
@@ -411,38 +415,51 @@ TEST(XorDeltaTest, AFormatFourWriterStoresNoDeltas) {
   std::mt19937_64 rng(testing::TestSeed());
   testing::TempDir dir;
   std::vector<Tensor> before = State(rng, proto::DTYPE_FLOAT32);
-  ShardWriterOptions options;
-  options.chunk_size = kChunk;
-  options.codec.format_version = 4;
-  auto write = [&](uint64_t step, const std::vector<Tensor>& state,
-                   std::shared_ptr<const ShardBase> base) {
-    options.base = std::move(base);
-    ShardWriter writer(io::DefaultFileSystem(), PathOf(dir, step),
-                       {"job", step, 0, 1}, options);
-    for (const Tensor& t : state) {
-      const int64_t n = static_cast<int64_t>(t.values.size());
-      EXPECT_TRUE(
-          writer.AddTensor({t.name, t.dtype, {n}, {0}, {n}, t.data}).ok());
-    }
-    absl::StatusOr<proto::ShardManifest> m = writer.Commit();
-    EXPECT_TRUE(m.ok()) << m.status();
-    auto b = std::make_shared<ShardBase>();
-    b->manifest = *m;
-    b->manifest_xxh3 = writer.manifest_xxh3();
-    b->read_raw = [&before](uint32_t item, uint64_t offset,
-                            absl::Span<uint8_t> out) {
-      std::memcpy(out.data(), before[item].data.data() + offset, out.size());
-      return absl::OkStatus();
-    };
-    return std::make_pair(b, writer.stats());
-  };
-  auto [base, unused] = write(1, before, nullptr);
+  Saved s1 = Save(PathOf(dir, 1), 1, before, nullptr, nullptr, nullptr, 4, 4);
   std::vector<Tensor> after = before;
   Step(rng, after, 100);
-  auto [next, stats] = write(2, after, base);
-  EXPECT_EQ(stats.deltas, 0u);
-  EXPECT_EQ(next->manifest.format_version(), 4u);
+  Saved s2 = Save(PathOf(dir, 2), 2, after, s1.base, &before, nullptr, 4, 4);
+  EXPECT_EQ(s2.stats.deltas, 0u);
+  EXPECT_EQ(s2.manifest.format_version(), 4u);
   ExpectReadsBack(PathOf(dir, 2), after);
+}
+
+// What a manifest says of its deltas is checked before anything is read: a
+// delta against no base, of depth 0 or deeper than the increments, a delta
+// checksum or depth on a chunk that is none, or a delta in format 4.
+TEST(XorDeltaTest, AManifestLyingAboutItsDeltasIsRefused) {
+  std::mt19937_64 rng(testing::TestSeed());
+  testing::TempDir dir;
+  std::vector<Tensor> before = State(rng, proto::DTYPE_FLOAT32);
+  Saved s1 = Save(PathOf(dir, 1), 1, before, nullptr, nullptr);
+  std::vector<Tensor> after = before;
+  Step(rng, after, 100);
+  Saved s2 = Save(PathOf(dir, 2), 2, after, s1.base, &before);
+  const proto::ShardManifest& good = s2.manifest;
+  ASSERT_TRUE(ValidateManifest(good, good.data_size()).ok());
+  int item = -1, chunk = -1;
+  for (int i = 0; i < good.items_size() && item < 0; ++i)
+    for (int c = 0; c < good.items(i).chunks_size() && item < 0; ++c)
+      if (good.items(i).chunks(c).xor_base() > 0) item = i, chunk = c;
+  ASSERT_GE(item, 0);
+  auto lie = [&](auto mutate) {
+    proto::ShardManifest m = good;
+    mutate(*m.mutable_items(item)->mutable_chunks(chunk), m);
+    return ValidateManifest(m, m.data_size());
+  };
+  using C = proto::ChunkInfo;
+  using M = proto::ShardManifest;
+  for (absl::Status s : {
+           lie([](C&c, M&) { c.set_xor_base(7); }),
+           lie([](C&c, M&) { c.set_xor_depth(0); }),
+           lie([](C&c, M&m) { c.set_xor_depth(m.increments() + 1); }),
+           lie([](C&c, M&) {
+             c.set_xor_base(0);  // its checksum and depth stay
+           }),
+           lie([](C&, M&m) { m.set_format_version(4); }),
+       }) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  }
 }
 
 }  // namespace
