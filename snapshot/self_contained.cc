@@ -244,4 +244,25 @@ absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
   return out->Close();
 }
 
+absl::StatusOr<Detached> MakeSelfContained(io::FileSystem* fs,
+                                           const std::string& path) {
+  ASSIGN_OR_RETURN(SelfContained view, OpenSelfContained(fs, path));
+  Detached out;
+  out.size = view.size;
+  out.manifest_bytes = view.manifest_bytes;
+  out.manifest_xxh3 =
+      Checksum({reinterpret_cast<const uint8_t*>(out.manifest_bytes.data()),
+                out.manifest_bytes.size()});
+  if (!view.incremental) return out;  // its own file already
+  const std::string temp = path + ".detach.tmp";
+  absl::Status written = WriteSelfContained(fs, view, temp);
+  if (written.ok()) written = fs->Rename(temp, path);
+  if (!written.ok()) {
+    (void)fs->Unlink(temp);
+    return written;
+  }
+  RETURN_IF_ERROR(fs->SyncDir(io::DirName(path)));
+  return out;
+}
+
 }  // namespace ckpt::snapshot

@@ -50,6 +50,17 @@ absl::StatusOr<SelfContained> OpenForReceiver(
 absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
                                 const std::string& path);
 
+// The shard at `path` rewritten in place as its self-contained form (written
+// beside it, synced, renamed over it, the directory synced): it no longer
+// reads its bases. What the new file is:
+struct Detached {
+  uint64_t size = 0;
+  uint64_t manifest_xxh3 = 0;
+  std::string manifest_bytes;
+};
+absl::StatusOr<Detached> MakeSelfContained(io::FileSystem* fs,
+                                           const std::string& path);
+
 }  // namespace ckpt::snapshot
 
 #endif  // CKPT_SNAPSHOT_SELF_CONTAINED_H_

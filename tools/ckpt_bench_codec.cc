@@ -330,6 +330,24 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : sum / static_cast<double>(v.size());
 }
 
+// The bytes of the tensors that differ from the save before, over all of a
+// save's, averaged over the saves after the first: what an increment cannot
+// leave out.
+double ChangedFraction(const std::vector<Snapshot>& run) {
+  std::vector<double> fractions;
+  for (size_t i = 1; i < run.size(); ++i) {
+    uint64_t changed = 0;
+    for (size_t t = 0; t < run[i].tensors.size(); ++t) {
+      const absl::Span<const uint8_t> now = run[i].tensors[t].data;
+      const absl::Span<const uint8_t> before = run[i - 1].tensors[t].data;
+      if (now != before) changed += now.size();
+    }
+    fractions.push_back(static_cast<double>(changed) /
+                        static_cast<double>(run[i].raw()));
+  }
+  return Mean(fractions);
+}
+
 }  // namespace
 
 int RunCodec(const std::string& data, const std::string& dir, bool json) {
@@ -458,6 +476,9 @@ int RunCodec(const std::string& data, const std::string& dir, bool json) {
   j["frozen90_full_bytes"] = frozen_chain[0].file_bytes;
   j["incremental_bytes_frozen90"] = Mean(frozen_steps_after);
   j["incremental_bytes_frozen90_every10"] = Mean(frozen_after);
+  j["changed_bytes_fraction_frozen90"] = ChangedFraction(frozen_steps);
+  j["incremental_vs_changed_frozen90"] =
+      Mean(frozen_steps_after) / ChangedFraction(frozen_steps);
   j["delta_vs_zstd_shuffle_fp32"] = delta32.vs_zstd_shuffle;
   j["delta_vs_zstd_shuffle_bf16"] = delta16.vs_zstd_shuffle;
   j["delta_vs_no_delta_fp32"] = delta32.vs_no_delta;

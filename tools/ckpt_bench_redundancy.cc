@@ -63,6 +63,7 @@ struct Phase {
   double detect_s = 0;          // kill to a survivor's trainer told
   double restore_s = 0;         // the lost ranks restored, one after another
   uint64_t restored_bytes = 0;  // their state
+  std::vector<double> rank_restore_s;  // each lost rank's, in order
 };
 
 // Saves one step of `state` (kNodes ranks, rank r on node r), loses `lost`
@@ -148,10 +149,12 @@ absl::StatusOr<Phase> RunPhase(const std::string& dir,
   const auto restoring = std::chrono::steady_clock::now();
   for (int i = 0; i < lost; ++i) {
     std::vector<float>& w = restored[i];
+    const auto rank_start = std::chrono::steady_clock::now();
     auto c = connect(nodes[lost + i], i, w.data());
     if (!c.ok()) return c.status();
     absl::Status st = (*c)->Restore(1);
     if (!st.ok()) return st;
+    phase.rank_restore_s.push_back(Seconds(rank_start));
     if (std::memcmp(w.data(), state[i].data(), w.size() * sizeof(float)) != 0) {
       return absl::DataLossError(absl::StrCat("rank ", i, " restored wrong"));
     }
@@ -261,6 +264,8 @@ int RunRedundancy(const std::string& dir, uint64_t state_mib,
   j["disk_to_peer_commit_s_replicas"] = replicas->disk_to_peer_s;
   j["detect_s"] = parity->detect_s;
   j["restore_s"] = parity->restore_s;
+  j["rank_restore_s_parity"] = parity->rank_restore_s;
+  j["rank_restore_s_replicas"] = replicas->rank_restore_s;
   j["recovery_s"] = parity->detect_s + parity->restore_s;
   j["recovery_s_replicas"] = replicas->detect_s + replicas->restore_s;
   if (json) {

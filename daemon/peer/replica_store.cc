@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +19,7 @@
 #include "snapshot/chunk_codec.h"
 #include "snapshot/format.h"
 #include "snapshot/names.h"
+#include "snapshot/self_contained.h"
 #include "snapshot/shard_check.h"
 #include "snapshot/shard_reader.h"
 
@@ -127,6 +129,49 @@ bool ReplicaStore::IsBase(const Key& key) const {
       return true;
   }
   return false;
+}
+
+absl::Status ReplicaStore::DetachDependents(const Key& key) {
+  // Rewriting a file changes it, so the increments built on those go too:
+  // every later file of the rank that names `key` or one of those as a base
+  // (bases are earlier steps: one pass in step order finds them).
+  std::set<uint64_t> moving = {key.step};
+  std::vector<Entry*> dependents;
+  for (auto it = files_.upper_bound(key);
+       it != files_.end() && it->first.job == key.job; ++it) {
+    Entry& e = it->second;
+    if (e.key.rank != key.rank ||
+        std::none_of(e.base_steps.begin(), e.base_steps.end(),
+                     [&](uint64_t s) { return moving.count(s) > 0; })) {
+      continue;
+    }
+    moving.insert(e.key.step);
+    dependents.push_back(&e);
+  }
+  // Newest first: each is read through its bases as they still are.
+  for (auto it = dependents.rbegin(); it != dependents.rend(); ++it) {
+    Entry& e = **it;
+    absl::StatusOr<snapshot::Detached> file =
+        snapshot::MakeSelfContained(fs_, e.path);
+    if (!file.ok()) {
+      return absl::Status(
+          file.status().code(),
+          absl::StrCat(Describe(key), ": another copy of it arrived, and ",
+                       Describe(e.key),
+                       ", held here, which stores chunks in it, could not be "
+                       "made self-contained: ",
+                       file.status().message()));
+    }
+    used_ = used_ - std::min(used_, e.bytes) + file->size;
+    e.bytes = file->size;
+    e.manifest_xxh3 = file->manifest_xxh3;
+    e.base_steps.clear();
+    CKPT_LOG_INFO(
+        "replicas: {} made self-contained: step {}, which it stored chunks "
+        "in, arrived as another save",
+        Describe(e.key), key.step);
+  }
+  return absl::OkStatus();
 }
 
 std::string ReplicaStore::PathOf(const Key& key) const {
@@ -304,11 +349,10 @@ absl::StatusOr<ReplicaStore::Entry> ReplicaStore::Receiver::Finish(
   }
   if (auto old = store_->files_.find(key_);
       old != store_->files_.end() &&
-      old->second.manifest_xxh3 != e.manifest_xxh3 && store_->IsBase(key_)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what,
-        ": another copy of it is held here, which a later increment "
-        "stores chunks in"));
+      old->second.manifest_xxh3 != e.manifest_xxh3) {
+    // Another save of the step: what reads the copy it replaces stands
+    // alone first.
+    RETURN_IF_ERROR(store_->DetachDependents(key_));
   }
   RETURN_IF_ERROR(fs->Rename(partial_, e.path));
   done_ = true;

@@ -13,8 +13,9 @@
 // byte for byte the files it names (their manifest checksums), beside it
 // under their own names, where readers look for them. It is refused
 // otherwise, and a file that a kept increment reads is never dropped before
-// it (Drop refuses). After a restart, an increment whose bases are gone is
-// deleted.
+// it (Drop refuses). Another save of a step replacing such a file makes the
+// increments that read it self-contained first. After a restart, an
+// increment whose bases are gone is deleted.
 //
 // Layout: <dir>/<job>/<step:020>-<rank:010>.ckpt
 //
@@ -133,6 +134,10 @@ class ReplicaStore {
   // hold as the very file named: FailedPrecondition naming it; OK when all
   // are here.
   absl::Status HasBases(const Key& key, const proto::ShardManifest& m) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes every file here that reads `key`'s (directly or through another)
+  // self-contained, newest first, before `key`'s is replaced.
+  absl::Status DetachDependents(const Key& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether an increment here stores chunks in `key`'s file.
   bool IsBase(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

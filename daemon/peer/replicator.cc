@@ -24,6 +24,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
+#include "snapshot/chunk_codec.h"
 #include "snapshot/names.h"
 #include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
@@ -443,21 +444,23 @@ void Replicator::Sent(const proto::ShardRecord& shard, uint64_t bytes,
 
 bool Replicator::Holds(const proto::ShardRecord& shard,
                        const proto::PeerInfo& peer) {
-  // What the peer holds is the shard's self-contained form.
+  // The peer holds this very save when its copy is the file as it is here
+  // (an increment kept beside its bases) or its self-contained form: by
+  // manifest checksum. A size alone would take another save of the step,
+  // as large (a step saved again after a restart), for this one.
   absl::StatusOr<snapshot::SelfContained> view =
       snapshot::OpenSelfContained(fs_, shard.shard_path());
-  if (!view.ok()) return false;
-  absl::StatusOr<uint64_t> size = view->size;
-  auto stub = proto::CkptPeer::NewStub(ChannelTo(peer.address()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  proto::LocateShardRequest req;
-  req.mutable_shard()->set_job(shard.job());
-  req.mutable_shard()->set_step(shard.step());
-  req.mutable_shard()->set_rank(shard.rank());
-  proto::LocateShardResponse resp;
-  return stub->LocateShard(&ctx, req, &resp).ok() &&
-         resp.tier() == proto::TIER_PEER && resp.file_bytes() == *size;
+  absl::StatusOr<uint64_t> own =
+      snapshot::ManifestChecksumOf(fs_, shard.shard_path());
+  if (!view.ok() || !own.ok()) return false;
+  const uint64_t whole = snapshot::Checksum(
+      {reinterpret_cast<const uint8_t*>(view->manifest_bytes.data()),
+       view->manifest_bytes.size()});
+  absl::StatusOr<proto::LocateShardResponse> held =
+      LocateOn(peer, {shard.job(), shard.step(), shard.rank()}, false);
+  return held.ok() && held->tier() == proto::TIER_PEER &&
+         (held->held_manifest_xxh3() == *own ||
+          held->held_manifest_xxh3() == whole);
 }
 
 absl::Status Replicator::Push(const proto::ShardRecord& shard,

@@ -18,6 +18,7 @@
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
+#include "snapshot/chunk_codec.h"
 #include "snapshot/names.h"
 #include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
@@ -190,12 +191,73 @@ absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
   }
   const uint64_t size = view.size;
   RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, partial));
+  absl::StatusOr<uint64_t> old = snapshot::ManifestChecksumOf(fs_, path);
+  if (old.ok() && *old != snapshot::Checksum({reinterpret_cast<const uint8_t*>(
+                                                  view.manifest_bytes.data()),
+                                              view.manifest_bytes.size()})) {
+    RETURN_IF_ERROR(DetachDependents(shard.job(), shard.step(), shard.rank()));
+  }
   CKPT_KILL_POINT("shared.before_rename");
   RETURN_IF_ERROR(fs_->Rename(partial, path));
   RETURN_IF_ERROR(fs_->SyncDir(io::DirName(path)));
   metrics_->Add("ckpt_shared_bytes_total", {{"job", shard.job()}},
                 static_cast<double>(size));
   return absl::OkStatus();
+}
+
+absl::Status SharedTier::DetachDependents(const std::string& job, uint64_t step,
+                                          uint32_t rank) {
+  const std::string job_dir = io::JoinPath(options_.dir, job);
+  ASSIGN_OR_RETURN(std::vector<std::string> names, fs_->ListDir(job_dir));
+  // The rank's pins by the step of the copy that made them (later steps).
+  std::map<uint64_t, std::vector<std::string>> pins;
+  std::map<uint64_t, std::vector<uint64_t>> bases;
+  for (const std::string& name : names) {
+    uint64_t base = 0, of = 0;
+    uint32_t r = 0;
+    if (PinOf(name, &base, &r, &of) && r == rank && of > step) {
+      pins[of].push_back(name);
+      bases[of].push_back(base);
+    }
+  }
+  // Rewriting a copy changes it, so the copies built on those go too (bases
+  // are earlier steps: one pass in step order finds them).
+  std::set<uint64_t> moving = {step};
+  std::vector<uint64_t> dependents;
+  for (const auto& [of, on] : bases) {
+    if (std::any_of(on.begin(), on.end(),
+                    [&](uint64_t b) { return moving.count(b) > 0; })) {
+      moving.insert(of);
+      dependents.push_back(of);
+    }
+  }
+  // Newest first: each is read through its bases as they still are.
+  for (auto it = dependents.rbegin(); it != dependents.rend(); ++it) {
+    const std::string copy = PathOf(job, *it, rank);
+    absl::StatusOr<snapshot::Detached> detached =
+        snapshot::MakeSelfContained(fs_, copy);
+    if (!detached.ok() && !absl::IsNotFound(detached.status())) {
+      return absl::Status(
+          detached.status().code(),
+          absl::StrCat(Describe(job, step, rank),
+                       ": another save of it is not copied to the shared "
+                       "tier: the copy of step ",
+                       *it,
+                       ", which stores chunks in it, could not be made "
+                       "self-contained: ",
+                       detached.status().message()));
+    }
+    for (const std::string& pin : pins[*it]) {
+      (void)fs_->Unlink(io::JoinPath(job_dir, pin));
+    }
+    if (detached.ok()) {
+      CKPT_LOG_INFO(
+          "shared tier: {} made self-contained: step {}, which it stored "
+          "chunks in, is copied again from another save",
+          Describe(job, *it, rank), step);
+    }
+  }
+  return fs_->SyncDir(job_dir);
 }
 
 bool SharedTier::Has(const std::string& job, uint64_t step, uint32_t rank) {

@@ -16,7 +16,9 @@
 // <base:020>-<rank:010>.ckpt.base-of-<step:020> (empty, durable before the
 // copy is renamed into place): retention keeps a copy while a kept copy pins
 // it, through chains, reading nothing but the directory's names; pins go
-// with the copies that made them.
+// with the copies that made them. Another save of a step replacing a pinned
+// copy makes the copies that read it self-contained first (newest first),
+// their pins removed.
 //
 // Thread-safety: thread-safe.
 #ifndef CKPT_DAEMON_PEER_SHARED_TIER_H_
@@ -82,6 +84,10 @@ class SharedTier {
   // else its self-contained form.
   absl::StatusOr<snapshot::SelfContained> Outgoing(
       const proto::ShardRecord& shard, std::vector<uint64_t>* bases);
+  // Before `rank`'s copy of `step` is replaced by another save's: the copies
+  // that read it (their pins name it, or one of those) made self-contained.
+  absl::Status DetachDependents(const std::string& job, uint64_t step,
+                                uint32_t rank);
 
   io::FileSystem* const fs_;
   const SharedTierOptions options_;

@@ -146,16 +146,14 @@ absl::Status CheckpointService::DetachDependents(
   for (auto it = dependents.rbegin(); it != dependents.rend(); ++it) {
     proto::ShardRecord& r = *it;
     const std::string what = Describe(r.job(), r.step(), r.rank());
-    const std::string temp = r.shard_path() + ".detach.tmp";
     uint64_t stored = 0;
     auto detached = std::make_shared<snapshot::ShardBase>();
     absl::Status written = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(snapshot::SelfContained view,
-                       snapshot::OpenSelfContained(fs_, r.shard_path()));
+      ASSIGN_OR_RETURN(snapshot::Detached file,
+                       snapshot::MakeSelfContained(fs_, r.shard_path()));
       proto::ShardManifest& m = detached->manifest;
-      detached->manifest_xxh3 =
-          XXH3_64bits(view.manifest_bytes.data(), view.manifest_bytes.size());
-      if (!m.ParseFromString(view.manifest_bytes)) {
+      detached->manifest_xxh3 = file.manifest_xxh3;
+      if (!m.ParseFromString(file.manifest_bytes)) {
         return absl::DataLossError("its manifest does not parse");
       }
       for (const proto::Item& item : m.items()) {
@@ -163,12 +161,9 @@ absl::Status CheckpointService::DetachDependents(
           stored += c.stored_size();
         }
       }
-      RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, temp));
-      RETURN_IF_ERROR(fs_->Rename(temp, r.shard_path()));
-      return fs_->SyncDir(io::DirName(r.shard_path()));
+      return absl::OkStatus();
     }();
     if (!written.ok()) {
-      (void)fs_->Unlink(temp);
       return absl::Status(
           written.code(),
           absl::StrCat(what, " stores chunks in step ", base.step(),

@@ -202,8 +202,8 @@ TEST(ReplicaStoreTest, ReopenKeepsCompleteFilesAndDropsPartialOnes) {
 
 // An increment (a shard storing chunks in earlier ones of its rank) is kept
 // only beside the very files it names; its base is not dropped before it,
-// it reads through them, and after a restart an increment whose base is gone
-// is deleted.
+// it reads through them, after a restart an increment whose base is gone is
+// deleted, and another save of its base's step makes it self-contained.
 TEST(ReplicaStoreTest, AnIncrementIsKeptOnlyWithItsBasesAndBeforeThem) {
   testing::TempDir dir;
   auto store =
@@ -258,8 +258,6 @@ TEST(ReplicaStoreTest, AnIncrementIsKeptOnlyWithItsBasesAndBeforeThem) {
   EXPECT_TRUE(back == saved2);
   // Its base stays while it does.
   EXPECT_TRUE(absl::IsFailedPrecondition((*store)->Drop({"j", 1, 0})));
-  // Replacing the base with another file would strand it: refused.
-  EXPECT_FALSE(Send(store->get(), {"j", 1, 0}, other).ok());
 
   // A restart keeps both; with the base gone, the increment goes too.
   store->reset();
@@ -276,6 +274,24 @@ TEST(ReplicaStoreTest, AnIncrementIsKeptOnlyWithItsBasesAndBeforeThem) {
   ASSERT_TRUE(store.ok());
   EXPECT_FALSE((*store)->Find({"j", 2, 0}).has_value());
   EXPECT_EQ((*store)->used_bytes(), 0u);
+
+  // Another save of step 1 replacing the base: the increment is made
+  // self-contained first, and still reads as saved.
+  ASSERT_TRUE(Send(store->get(), {"j", 1, 0}, full).ok());
+  ASSERT_TRUE(Send(store->get(), {"j", 2, 0}, increment).ok());
+  absl::Status replaced = Send(store->get(), {"j", 1, 0}, other);
+  ASSERT_TRUE(replaced.ok()) << replaced;
+  e = (*store)->Find({"j", 2, 0});
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(e->base_steps.empty());
+  EXPECT_GT(e->bytes, increment.size());
+  EXPECT_EQ((*store)->used_bytes(), e->bytes + other.size());
+  EXPECT_TRUE((*store)->Drop({"j", 1, 0}).ok());
+  reader = snapshot::ShardReader::Open(io::DefaultFileSystem(), e->path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_TRUE((*reader)->ReadItem("state", absl::MakeSpan(back)).ok());
+  EXPECT_TRUE(back == saved2);
 }
 
 }  // namespace

@@ -6,10 +6,12 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -46,6 +48,46 @@ class SharedTierTest : public ::testing::Test {
     r.set_state(proto::SHARD_PERSISTED);
     r.set_shard_path(path);
     return r;
+  }
+  // A persisted shard of rank 0 of job "j" in `dir`, of `data` in 64 KiB
+  // chunks, an increment over `*base` if `over_base`; `*base` becomes it.
+  proto::ShardRecord PersistInChain(
+      const std::string& dir, uint64_t step, const std::vector<uint8_t>& data,
+      bool over_base, std::shared_ptr<snapshot::ShardBase>* base) {
+    EXPECT_TRUE(io::DefaultFileSystem()->CreateDirs(dir).ok());
+    const std::string path =
+        io::JoinPath(dir, snapshot::ShardFileName(step, 0, ".shard"));
+    snapshot::ShardWriterOptions options;
+    options.chunk_size = 64 << 10;
+    if (over_base) options.base = *base;
+    snapshot::ShardWriter writer(io::DefaultFileSystem(), path,
+                                 {"j", step, 0, 2}, options);
+    EXPECT_TRUE(writer.AddBytes("state", data).ok());
+    absl::StatusOr<proto::ShardManifest> m = writer.Commit();
+    EXPECT_TRUE(m.ok()) << m.status();
+    *base = std::make_shared<snapshot::ShardBase>();
+    (*base)->manifest = *m;
+    (*base)->manifest_xxh3 = writer.manifest_xxh3();
+    proto::ShardRecord r;
+    r.set_job("j");
+    r.set_step(step);
+    r.set_rank(0);
+    r.set_world_size(2);
+    r.set_state(proto::SHARD_PERSISTED);
+    r.set_shard_path(path);
+    return r;
+  }
+  // Whether the tier's copy of rank 0 of `step` holds `want`.
+  static bool ReadsBack(SharedTier& tier, uint64_t step,
+                        const std::vector<uint8_t>& want) {
+    absl::StatusOr<proto::ShardRecord> r = tier.Find("j", step, 0);
+    if (!r.ok()) return false;
+    auto reader =
+        snapshot::ShardReader::Open(io::DefaultFileSystem(), r->shard_path());
+    if (!reader.ok()) return false;
+    std::vector<uint8_t> out(want.size());
+    return (*reader)->ReadItem("state", absl::MakeSpan(out)).ok() &&
+           out == want;
   }
   std::unique_ptr<SharedTier> Start(SharedTierOptions options) {
     options.dir = dir_.File("shared");
@@ -157,28 +199,8 @@ TEST_F(SharedTierTest, AnIncrementIsCopiedOverItsBaseWhichItPins) {
   std::vector<std::vector<uint8_t>> saved(4);
   std::shared_ptr<snapshot::ShardBase> base;
   auto persist = [&](uint64_t step, bool over_base) {
-    const std::string path =
-        dir_.File(snapshot::ShardFileName(step, 0, ".shard"));
-    snapshot::ShardWriterOptions options;
-    options.chunk_size = 64 << 10;
-    if (over_base) options.base = base;
-    snapshot::ShardWriter writer(io::DefaultFileSystem(), path,
-                                 {"j", step, 0, 2}, options);
-    EXPECT_TRUE(writer.AddBytes("state", data).ok());
-    absl::StatusOr<proto::ShardManifest> m = writer.Commit();
-    EXPECT_TRUE(m.ok()) << m.status();
-    base = std::make_shared<snapshot::ShardBase>();
-    base->manifest = *m;
-    base->manifest_xxh3 = writer.manifest_xxh3();
     saved[step] = data;
-    proto::ShardRecord r;
-    r.set_job("j");
-    r.set_step(step);
-    r.set_rank(0);
-    r.set_world_size(2);
-    r.set_state(proto::SHARD_PERSISTED);
-    r.set_shard_path(path);
-    return r;
+    return PersistInChain(dir_.path(), step, data, over_base, &base);
   };
   auto size_of = [&](uint64_t step) {
     absl::StatusOr<proto::ShardRecord> r = tier->Find("j", step, 0);
@@ -186,14 +208,7 @@ TEST_F(SharedTierTest, AnIncrementIsCopiedOverItsBaseWhichItPins) {
     return r.ok() ? *io::DefaultFileSystem()->FileSize(r->shard_path()) : 0;
   };
   auto reads_back = [&](uint64_t step) {
-    absl::StatusOr<proto::ShardRecord> r = tier->Find("j", step, 0);
-    if (!r.ok()) return false;
-    auto reader =
-        snapshot::ShardReader::Open(io::DefaultFileSystem(), r->shard_path());
-    if (!reader.ok()) return false;
-    std::vector<uint8_t> out(data.size());
-    return (*reader)->ReadItem("state", absl::MakeSpan(out)).ok() &&
-           out == saved[step];
+    return ReadsBack(*tier, step, saved[step]);
   };
   tier->Enqueue(persist(1, false));
   ASSERT_EQ(AwaitCopied(1).size(), 1u);
@@ -233,6 +248,53 @@ TEST_F(SharedTierTest, AnIncrementIsCopiedOverItsBaseWhichItPins) {
   EXPECT_FALSE(tier->Has("j", 1, 0));
   EXPECT_FALSE(*io::DefaultFileSystem()->Exists(pin));
   EXPECT_TRUE(reads_back(3));
+}
+
+// Another save of a step whose copy later copies store chunks in (directly
+// or through each other): those are made self-contained, newest first, and
+// their pins go, before the copy is replaced; every copy reads as saved.
+TEST_F(SharedTierTest, AnotherSaveOfAPinnedBaseMakesItsReadersStandAlone) {
+  std::unique_ptr<SharedTier> tier = Start({.keep = 8});
+  ASSERT_NE(tier, nullptr);
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<uint8_t> data = testing::RandomBytes(rng, 256 << 10);
+  std::map<uint64_t, std::vector<uint8_t>> saved;
+  std::shared_ptr<snapshot::ShardBase> base;
+  // The saves' own files: the second save of step 1 in a directory of its
+  // own (bases are found beside a shard, by name).
+  std::string local = dir_.File("first");
+  auto persist = [&](uint64_t step, bool over_base) {
+    saved[step] = data;
+    return PersistInChain(local, step, data, over_base, &base);
+  };
+  auto reads_back = [&](uint64_t step) {
+    return ReadsBack(*tier, step, saved[step]);
+  };
+  auto pin = [&](uint64_t of, uint64_t step) {
+    return dir_.File("shared/j/" + snapshot::ShardFileName(of, 0, ".ckpt") +
+                     absl::StrFormat(".base-of-%020d", step));
+  };
+  // Steps 1 to 3: step 3 stores chunks in 2 and 1, step 2 in 1.
+  tier->Enqueue(persist(1, false));
+  ASSERT_EQ(AwaitCopied(1).size(), 1u);
+  for (uint64_t step : {2u, 3u}) {
+    data[step * (64 << 10) + 7] ^= 1;
+    tier->Enqueue(persist(step, true));
+    ASSERT_EQ(AwaitCopied(step).size(), step);
+  }
+  ASSERT_TRUE(*io::DefaultFileSystem()->Exists(pin(1, 2)));
+  ASSERT_TRUE(*io::DefaultFileSystem()->Exists(pin(2, 3)));
+  ASSERT_TRUE(reads_back(3));
+  // Step 1 saved again, other bytes, in full.
+  data = testing::RandomBytes(rng, 256 << 10);
+  local = dir_.File("again");
+  tier->Enqueue(persist(1, false));
+  ASSERT_EQ(AwaitCopied(4).size(), 4u);
+  for (uint64_t step : {1u, 2u, 3u}) EXPECT_TRUE(reads_back(step)) << step;
+  for (auto [of, step] : {std::pair{1, 2}, {1, 3}, {2, 3}}) {
+    EXPECT_FALSE(*io::DefaultFileSystem()->Exists(pin(of, step)))
+        << of << " of " << step;
+  }
 }
 
 }  // namespace
