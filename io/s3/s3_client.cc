@@ -321,33 +321,60 @@ absl::Status S3Client::DeleteObject(const std::string& bucket,
   return absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
-absl::StatusOr<std::vector<ObjectInfo>> S3Client::ListObjects(
-    const std::string& bucket, const std::string& prefix, int page_size) {
-  std::vector<ObjectInfo> out;
+absl::StatusOr<S3Client::Level> S3Client::List(const std::string& bucket,
+                                               const std::string& prefix,
+                                               const std::string& delimiter,
+                                               int page_size) {
+  Level out;
   std::string token;
   for (;;) {
     Call call{"ListObjectsV2", "GET", bucket};
     call.query = {{"list-type", "2"},
                   {"max-keys", absl::StrCat(page_size)},
                   {"prefix", prefix}};
+    if (!delimiter.empty()) call.query.emplace_back("delimiter", delimiter);
     if (!token.empty()) call.query.emplace_back("continuation-token", token);
     ASSIGN_OR_RETURN(HttpResponse r, Run(call));
     pugi::xml_document doc;
     RETURN_IF_ERROR(ParseXml(r, call.What(), &doc));
     const pugi::xml_node result = doc.child("ListBucketResult");
     for (pugi::xml_node c : result.children("Contents")) {
-      ObjectInfo& info = out.emplace_back();
+      ObjectInfo& info = out.objects.emplace_back();
       info.key = Text(c, "Key");
       info.size = c.child("Size").text().as_ullong();
       info.etag = Text(c, "ETag");
+    }
+    for (pugi::xml_node p : result.children("CommonPrefixes")) {
+      out.directories.push_back(Text(p, "Prefix"));
     }
     token = Text(result, "NextContinuationToken");
     if (!result.child("IsTruncated").text().as_bool() || token.empty()) break;
   }
   std::sort(
-      out.begin(), out.end(),
+      out.objects.begin(), out.objects.end(),
       [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
   return out;
+}
+
+absl::StatusOr<std::vector<ObjectInfo>> S3Client::ListObjects(
+    const std::string& bucket, const std::string& prefix, int page_size) {
+  ASSIGN_OR_RETURN(Level all, List(bucket, prefix, "", page_size));
+  return std::move(all.objects);
+}
+
+absl::StatusOr<S3Client::Level> S3Client::ListLevel(const std::string& bucket,
+                                                    const std::string& prefix) {
+  ASSIGN_OR_RETURN(Level level, List(bucket, prefix, "/", 1000));
+  for (ObjectInfo& o : level.objects) o.key = o.key.substr(prefix.size());
+  for (std::string& d : level.directories) {
+    d = d.substr(prefix.size());
+    while (!d.empty() && d.back() == '/') d.pop_back();
+  }
+  std::sort(level.directories.begin(), level.directories.end());
+  level.directories.erase(
+      std::unique(level.directories.begin(), level.directories.end()),
+      level.directories.end());
+  return level;
 }
 
 absl::StatusOr<std::string> S3Client::CreateMultipartUpload(

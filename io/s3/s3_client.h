@@ -85,6 +85,15 @@ class S3Client {
   absl::StatusOr<std::vector<ObjectInfo>> ListObjects(const std::string& bucket,
                                                       const std::string& prefix,
                                                       int page_size = 1000);
+  // One level of the keys under `prefix` (which ends with '/', or is empty),
+  // as a directory: the objects there, and the names of the "directories"
+  // (keys with a further '/'), each once, without `prefix`.
+  struct Level {
+    std::vector<ObjectInfo> objects;
+    std::vector<std::string> directories;
+  };
+  absl::StatusOr<Level> ListLevel(const std::string& bucket,
+                                  const std::string& prefix);
 
   absl::StatusOr<std::string> CreateMultipartUpload(const std::string& bucket,
                                                     const std::string& key);
@@ -114,6 +123,10 @@ class S3Client {
   // Signs and sends `call`, retrying what a retry may cure.
   absl::StatusOr<HttpResponse> Run(Call& call);
   absl::StatusOr<HttpResponse> Attempt(const Call& call);
+  // ListObjectsV2's pages, with `delimiter` (may be empty).
+  absl::StatusOr<Level> List(const std::string& bucket,
+                             const std::string& prefix,
+                             const std::string& delimiter, int page_size);
 
   const S3Options options_;
   const std::string scheme_;     // "http" or "https"

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/io/s3/test_server.h"
 #include "tests/test_util.h"
 #include "tools/local_s3.h"
 #include "tools/process.h"
@@ -24,34 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-tools::LocalS3* server = nullptr;
-
-class S3ServerEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    server = new tools::LocalS3(dir_.path());
-    ASSERT_TRUE(server->Start())
-        << "SeaweedFS did not start (binary \"" << tools::LocalS3::Binary()
-        << "\"; tools/torch-venv.sh installs it): "
-        << testing::ReadAll(server->log_path());
-  }
-  void TearDown() override {
-    delete server;
-    server = nullptr;
-  }
-
- private:
-  testing::TempDir dir_;
-};
-const ::testing::Environment* const kServer =
-    ::testing::AddGlobalTestEnvironment(new S3ServerEnvironment);
-
-S3Options Options() {
-  S3Options o;
-  o.endpoint = server->endpoint();
-  o.credentials = {server->access_key(), server->secret_key()};
-  return o;
-}
+S3Options Options() { return TestOptions(); }
 
 class S3ClientTest : public ::testing::Test {
  protected:
