@@ -245,7 +245,8 @@ absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
 }
 
 absl::StatusOr<Detached> MakeSelfContained(io::FileSystem* fs,
-                                           const std::string& path) {
+                                           const std::string& path,
+                                           bool writes_appear_whole) {
   ASSIGN_OR_RETURN(SelfContained view, OpenSelfContained(fs, path));
   Detached out;
   out.size = view.size;
@@ -254,6 +255,10 @@ absl::StatusOr<Detached> MakeSelfContained(io::FileSystem* fs,
       Checksum({reinterpret_cast<const uint8_t*>(out.manifest_bytes.data()),
                 out.manifest_bytes.size()});
   if (!view.incremental) return out;  // its own file already
+  if (writes_appear_whole) {
+    RETURN_IF_ERROR(WriteSelfContained(fs, view, path));
+    return out;
+  }
   const std::string temp = path + ".detach.tmp";
   absl::Status written = WriteSelfContained(fs, view, temp);
   if (written.ok()) written = fs->Rename(temp, path);

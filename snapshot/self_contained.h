@@ -51,15 +51,17 @@ absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
                                 const std::string& path);
 
 // The shard at `path` rewritten in place as its self-contained form (written
-// beside it, synced, renamed over it, the directory synced): it no longer
-// reads its bases. What the new file is:
+// beside it, synced, renamed over it, the directory synced; or, on a store
+// whose files appear whole when closed, an object store, written over it
+// directly): it no longer reads its bases. What the new file is:
 struct Detached {
   uint64_t size = 0;
   uint64_t manifest_xxh3 = 0;
   std::string manifest_bytes;
 };
 absl::StatusOr<Detached> MakeSelfContained(io::FileSystem* fs,
-                                           const std::string& path);
+                                           const std::string& path,
+                                           bool writes_appear_whole = false);
 
 }  // namespace ckpt::snapshot
 

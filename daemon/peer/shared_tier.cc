@@ -52,7 +52,7 @@ bool PinOf(absl::string_view name, uint64_t* base, uint32_t* rank,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedTier>> SharedTier::Start(
-    io::FileSystem* fs, SharedTierOptions options, Metrics* metrics,
+    io::FileSystem* local, SharedTierOptions options, Metrics* metrics,
     OnCopied on_copied) {
   if (options.dir.empty()) {
     return absl::InvalidArgumentError("the shared directory is empty");
@@ -61,25 +61,51 @@ absl::StatusOr<std::unique_ptr<SharedTier>> SharedTier::Start(
     return absl::InvalidArgumentError(
         "the shared tier needs --shared-every >= 1 and --keep-shared >= 1");
   }
-  RETURN_IF_ERROR(fs->CreateDirs(options.dir));
-  std::unique_ptr<SharedTier> tier(
-      new SharedTier(fs, std::move(options), metrics, std::move(on_copied)));
+  ASSIGN_OR_RETURN(SharedStore store,
+                   OpenSharedStore(local, options.dir, options.object_store));
+  if (store.object_store() && options.landing_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "a shared tier on an object store needs a landing directory");
+  }
+  std::unique_ptr<SharedTier> tier(new SharedTier(local, std::move(store),
+                                                  std::move(options), metrics,
+                                                  std::move(on_copied)));
   using T = Metrics::Type;
   metrics->Declare("ckpt_shared_bytes_total", T::kCounter,
                    "shard-file bytes copied to the shared tier");
   metrics->Declare("ckpt_shared_failures_total", T::kCounter,
                    "copies to the shared tier that failed");
+  const SharedTierOptions& o = tier->options_;
+  CKPT_LOG_INFO(
+      "shared tier: {}{}, the steps that are multiples of {}, the newest {} "
+      "kept",
+      o.dir,
+      tier->store_.object_store()
+          ? absl::StrCat(" (endpoint ",
+                         tier->store_.client->options().endpoint.empty()
+                             ? "AWS"
+                             : tier->store_.client->options().endpoint,
+                         ", region ", o.object_store.region, ")")
+          : "",
+      o.every, o.keep);
   SharedTier* self = tier.get();
   tier->thread_ = std::thread([self] { self->Loop(); });
   return tier;
 }
 
-SharedTier::SharedTier(io::FileSystem* fs, SharedTierOptions options,
-                       Metrics* metrics, OnCopied on_copied)
-    : fs_(fs),
+SharedTier::SharedTier(io::FileSystem* local, SharedStore store,
+                       SharedTierOptions options, Metrics* metrics,
+                       OnCopied on_copied)
+    : local_(local),
+      store_(std::move(store)),
+      fs_(store_.fs),
       options_(std::move(options)),
       metrics_(metrics),
-      on_copied_(std::move(on_copied)) {}
+      on_copied_(std::move(on_copied)) {
+  if (store_.object_store()) {
+    landed_ = std::make_unique<LandedCopies>(local_, options_.landing_dir);
+  }
+}
 
 SharedTier::~SharedTier() {
   {
@@ -116,23 +142,54 @@ void SharedTier::Loop() {
       queue_.pop_front();
     }
     const std::string what = Describe(shard.job(), shard.step(), shard.rank());
-    absl::Status copied;
-    for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-      copied = Copy(shard);
-      if (copied.ok() || absl::IsNotFound(copied)) break;
-      metrics_->Add("ckpt_shared_failures_total", {{"job", shard.job()}});
-      CKPT_LOG_WARN("{}: copy to the shared tier (attempt {} of {}): {}", what,
-                    attempt, kAttempts, copied.ToString());
-      absl::SleepFor(absl::Seconds(attempt));
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-    }
+    const absl::Status copied = CopyWithRetries(shard, what);
     if (copied.ok()) {
       on_copied_(shard);
-    } else if (absl::IsNotFound(copied)) {
+    } else if (absl::IsCancelled(copied)) {
+      return;
+    } else if (LocalGone(shard, copied)) {
       // Garbage collection dropped the local file first: nothing to copy.
       CKPT_LOG_INFO("{}: not copied to the shared tier: {}", what,
                     copied.ToString());
+    } else {
+      CKPT_LOG_ERROR(
+          "{}: not copied to the shared tier, which it stays off: {}", what,
+          copied.ToString());
+    }
+  }
+}
+
+bool SharedTier::LocalGone(const proto::ShardRecord& shard,
+                           const absl::Status& copied) {
+  return absl::IsNotFound(copied) &&
+         !local_->Exists(shard.shard_path()).value_or(true);
+}
+
+absl::Status SharedTier::CopyWithRetries(const proto::ShardRecord& shard,
+                                         const std::string& what) {
+  // A store that does not answer (down, restarting, unreachable) is tried
+  // for up to `retry_for`; other failures `kAttempts` times.
+  const absl::Time give_up = absl::Now() + options_.retry_for;
+  for (int attempt = 1;; ++attempt) {
+    absl::Status copied = Copy(shard);
+    if (copied.ok() || LocalGone(shard, copied)) return copied;
+    metrics_->Add("ckpt_shared_failures_total", {{"job", shard.job()}});
+    const bool transient =
+        absl::IsUnavailable(copied) || absl::IsDeadlineExceeded(copied);
+    if (transient ? absl::Now() >= give_up : attempt >= kAttempts) {
+      return copied;
+    }
+    const absl::Duration pause =
+        std::min(absl::Seconds(attempt), absl::Seconds(30));
+    CKPT_LOG_WARN("{}: copy to the shared tier (attempt {}; again in {}): {}",
+                  what, attempt, absl::FormatDuration(pause),
+                  copied.ToString());
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_;
+    };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping), pause)) {
+      return absl::CancelledError("ckptd is stopping");
     }
   }
 }
@@ -144,7 +201,7 @@ absl::StatusOr<snapshot::SelfContained> SharedTier::Outgoing(
   ASSIGN_OR_RETURN(
       snapshot::SelfContained out,
       snapshot::OpenForReceiver(
-          fs_, shard.shard_path(),
+          local_, shard.shard_path(),
           [&](const proto::BaseShard& b) {
             absl::StatusOr<uint64_t> there = snapshot::ManifestChecksumOf(
                 fs_, PathOf(shard.job(), b.step(), shard.rank()));
@@ -164,6 +221,7 @@ absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
   // unchanged chunks read from its bases) to stand alone.
   std::vector<uint64_t> bases;
   ASSIGN_OR_RETURN(snapshot::SelfContained view, Outgoing(shard, &bases));
+  RETURN_IF_ERROR(AbortLeftUploads(path));
   RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
   if (!bases.empty()) {
     // The pins first, durable: a copy never stands without them.
@@ -183,25 +241,53 @@ absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
       if (!snapshot::ManifestChecksumOf(fs_,
                                         PathOf(shard.job(), base, shard.rank()))
                .ok()) {
-        ASSIGN_OR_RETURN(view,
-                         snapshot::OpenSelfContained(fs_, shard.shard_path()));
+        ASSIGN_OR_RETURN(
+            view, snapshot::OpenSelfContained(local_, shard.shard_path()));
         break;
       }
     }
   }
   const uint64_t size = view.size;
-  RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, partial));
-  absl::StatusOr<uint64_t> old = snapshot::ManifestChecksumOf(fs_, path);
-  if (old.ok() && *old != snapshot::Checksum({reinterpret_cast<const uint8_t*>(
-                                                  view.manifest_bytes.data()),
-                                              view.manifest_bytes.size()})) {
-    RETURN_IF_ERROR(DetachDependents(shard.job(), shard.step(), shard.rank()));
+  if (store_.object_store()) {
+    // Written over its key, where it appears whole once complete: what reads
+    // the copy it replaces stands alone first.
+    RETURN_IF_ERROR(DetachIfReplaced(shard, view, path));
+    RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, path));
+  } else {
+    RETURN_IF_ERROR(snapshot::WriteSelfContained(fs_, view, partial));
+    RETURN_IF_ERROR(DetachIfReplaced(shard, view, path));
+    CKPT_KILL_POINT("shared.before_rename");
+    RETURN_IF_ERROR(fs_->Rename(partial, path));
+    RETURN_IF_ERROR(fs_->SyncDir(io::DirName(path)));
   }
-  CKPT_KILL_POINT("shared.before_rename");
-  RETURN_IF_ERROR(fs_->Rename(partial, path));
-  RETURN_IF_ERROR(fs_->SyncDir(io::DirName(path)));
   metrics_->Add("ckpt_shared_bytes_total", {{"job", shard.job()}},
                 static_cast<double>(size));
+  return absl::OkStatus();
+}
+
+absl::Status SharedTier::DetachIfReplaced(const proto::ShardRecord& shard,
+                                          const snapshot::SelfContained& view,
+                                          const std::string& path) {
+  absl::StatusOr<uint64_t> old = snapshot::ManifestChecksumOf(fs_, path);
+  if (!old.ok() || *old == snapshot::Checksum({reinterpret_cast<const uint8_t*>(
+                                                   view.manifest_bytes.data()),
+                                               view.manifest_bytes.size()})) {
+    return absl::OkStatus();
+  }
+  return DetachDependents(shard.job(), shard.step(), shard.rank());
+}
+
+absl::Status SharedTier::AbortLeftUploads(const std::string& path) {
+  if (!store_.object_store()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(io::s3::S3Uri uri, io::s3::ParseS3Uri(path));
+  ASSIGN_OR_RETURN(std::vector<io::s3::MultipartUpload> left,
+                   store_.client->ListMultipartUploads(uri.bucket, uri.prefix));
+  for (const io::s3::MultipartUpload& u : left) {
+    if (u.key != uri.prefix) continue;
+    RETURN_IF_ERROR(
+        store_.client->AbortMultipartUpload(uri.bucket, u.key, u.upload_id));
+    CKPT_LOG_INFO("shared tier: aborted the upload of {} a crash left", path);
+  }
   return absl::OkStatus();
 }
 
@@ -235,7 +321,7 @@ absl::Status SharedTier::DetachDependents(const std::string& job, uint64_t step,
   for (auto it = dependents.rbegin(); it != dependents.rend(); ++it) {
     const std::string copy = PathOf(job, *it, rank);
     absl::StatusOr<snapshot::Detached> detached =
-        snapshot::MakeSelfContained(fs_, copy);
+        snapshot::MakeSelfContained(fs_, copy, store_.object_store());
     if (!detached.ok() && !absl::IsNotFound(detached.status())) {
       return absl::Status(
           detached.status().code(),
@@ -275,6 +361,12 @@ absl::StatusOr<proto::ShardRecord> SharedTier::Find(const std::string& job,
     return absl::NotFoundError(
         absl::StrCat("no copy of ", Describe(job, step, rank),
                      " in the shared tier ", options_.dir));
+  }
+  if (landed_ != nullptr) {
+    ASSIGN_OR_RETURN(std::string local,
+                     landed_->Land(fs_, path, job, step, rank));
+    ASSIGN_OR_RETURN(uint64_t bytes, local_->FileSize(local));
+    return ReplicaStore::RecordOf(local_, {{job, step, rank}, local, bytes});
   }
   return ReplicaStore::RecordOf(fs_, {{job, step, rank}, path, *size});
 }

@@ -20,6 +20,12 @@
 // copy makes the copies that read it self-contained first (newest first),
 // their pins removed.
 //
+// On an object store (s3://bucket/prefix, peer/shared_store.h) a copy is
+// written straight to its key, where it appears whole once its upload
+// completes (an upload a crash left is aborted before the shard is copied
+// again), and a restore reads it landed on this node's disk
+// (peer/landed_copies.h).
+//
 // Thread-safety: thread-safe.
 #ifndef CKPT_DAEMON_PEER_SHARED_TIER_H_
 #define CKPT_DAEMON_PEER_SHARED_TIER_H_
@@ -36,6 +42,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/metrics.h"
+#include "daemon/peer/landed_copies.h"
+#include "daemon/peer/shared_store.h"
 #include "io/file_system.h"
 #include "proto/catalog.pb.h"
 #include "snapshot/self_contained.h"
@@ -43,9 +51,18 @@
 namespace ckpt::daemon {
 
 struct SharedTierOptions {
-  std::string dir;     // empty: no shared tier
-  uint64_t every = 1;  // copy steps that are multiples of this
-  int keep = 2;        // committed steps kept at the tier
+  // A directory every node mounts, or s3://bucket/prefix; empty: no shared
+  // tier.
+  std::string dir;
+  uint64_t every = 1;               // copy steps that are multiples of this
+  int keep = 2;                     // committed steps kept at the tier
+  ObjectStoreOptions object_store;  // for an s3:// dir
+  // With an object store: where restores land the copies they read (a local
+  // directory of this node's).
+  std::string landing_dir;
+  // How long a copy is tried again while the store does not answer (down,
+  // restarting, unreachable); other failures are tried five times.
+  absl::Duration retry_for = absl::Minutes(15);
 };
 
 class SharedTier {
@@ -53,8 +70,9 @@ class SharedTier {
   // Called on the copying thread once a shard's copy is durable.
   using OnCopied = std::function<void(const proto::ShardRecord& shard)>;
 
+  // `local` holds this node's shard files (and the landed copies).
   static absl::StatusOr<std::unique_ptr<SharedTier>> Start(
-      io::FileSystem* fs, SharedTierOptions options, Metrics* metrics,
+      io::FileSystem* local, SharedTierOptions options, Metrics* metrics,
       OnCopied on_copied);
   // Stops after the copy in progress; queued shards are not copied.
   ~SharedTier();
@@ -63,7 +81,8 @@ class SharedTier {
   // A persisted shard (state PERSISTED, `shard_path` set) to copy.
   void Enqueue(const proto::ShardRecord& shard);
   // The shared copy of a shard as GetShard answers it (state PERSISTED,
-  // `shard_path` in the shared directory); NotFound when there is none.
+  // `shard_path` in the shared directory, or a copy landed from the object
+  // store); NotFound when there is none.
   absl::StatusOr<proto::ShardRecord> Find(const std::string& job, uint64_t step,
                                           uint32_t rank);
   bool Has(const std::string& job, uint64_t step, uint32_t rank);
@@ -73,12 +92,18 @@ class SharedTier {
                       const std::vector<proto::CommitRecord>& commits);
 
  private:
-  SharedTier(io::FileSystem* fs, SharedTierOptions options, Metrics* metrics,
-             OnCopied on_copied);
+  SharedTier(io::FileSystem* local, SharedStore store,
+             SharedTierOptions options, Metrics* metrics, OnCopied on_copied);
   std::string PathOf(const std::string& job, uint64_t step,
                      uint32_t rank) const;
   void Loop();
   absl::Status Copy(const proto::ShardRecord& shard);
+  // Copy, tried again as `retry_for` and kAttempts say; Cancelled when the
+  // tier stops meanwhile.
+  absl::Status CopyWithRetries(const proto::ShardRecord& shard,
+                               const std::string& what);
+  // Whether `copied` failed because the shard's local file is gone.
+  bool LocalGone(const proto::ShardRecord& shard, const absl::Status& copied);
   // What Copy writes: the shard's own file when it is an increment whose
   // bases are here as the very files it names (`bases` gets their steps),
   // else its self-contained form.
@@ -88,8 +113,18 @@ class SharedTier {
   // that read it (their pins name it, or one of those) made self-contained.
   absl::Status DetachDependents(const std::string& job, uint64_t step,
                                 uint32_t rank);
+  // DetachDependents when the copy at `path` is another save's than `view`.
+  absl::Status DetachIfReplaced(const proto::ShardRecord& shard,
+                                const snapshot::SelfContained& view,
+                                const std::string& path);
+  // On an object store: aborts the uploads of `path` begun and never
+  // completed (by this node before a crash: only it copies its shards).
+  absl::Status AbortLeftUploads(const std::string& path);
 
-  io::FileSystem* const fs_;
+  io::FileSystem* const local_;
+  const SharedStore store_;
+  io::FileSystem* const fs_;              // store_.fs: where the copies are
+  std::unique_ptr<LandedCopies> landed_;  // with an object store
   const SharedTierOptions options_;
   Metrics* const metrics_;
   const OnCopied on_copied_;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/server/instance_dirs.h"
 #include "daemon/server/peer_service.h"
+#include "daemon/server/shared_tier_flags.h"
 #include "io/host.h"
 #include "io/logging.h"
 #include "io/rate_limiter.h"
@@ -293,17 +294,7 @@ void AddPeerOptions(CLI::App& app, CkptdFlags& f) {
 
 // Tier T3, publication, fault injection, the stop.
 void AddSharedAndRunOptions(CLI::App& app, CkptdFlags& f) {
-  app.add_option("--shared-dir", f.shared_dir,
-                 "tier T3: a directory every node sees (NFS, Lustre, any "
-                 "POSIX mount) that persisted shards are also copied to");
-  app.add_option("--shared-every", f.shared_every,
-                 "copy the steps that are multiples of this to --shared-dir")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
-      ->capture_default_str();
-  app.add_option("--keep-shared", f.keep_shared,
-                 "committed steps kept in --shared-dir")
-      ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
+  AddSharedTierOptions(app, f);
   app.add_option("--publish-dir", f.publish_dir,
                  "tmpfs directory of the published versions this node holds "
                  "(ckpt publish; default: <staging-dir>.publish; \"none\": "
@@ -564,8 +555,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   } else if (!f.peer_redundancy.empty()) {
     return absl::InvalidArgumentError("--peer-redundancy needs --peer-address");
   }
-  options.shared = {
-      .dir = f.shared_dir, .every = f.shared_every, .keep = f.keep_shared};
+  RETURN_IF_ERROR(ApplySharedTierFlags(f, &options.shared));
   if (f.publish_dir != "none") {
     options.publish.dir =
         f.publish_dir.empty() ? f.staging_dir + ".publish" : f.publish_dir;

@@ -51,8 +51,16 @@ struct CkptdFlags {
   double reprotect_delay_s = 10;
   std::string peer_redundancy;
   std::string shared_dir;
+  std::string shared_uri;  // s3://bucket/prefix, or a directory
   uint64_t shared_every = 1;
   int keep_shared = 2;
+  std::string s3_endpoint;
+  std::string s3_region = "us-east-1";
+  bool s3_path_style = true;
+  std::string s3_profile;
+  std::string s3_credentials_file;
+  uint64_t s3_part_mib = 16;
+  int s3_concurrency = 8;
   std::string publish_dir, publish_budget = "4G";
   int keep_versions = 2;
   std::vector<std::string> subscribe;

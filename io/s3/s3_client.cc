@@ -31,8 +31,10 @@ struct S3Client::Call {
   bool sign_body = false;
   absl::Span<uint8_t> into;  // a ranged GET's destination
   uint64_t offset = 0;       // and where in the object it begins
+  std::string shown;         // a listing's prefix, named in its errors
   std::string What() const {
-    return absl::StrCat(op, " s3://", bucket, key.empty() ? "" : "/", key);
+    const std::string& named = key.empty() ? shown : key;
+    return absl::StrCat(op, " s3://", bucket, named.empty() ? "" : "/", named);
   }
 };
 
@@ -329,6 +331,7 @@ absl::StatusOr<S3Client::Level> S3Client::List(const std::string& bucket,
   std::string token;
   for (;;) {
     Call call{"ListObjectsV2", "GET", bucket};
+    call.shown = prefix;
     call.query = {{"list-type", "2"},
                   {"max-keys", absl::StrCat(page_size)},
                   {"prefix", prefix}};
@@ -445,6 +448,7 @@ absl::StatusOr<std::vector<MultipartUpload>> S3Client::ListMultipartUploads(
   std::string key_marker, id_marker;
   for (;;) {
     Call call{"ListMultipartUploads", "GET", bucket};
+    call.shown = prefix;
     call.query = {{"uploads", ""}, {"prefix", prefix}};
     if (!key_marker.empty()) {
       call.query.emplace_back("key-marker", key_marker);

@@ -110,6 +110,24 @@ TEST(CkptdConfigTest, ThePackagedConfigIsAccepted) {
   EXPECT_EQ(Settings(r.out)["memory-budget"], "\"8G\"");
 }
 
+TEST(CkptdConfigTest, TheObjectStoreSettingsAreAcceptedAndChecked) {
+  testing::TempDir dir;
+  testing::WriteAll(dir.File("s3.toml"),
+                    "shared-uri = \"s3://ckpt-bucket/jobs\"\n"
+                    "s3-endpoint = \"http://127.0.0.1:8333\"\n"
+                    "s3-region = \"eu-west-1\"\ns3-path-style = false\n"
+                    "s3-part-mib = 32\ns3-concurrency = 4\n");
+  Result r = Ckptd("--config " + dir.File("s3.toml") + " --print-config");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::map<std::string, std::string> s = Settings(r.out);
+  EXPECT_EQ(s["shared-uri"], "\"s3://ckpt-bucket/jobs\"");
+  EXPECT_EQ(s["s3-region"], "\"eu-west-1\"");
+  EXPECT_EQ(s["s3-part-mib"], "32");
+  Result small = Ckptd("--s3-part-mib 4 --print-config");
+  EXPECT_NE(small.exit_code, 0);
+  EXPECT_THAT(small.out, HasSubstr("s3-part-mib"));
+}
+
 // The unit's ExecStart, continuation lines joined, for instance `user`.
 std::string ExecStart(const std::string& unit, const std::string& user) {
   std::string text = testing::ReadAll(unit);

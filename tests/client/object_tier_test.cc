@@ -1,0 +1,187 @@
+// The shared tier on an object store (--shared-uri s3://bucket/prefix),
+// across real ckptd processes on etcd against a real S3 server (SeaweedFS on
+// loopback): increments and their pins go up, a lost node's ranks restore
+// bit-exact from the bucket alone; wrong credentials leave the steps at the
+// lower tiers with an error naming the bucket and the HTTP status; the
+// server killed in the middle of uploads and started again leaves no upload
+// open and the copies complete.
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpointer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/s3/s3_client.h"
+#include "io/s3/s3_file_system.h"
+#include "snapshot/shard_reader.h"
+#include "tests/client/daemon_process.h"
+#include "tests/client/peer_ranks.h"
+#include "tests/daemon/etcd_process.h"
+#include "tests/io/s3/test_server.h"
+#include "tests/test_util.h"
+
+namespace ckpt::client {
+namespace {
+
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+
+constexpr proto::Tier kShared = proto::TIER_SHARED;
+
+class ObjectTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = io::s3::S3Client::Create(io::s3::TestOptions());
+    ASSERT_TRUE(c.ok());
+    client_ = *std::move(c);
+    ASSERT_TRUE(client_->CreateBucket("ckpt-test").ok());
+    prefix_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    WriteCredentials(io::s3::TestServer().secret_key());
+  }
+  void WriteCredentials(const std::string& secret) {
+    testing::WriteAll(dir_.File("credentials"),
+                      absl::StrCat("[default]\naws_access_key_id = ",
+                                   io::s3::TestServer().access_key(),
+                                   "\naws_secret_access_key = ", secret, "\n"));
+  }
+  // ckptd's flags for the shared tier in the bucket.
+  std::vector<std::string> TierArgs() const {
+    return {"--shared-uri",          "s3://ckpt-test/" + prefix_,
+            "--s3-endpoint",         io::s3::TestServer().endpoint(),
+            "--s3-credentials-file", dir_.File("credentials"),
+            "--s3-part-mib",         "5",
+            "--shared-every",        "1",
+            "--keep-shared",         "4"};
+  }
+  std::vector<std::string> Keys() {
+    auto listed = client_->ListObjects("ckpt-test", prefix_ + "/");
+    std::vector<std::string> keys;
+    if (listed.ok()) {
+      for (const io::s3::ObjectInfo& o : *listed) {
+        keys.push_back(o.key.substr(prefix_.size() + 1));
+      }
+    }
+    return keys;
+  }
+
+  std::shared_ptr<io::s3::S3Client> client_;
+  std::string prefix_;
+  testing::TempDir dir_;
+};
+
+// Two nodes on etcd copy every step to the bucket; node a, with both ranks,
+// is lost with its directories; node b restores every kept step from the
+// bucket alone, increments through their bases there.
+TEST_F(ObjectTierTest, ALostNodesStepsRestoreFromTheBucket) {
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start()) << etcd.log();
+  auto node = [&](const std::string& id) {
+    std::vector<std::string> args = etcd.DaemonArgs();
+    args.insert(args.end(), {"--lease-ttl", "2", "--node-id", id});
+    std::vector<std::string> tier = TierArgs();
+    args.insert(args.end(), tier.begin(), tier.end());
+    return args;
+  };
+  testing::DaemonProcess a(node("node-a")), b(node("node-b"));
+  ASSERT_TRUE(a.Start()) << a.log();
+  ASSERT_TRUE(b.Start()) << b.log();
+  constexpr int64_t kGlobal = 2 * (3 << 20);  // 12 MiB per rank
+  {
+    Rank r0(a.socket(), "obj", 0, 2, kGlobal),
+        r1(a.socket(), "obj", 1, 2, kGlobal);
+    ASSERT_TRUE(r0.ckpt && r1.ckpt);
+    for (uint64_t step = 1; step <= 3; ++step) {
+      absl::Status s = SaveAll({&r0, &r1}, step, kShared);
+      ASSERT_TRUE(s.ok()) << s << "\n" << a.log();
+    }
+  }
+  const std::vector<std::string> keys = Keys();
+  EXPECT_THAT(keys, ::testing::IsSupersetOf(
+                        {"obj/00000000000000000003-0000000000.ckpt",
+                         "obj/00000000000000000003-0000000001.ckpt"}));
+  EXPECT_THAT(a.log(), HasSubstr("s3://ckpt-test/" + prefix_));
+  a.Lose();
+  for (uint64_t step : {2u, 3u}) {
+    for (uint32_t rank : {0u, 1u}) {
+      Rank r(b.socket(), "obj", rank, 2, kGlobal);
+      ASSERT_TRUE(r.ckpt);
+      absl::Status restored = r.ckpt->Restore(step);
+      ASSERT_TRUE(restored.ok()) << restored << "\n" << b.log();
+      EXPECT_TRUE(r.Matches(step)) << "step " << step << " rank " << rank;
+    }
+  }
+  EXPECT_THAT(b.log(), ContainsRegex("job obj step 3 rank 1: landed [0-9]+ "
+                                     "bytes from s3://ckpt-test/"));
+  auto open = client_->ListMultipartUploads("ckpt-test", prefix_ + "/");
+  ASSERT_TRUE(open.ok());
+  EXPECT_TRUE(open->empty());
+}
+
+// Wrong credentials: the steps commit at the lower tiers, never at the
+// shared one, and ckptd's log names the bucket, the key and the HTTP status.
+TEST_F(ObjectTierTest, WrongCredentialsLeaveTheStepsAtTheLowerTiers) {
+  WriteCredentials("not-the-secret");
+  std::vector<std::string> args = TierArgs();
+  testing::DaemonProcess a(args);
+  ASSERT_TRUE(a.Start()) << a.log();
+  Rank r0(a.socket(), "cred", 0, 1, 1 << 18);
+  ASSERT_TRUE(r0.ckpt);
+  absl::Status s = SaveAll({&r0}, 1, proto::TIER_LOCAL_DISK);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int i = 0; i < 200 && a.log().find("HTTP 403") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(a.log(), HasSubstr("s3://ckpt-test/" + prefix_ + "/cred/"));
+  EXPECT_THAT(a.log(), HasSubstr("HTTP 403"));
+  auto shared = r0.ckpt->ListCommitted(kShared);
+  ASSERT_TRUE(shared.ok());
+  EXPECT_TRUE(shared->empty());
+  auto disk = r0.ckpt->ListCommitted(proto::TIER_LOCAL_DISK);
+  ASSERT_TRUE(disk.ok());
+  EXPECT_THAT(*disk, ::testing::ElementsAre(1u));
+  EXPECT_TRUE(Keys().empty());
+}
+
+// The server is SIGKILLed while a step's copies go up and started again: the
+// copies are tried again and complete, no upload is left open, and the copy
+// in the bucket holds the step.
+TEST_F(ObjectTierTest, TheServerKilledMidUploadComesBackAndTheCopiesComplete) {
+  testing::DaemonProcess a(TierArgs());
+  ASSERT_TRUE(a.Start()) << a.log();
+  constexpr int64_t kGlobal = 16 << 20;  // 64 MiB: thirteen 5 MiB parts
+  Rank r0(a.socket(), "kill", 0, 1, kGlobal);
+  ASSERT_TRUE(r0.ckpt);
+  r0.Fill(1);
+  auto save = r0.ckpt->SaveAsync(1);
+  ASSERT_TRUE(save.ok());
+  ASSERT_TRUE((*save)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+  io::s3::TestServer().Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(io::s3::TestServer().Start());
+  absl::Status up = (*save)->WaitCommitted(kShared, absl::Seconds(60));
+  ASSERT_TRUE(up.ok()) << up << "\n" << a.log();
+  auto open = client_->ListMultipartUploads("ckpt-test", prefix_ + "/");
+  ASSERT_TRUE(open.ok());
+  EXPECT_TRUE(open->empty());
+  // The copy in the bucket holds the step, every chunk checked as read.
+  io::s3::S3FileSystem fs(client_);
+  auto reader = snapshot::ShardReader::Open(
+      &fs, absl::StrCat("s3://ckpt-test/", prefix_,
+                        "/kill/00000000000000000001-0000000000.ckpt"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> w(kGlobal);
+  ASSERT_TRUE(
+      (*reader)
+          ->ReadItem("model/w",
+                     absl::MakeSpan(reinterpret_cast<uint8_t*>(w.data()),
+                                    w.size() * sizeof(float)))
+          .ok());
+  EXPECT_TRUE(w == r0.w);
+}
+
+}  // namespace
+}  // namespace ckpt::client
