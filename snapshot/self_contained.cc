@@ -232,12 +232,20 @@ absl::Status WriteSelfContained(io::FileSystem* fs, SelfContained& view,
   constexpr size_t kCopyBytes = 8 << 20;
   ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> out,
                    fs->NewWritableFile(path, {}));
-  for (uint64_t at = 0; at < view.size;) {
+  // Two buffers, used again and again: one block is read while the one
+  // before is written (no fresh pages per block).
+  io::AlignedBuffer buffers[2] = {
+      io::AlignedBuffer(std::min<uint64_t>(kCopyBytes, view.size)),
+      io::AlignedBuffer(std::min<uint64_t>(kCopyBytes, view.size))};
+  int next = 0;
+  for (uint64_t at = 0; at < view.size; next ^= 1) {
     const size_t n =
         static_cast<size_t>(std::min<uint64_t>(kCopyBytes, view.size - at));
-    io::AlignedBuffer buffer(n);
-    RETURN_IF_ERROR(view.file->Read(at, buffer.span()));
-    RETURN_IF_ERROR(out->Write(at, std::move(buffer)));
+    absl::Span<uint8_t> block = buffers[next].span().subspan(0, n);
+    RETURN_IF_ERROR(view.file->Read(at, block));
+    // The other buffer's write must be done before it is read into again.
+    RETURN_IF_ERROR(out->Flush());
+    RETURN_IF_ERROR(out->WriteBorrowed(at, block));
     at += n;
   }
   RETURN_IF_ERROR(out->Sync());

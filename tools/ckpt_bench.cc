@@ -53,6 +53,23 @@ int main(int argc, char** argv) {
   io_cmd->add_option("--threads", threads, "encode/decode threads")
       ->check(CLI::Range(1, 256));
   io_cmd->add_flag("--json", json, "print one JSON object");
+  std::string shared_uri, s3_endpoint;
+  io_cmd->add_option("--shared-uri", shared_uri,
+                     "s3://bucket/prefix: the shared tier on an object store "
+                     "against boto3 and the POSIX shared tier instead");
+  uint64_t s3_part_mib = 16;
+  int s3_concurrency = 8;
+  io_cmd->add_option("--s3-part-mib", s3_part_mib, "upload parts, in MiB")
+      ->check(CLI::Range(uint64_t{5}, uint64_t{5120}))
+      ->capture_default_str();
+  io_cmd
+      ->add_option("--s3-concurrency", s3_concurrency,
+                   "parts or ranges in flight at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  io_cmd->add_option("--s3-endpoint", s3_endpoint,
+                     "the object store (default: a local SeaweedFS started in "
+                     "--dir); credentials as ckptd finds them");
   std::vector<uint64_t> sizes_mib = {1024, 4096};
   CLI::App* save_cmd =
       app.add_subcommand("save",
@@ -206,6 +223,10 @@ int main(int argc, char** argv) {
   if (*cp_cmd) {
     return ckpt::bench::RunControlPlane(dir + "/ckpt-bench-etcd", etcd,
                                         cp_ranks, cp_nodes, runs, json);
+  }
+  if (!shared_uri.empty()) {
+    return ckpt::bench::RunS3(dir, shared_uri, s3_endpoint, size_mib, runs,
+                              s3_part_mib, s3_concurrency, json);
   }
   return ckpt::bench::RunIo(dir, size_mib, runs, threads, json);
 }

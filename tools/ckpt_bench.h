@@ -44,6 +44,10 @@ struct BenchDaemon {
   }
 };
 
+// The shared tier on an object store against boto3 (tools/ckpt_bench_s3.cc).
+int RunS3(const std::string& dir, const std::string& uri,
+          const std::string& endpoint, uint64_t size_mib, int runs,
+          uint64_t part_mib, int concurrency, bool json);
 int RunIo(const std::string& dir, uint64_t size_mib, int runs, int threads,
           bool json);
 

@@ -15,7 +15,8 @@ S3Upload::S3Upload(S3Client* client, std::string path, std::string bucket,
       bucket_(std::move(bucket)),
       key_(std::move(key)),
       part_bytes_(part_bytes),
-      concurrency_(std::max(1, concurrency)) {}
+      concurrency_(std::max(1, concurrency)),
+      part_(std::make_shared<std::vector<uint8_t>>()) {}
 
 S3Upload::~S3Upload() {
   if (!closed_) Abort();
@@ -43,10 +44,11 @@ absl::Status S3Upload::Append(uint64_t offset,
   }
   written_ += bytes.size();
   while (!bytes.empty()) {
-    const size_t n = std::min<size_t>(bytes.size(), part_bytes_ - part_.size());
-    part_.insert(part_.end(), bytes.begin(), bytes.begin() + n);
+    const size_t n =
+        std::min<size_t>(bytes.size(), part_bytes_ - part_->size());
+    part_->insert(part_->end(), bytes.begin(), bytes.begin() + n);
     bytes.remove_prefix(n);
-    if (part_.size() == part_bytes_) {
+    if (part_->size() == part_bytes_) {
       if (absl::Status s = SendPart(); !s.ok()) return failed_ = s;
     }
   }
@@ -73,9 +75,19 @@ absl::Status S3Upload::SendPart() {
     number = static_cast<int>(etags_.size());
     ++in_flight_;
   }
-  auto bytes = std::make_shared<std::vector<uint8_t>>(std::move(part_));
-  part_ = {};
-  part_.reserve(part_bytes_);
+  std::shared_ptr<std::vector<uint8_t>> bytes = std::move(part_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!spare_.empty()) {
+      part_ = std::move(spare_.back());
+      spare_.pop_back();
+    }
+  }
+  if (part_ == nullptr) {
+    part_ = std::make_shared<std::vector<uint8_t>>();
+    part_->reserve(part_bytes_);
+  }
+  part_->clear();
   pool_->Schedule([this, bytes, number] {
     absl::StatusOr<std::string> etag =
         client_->UploadPart(bucket_, key_, upload_id_, number, *bytes);
@@ -85,6 +97,7 @@ absl::Status S3Upload::SendPart() {
     } else if (part_error_.ok()) {
       part_error_ = etag.status();
     }
+    spare_.push_back(bytes);
     --in_flight_;
   });
   return absl::OkStatus();
@@ -118,9 +131,9 @@ absl::Status S3Upload::Close() {
   absl::Status s = failed_;
   if (s.ok() && upload_id_.empty()) {
     // It all fits in one part: one request.
-    s = client_->PutObject(bucket_, key_, part_);
+    s = client_->PutObject(bucket_, key_, *part_);
   } else if (s.ok()) {
-    if (!part_.empty()) s = SendPart();
+    if (!part_->empty()) s = SendPart();
     absl::Status parts = AwaitParts();
     if (s.ok()) s = parts;
     if (s.ok()) {
@@ -138,7 +151,9 @@ absl::Status S3Upload::Close() {
   }
   closed_ = true;
   pool_.reset();
-  part_ = {};
+  part_ = std::make_shared<std::vector<uint8_t>>();
+  absl::MutexLock lock(&mu_);
+  spare_.clear();
   return s;
 }
 

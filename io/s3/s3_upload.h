@@ -53,15 +53,19 @@ class S3Upload : public WritableFile {
   const uint64_t part_bytes_;
   const int concurrency_;
   uint64_t written_ = 0;
-  std::vector<uint8_t> part_;  // bytes not sent yet
-  std::string upload_id_;      // empty until a first part is sent
-  absl::Status failed_;        // the first error; every later call returns it
+  // Bytes not sent yet; parts' buffers are used again once sent (no fresh
+  // pages per part).
+  std::shared_ptr<std::vector<uint8_t>> part_;
+  std::string upload_id_;  // empty until a first part is sent
+  absl::Status failed_;    // the first error; every later call returns it
   bool closed_ = false;
   std::unique_ptr<ThreadPool> pool_;
   absl::Mutex mu_;
   std::vector<std::string> etags_ ABSL_GUARDED_BY(mu_);  // part i + 1's
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status part_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> spare_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt::io::s3
