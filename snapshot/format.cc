@@ -23,6 +23,12 @@ std::string ShardFileName(uint64_t step, uint32_t rank,
   return absl::StrCat(name, suffix);
 }
 
+std::string CommitMarkerName(uint64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "%020" PRIu64 ".commit", step);
+  return name;
+}
+
 absl::StatusOr<std::string> SiblingShardPath(absl::string_view path,
                                              uint64_t step) {
   const size_t slash = path.rfind('/');

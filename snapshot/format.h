@@ -80,6 +80,9 @@ struct ChunkHeader {
 // such names.
 std::string ShardFileName(uint64_t step, uint32_t rank,
                           absl::string_view suffix);
+// The name of a step's commit marker on the shared tier, beside its copies:
+// the step in 20 digits, then ".commit" (the marker holds the CommitRecord).
+std::string CommitMarkerName(uint64_t step);
 // The path of the same rank's shard of `step` beside the shard at `path`
 // (named by ShardFileName): its base shard. An error when `path`'s file name
 // is not such a name.

@@ -19,6 +19,7 @@
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "snapshot/chunk_codec.h"
+#include "snapshot/format.h"
 #include "snapshot/names.h"
 #include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
@@ -36,6 +37,12 @@ bool StepOf(absl::string_view name, uint64_t* step, uint32_t* rank) {
   std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
   return parts.size() == 2 && parts[0].size() == 20 && parts[1].size() == 10 &&
          absl::SimpleAtoi(parts[0], step) && absl::SimpleAtoi(parts[1], rank);
+}
+
+// A commit marker, "<step:020>.commit".
+bool MarkerOf(absl::string_view name, uint64_t* step) {
+  return absl::ConsumeSuffix(&name, ".commit") && name.size() == 20 &&
+         absl::SimpleAtoi(name, step);
 }
 
 // A pin, "<base:020>-<rank:010>.ckpt.base-of-<step:020>": step's copy stores
@@ -346,6 +353,27 @@ absl::Status SharedTier::DetachDependents(const std::string& job, uint64_t step,
   return fs_->SyncDir(job_dir);
 }
 
+absl::Status SharedTier::MarkCommitted(const proto::CommitRecord& commit) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(commit.job()));
+  const std::string path =
+      io::JoinPath(io::JoinPath(options_.dir, commit.job()),
+                   snapshot::CommitMarkerName(commit.step()));
+  std::string bytes;
+  if (!commit.SerializeToString(&bytes)) {
+    return absl::InternalError("a commit record does not serialize");
+  }
+  if (store_.object_store()) {
+    // An object appears whole: no temporary name.
+    ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> out,
+                     fs_->NewWritableFile(path, {}));
+    RETURN_IF_ERROR(out->WriteBorrowed(
+        0, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}));
+    return out->Close();
+  }
+  RETURN_IF_ERROR(fs_->CreateDirs(io::DirName(path)));
+  return io::ReplaceFileDurably(fs_, path, bytes);
+}
+
 bool SharedTier::Has(const std::string& job, uint64_t step, uint32_t rank) {
   return snapshot::ValidateJobId(job).ok() &&
          fs_->Exists(PathOf(job, step, rank)).value_or(false);
@@ -385,6 +413,28 @@ void SharedTier::CollectGarbage(
   const std::string job_dir = io::JoinPath(options_.dir, job);
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
   if (!names.ok()) return;
+  // The kept steps' markers are there before anything older goes.
+  const std::set<std::string> listed(names->begin(), names->end());
+  for (const proto::CommitRecord& c : commits) {
+    if (c.tier() != proto::TIER_SHARED || c.step() < oldest_kept ||
+        listed.count(snapshot::CommitMarkerName(c.step())) > 0) {
+      continue;
+    }
+    if (absl::Status s = MarkCommitted(c); !s.ok()) {
+      CKPT_LOG_WARN(
+          "shared tier, job {} step {}: its commit marker: {}; "
+          "nothing older is dropped",
+          job, c.step(), s.ToString());
+      return;
+    }
+  }
+  // Markers of the steps dropped go before their copies.
+  for (const std::string& name : *names) {
+    uint64_t step = 0;
+    if (MarkerOf(name, &step) && step < oldest_kept) {
+      (void)fs_->Unlink(io::JoinPath(job_dir, name));
+    }
+  }
   // Kept: the newest committed steps and newer ones, and (newest first,
   // through chains) every copy a kept one pins.
   using Copy = std::pair<uint64_t, uint32_t>;  // step, rank

@@ -86,8 +86,14 @@ class SharedTier {
   absl::StatusOr<proto::ShardRecord> Find(const std::string& job, uint64_t step,
                                           uint32_t rank);
   bool Has(const std::string& job, uint64_t step, uint32_t rank);
+  // Writes the step's commit marker, <dir>/<job>/<step:020>.commit (the
+  // commit record, serialized), once the step is committed at the tier:
+  // what reads the tier alone (a new cluster's `ckpt ls s3://...`) counts as
+  // committed. Any node may write it, any number of times.
+  absl::Status MarkCommitted(const proto::CommitRecord& commit);
   // Deletes the copies of `job` retention no longer keeps, given the job's
-  // commit records.
+  // commit records: the markers of the steps it keeps written first if
+  // missing, those of the steps it drops deleted before their copies.
   void CollectGarbage(const std::string& job,
                       const std::vector<proto::CommitRecord>& commits);
 

@@ -134,6 +134,21 @@ void CheckpointService::VoteLater(const proto::ShardRecord& shard,
     return;
   }
   Committed(shard.job(), shard.step(), *committed);
+  if (shared_ != nullptr && std::find(committed->begin(), committed->end(),
+                                      proto::TIER_SHARED) != committed->end()) {
+    // What reads the tier alone (a new cluster's tools) sees it committed.
+    proto::CommitRecord commit;
+    commit.set_job(shard.job());
+    commit.set_step(shard.step());
+    commit.set_tier(proto::TIER_SHARED);
+    commit.set_world_size(shard.world_size());
+    commit.set_committed_unix_micros(absl::ToUnixMicros(absl::Now()));
+    if (absl::Status s = shared_->MarkCommitted(commit); !s.ok()) {
+      CKPT_LOG_WARN("{}: the shared tier's commit marker: {}",
+                    Describe(shard.job(), shard.step(), shard.rank()),
+                    s.ToString());
+    }
+  }
   // A commit at this tier may let an older step go there.
   if (!committed->empty()) queue_.RequestGc(shard.job());
   changes_.Bump();  // WaitCommitted looks again

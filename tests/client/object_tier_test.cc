@@ -101,7 +101,8 @@ TEST_F(ObjectTierTest, ALostNodesStepsRestoreFromTheBucket) {
   const std::vector<std::string> keys = Keys();
   EXPECT_THAT(keys, ::testing::IsSupersetOf(
                         {"obj/00000000000000000003-0000000000.ckpt",
-                         "obj/00000000000000000003-0000000001.ckpt"}));
+                         "obj/00000000000000000003-0000000001.ckpt",
+                         "obj/00000000000000000003.commit"}));
   EXPECT_THAT(a.log(), HasSubstr("s3://ckpt-test/" + prefix_));
   a.Lose();
   for (uint64_t step : {2u, 3u}) {

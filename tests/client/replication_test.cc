@@ -469,13 +469,21 @@ TEST(ReplicationTest, TheSharedTierServesTheStepsOfALostNode) {
     EXPECT_THAT(*on_shared, ::testing::IsSupersetOf({4u, 6u}));
     EXPECT_THAT(*on_shared, ::testing::Not(::testing::Contains(3u)));
   }
-  // Retention keeps the newest two shared steps: 4 and 6, two ranks each.
-  for (int i = 0; i < 100 && FilesUnder(shared.File("t3")) != 4; ++i) {
+  // Retention keeps the newest two shared steps: 4 and 6, two ranks each,
+  // and their commit markers (what the tier alone says is committed).
+  for (int i = 0; i < 100 && FilesUnder(shared.File("t3")) != 6; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(FilesUnder(shared.File("t3")), 4u);
+  EXPECT_EQ(FilesUnder(shared.File("t3")), 6u);
   EXPECT_TRUE(std::filesystem::exists(
       shared.File("t3/t3/00000000000000000006-0000000001.ckpt")));
+  for (const char* marker : {"t3/t3/00000000000000000004.commit",
+                             "t3/t3/00000000000000000006.commit"}) {
+    proto::CommitRecord commit;
+    EXPECT_TRUE(commit.ParseFromString(testing::ReadAll(shared.File(marker))))
+        << marker;
+    EXPECT_EQ(commit.world_size(), 2u) << marker;
+  }
   a.Lose();
   Rank same(b.socket(), "t3", 1, 2, kGlobal);
   ASSERT_TRUE(same.ckpt);

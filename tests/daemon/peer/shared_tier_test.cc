@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "io/fault_injection_fs.h"
 #include "io/file_system.h"
+#include "snapshot/format.h"
 #include "snapshot/names.h"
 #include "snapshot/shard_reader.h"
 #include "snapshot/shard_writer.h"
@@ -185,6 +186,24 @@ TEST_F(SharedTierTest, RetentionKeepsTheNewestCommittedStepsAndNewerOnes) {
   }
   EXPECT_TRUE(*io::DefaultFileSystem()->Exists(
       dir_.File("shared/j/" + name(1) + ".partial")));
+  // The kept steps' commit markers were written (step 1's was not, and a
+  // stale one goes with its step); they hold the commit record.
+  EXPECT_FALSE(*io::DefaultFileSystem()->Exists(
+      dir_.File("shared/j/00000000000000000001.commit")));
+  for (uint64_t step : {2, 3}) {
+    proto::CommitRecord marker;
+    ASSERT_TRUE(marker.ParseFromString(testing::ReadAll(
+        dir_.File("shared/j/" + snapshot::CommitMarkerName(step)))))
+        << step;
+    EXPECT_EQ(marker.step(), step);
+  }
+  testing::WriteAll(dir_.File("shared/j/" + snapshot::CommitMarkerName(2)), "");
+  commits.emplace_back(commits[2]).set_step(4);
+  tier->CollectGarbage("j", commits);
+  EXPECT_FALSE(*io::DefaultFileSystem()->Exists(
+      dir_.File("shared/j/" + snapshot::CommitMarkerName(2))));
+  EXPECT_TRUE(*io::DefaultFileSystem()->Exists(
+      dir_.File("shared/j/" + snapshot::CommitMarkerName(4))));
 }
 
 // Increments: a copy of an increment whose base is on the tier is the
