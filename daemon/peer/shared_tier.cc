@@ -374,6 +374,39 @@ absl::Status SharedTier::MarkCommitted(const proto::CommitRecord& commit) {
   return io::ReplaceFileDurably(fs_, path, bytes);
 }
 
+absl::StatusOr<std::vector<proto::CommitRecord>> SharedTier::Markers(
+    const std::string& job, absl::optional<uint64_t> step) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(job));
+  const std::string job_dir = io::JoinPath(options_.dir, job);
+  std::vector<std::string> names;
+  if (step.has_value()) {
+    names.push_back(snapshot::CommitMarkerName(*step));
+  } else {
+    absl::StatusOr<std::vector<std::string>> listed = fs_->ListDir(job_dir);
+    if (absl::IsNotFound(listed.status())) {
+      return std::vector<proto::CommitRecord>();
+    }
+    RETURN_IF_ERROR(listed.status());
+    names = *std::move(listed);
+  }
+  std::vector<proto::CommitRecord> out;
+  for (const std::string& name : names) {
+    uint64_t at = 0;
+    if (!MarkerOf(name, &at)) continue;
+    absl::StatusOr<std::string> bytes =
+        io::ReadFileToString(fs_, io::JoinPath(job_dir, name));
+    if (absl::IsNotFound(bytes.status())) continue;
+    RETURN_IF_ERROR(bytes.status());
+    proto::CommitRecord& c = out.emplace_back();
+    if (!c.ParseFromString(*bytes) || c.job() != job || c.step() != at) {
+      return absl::DataLossError(
+          absl::StrCat("the shared tier's commit marker ",
+                       io::JoinPath(job_dir, name), " is damaged"));
+    }
+  }
+  return out;
+}
+
 bool SharedTier::Has(const std::string& job, uint64_t step, uint32_t rank) {
   return snapshot::ValidateJobId(job).ok() &&
          fs_->Exists(PathOf(job, step, rank)).value_or(false);

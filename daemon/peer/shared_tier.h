@@ -41,6 +41,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/optional.h"
 #include "daemon/common/metrics.h"
 #include "daemon/peer/landed_copies.h"
 #include "daemon/peer/shared_store.h"
@@ -91,6 +92,10 @@ class SharedTier {
   // what reads the tier alone (a new cluster's `ckpt ls s3://...`) counts as
   // committed. Any node may write it, any number of times.
   absl::Status MarkCommitted(const proto::CommitRecord& commit);
+  // The commit records the tier's markers hold for `job`: every step's, or
+  // `step`'s only (none: an empty vector).
+  absl::StatusOr<std::vector<proto::CommitRecord>> Markers(
+      const std::string& job, absl::optional<uint64_t> step = absl::nullopt);
   // Deletes the copies of `job` retention no longer keeps, given the job's
   // commit records: the markers of the steps it keeps written first if
   // missing, those of the steps it drops deleted before their copies.

@@ -161,10 +161,13 @@ class CheckpointService {
                                                     absl::Duration timeout);
   absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
       const std::string& job, proto::Tier tier);
-  // Every commit record of the job still kept, by step then tier.
+  // Every commit record of the job still kept, by step then tier; when the
+  // coordinator knows none at the shared tier (a new cluster), those the
+  // shared tier's commit markers hold.
   absl::StatusOr<std::vector<proto::CommitRecord>> ListCommits(
       const std::string& job);
-  // The commit records of one step, fastest tier first (point lookups).
+  // The commit records of one step, fastest tier first (point lookups; the
+  // shared tier's marker as ListCommits says).
   absl::StatusOr<std::vector<proto::CommitRecord>> ListStepCommits(
       const std::string& job, uint64_t step);
   // A shard's record: this node's own, else (with peer replication on) a
@@ -297,6 +300,10 @@ class CheckpointService {
   absl::Status StartPublisher();
   // A vote committed `step` at `tiers`: the health figures, and waiters look
   // again.
+  // Appends the shared tier's commit markers of `job` (of `step` only, if
+  // given); a tier that cannot be read adds nothing (logged).
+  void AddMarkers(const std::string& job, absl::optional<uint64_t> step,
+                  std::vector<proto::CommitRecord>* commits);
   void Committed(const std::string& job, uint64_t step,
                  const std::vector<proto::Tier>& tiers);
   // Persists one staged shard; returns the error that marks it FAILED.

@@ -150,7 +150,33 @@ absl::StatusOr<absl::optional<uint64_t>> CheckpointService::LatestCommitted(
 absl::StatusOr<std::vector<proto::CommitRecord>> CheckpointService::ListCommits(
     const std::string& job) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
-  return coordinator_->ListCommits(job);
+  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits,
+                   coordinator_->ListCommits(job));
+  const bool shared_known = std::any_of(commits.begin(), commits.end(),
+                                        [](const proto::CommitRecord& c) {
+                                          return c.tier() == proto::TIER_SHARED;
+                                        });
+  if (shared_ != nullptr && !shared_known) {
+    // A cluster that never saw the job (a new one, its coordinator empty):
+    // what the shared tier's markers say is committed there.
+    AddMarkers(job, absl::nullopt, &commits);
+  }
+  return commits;
+}
+
+void CheckpointService::AddMarkers(const std::string& job,
+                                   absl::optional<uint64_t> step,
+                                   std::vector<proto::CommitRecord>* commits) {
+  // A tier that cannot be read (down, credentials refused) adds nothing: the
+  // other tiers' commits still answer.
+  absl::StatusOr<std::vector<proto::CommitRecord>> marked =
+      shared_->Markers(job, step);
+  if (!marked.ok()) {
+    CKPT_LOG_WARN("job {}: the shared tier's commit markers: {}", job,
+                  marked.status().ToString());
+    return;
+  }
+  commits->insert(commits->end(), marked->begin(), marked->end());
 }
 
 absl::StatusOr<std::vector<proto::CommitRecord>>
@@ -161,6 +187,13 @@ CheckpointService::ListStepCommits(const std::string& job, uint64_t step) {
     ASSIGN_OR_RETURN(absl::optional<proto::CommitRecord> c,
                      coordinator_->GetCommit(job, step, tier));
     if (c.has_value()) out.push_back(*std::move(c));
+  }
+  const bool shared_known =
+      std::any_of(out.begin(), out.end(), [](const proto::CommitRecord& c) {
+        return c.tier() == proto::TIER_SHARED;
+      });
+  if (shared_ != nullptr && !shared_known) {
+    AddMarkers(job, step, &out);
   }
   return out;
 }

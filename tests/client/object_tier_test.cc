@@ -5,6 +5,8 @@
 // lower tiers with an error naming the bucket and the HTTP status; the
 // server killed in the middle of uploads and started again leaves no upload
 // open and the copies complete.
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "io/s3/s3_client.h"
 #include "io/s3/s3_file_system.h"
+#include "snapshot/format.h"
 #include "snapshot/shard_reader.h"
 #include "tests/client/daemon_process.h"
 #include "tests/client/peer_ranks.h"
@@ -30,6 +33,10 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 constexpr proto::Tier kShared = proto::TIER_SHARED;
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
 
 class ObjectTierTest : public ::testing::Test {
  protected:
@@ -99,10 +106,10 @@ TEST_F(ObjectTierTest, ALostNodesStepsRestoreFromTheBucket) {
     }
   }
   const std::vector<std::string> keys = Keys();
-  EXPECT_THAT(keys, ::testing::IsSupersetOf(
-                        {"obj/00000000000000000003-0000000000.ckpt",
-                         "obj/00000000000000000003-0000000001.ckpt",
-                         "obj/00000000000000000003.commit"}));
+  EXPECT_THAT(
+      keys, ::testing::IsSupersetOf({"obj/00000000000000000003-0000000000.ckpt",
+                                     "obj/00000000000000000003-0000000001.ckpt",
+                                     "obj/00000000000000000003.commit"}));
   EXPECT_THAT(a.log(), HasSubstr("s3://ckpt-test/" + prefix_));
   a.Lose();
   for (uint64_t step : {2u, 3u}) {
@@ -119,6 +126,49 @@ TEST_F(ObjectTierTest, ALostNodesStepsRestoreFromTheBucket) {
   auto open = client_->ListMultipartUploads("ckpt-test", prefix_ + "/");
   ASSERT_TRUE(open.ok());
   EXPECT_TRUE(open->empty());
+}
+
+// A new cluster (a fresh data directory, its coordinator knowing nothing of
+// the job) restores from the bucket alone: the commit markers say what is
+// committed, the copies (an increment through its base) are landed.
+TEST_F(ObjectTierTest, AFreshClusterRestoresFromTheBucketAlone) {
+  constexpr int64_t kGlobal = 3 << 20;  // 12 MiB, one rank
+  // The operators' cluster key, given to both clusters (a key a cluster made
+  // for itself would leave the new one unable to check the seals).
+  const std::string key = dir_.File("cluster.key");
+  testing::WriteAll(key, std::string(64, 'c') + "\n");
+  ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
+  std::vector<std::string> args = TierArgs();
+  args.insert(args.end(), {"--cluster-key", key});
+  {
+    testing::DaemonProcess old(args);
+    ASSERT_TRUE(old.Start()) << old.log();
+    Rank r0(old.socket(), "cold", 0, 1, kGlobal);
+    ASSERT_TRUE(r0.ckpt);
+    for (uint64_t step = 1; step <= 2; ++step) {
+      absl::Status s = SaveAll({&r0}, step, kShared);
+      ASSERT_TRUE(s.ok()) << s << "\n" << old.log();
+    }
+    // The marker follows the commit (written by the node that completed it).
+    for (int i = 0;
+         i < 200 && !Contains(Keys(), "cold/" + snapshot::CommitMarkerName(2));
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    old.Lose();
+  }
+  testing::DaemonProcess fresh(args);
+  ASSERT_TRUE(fresh.Start()) << fresh.log();
+  Rank r0(fresh.socket(), "cold", 0, 1, kGlobal);
+  ASSERT_TRUE(r0.ckpt);
+  for (uint64_t step : {2u, 1u}) {
+    absl::Status restored = r0.ckpt->Restore(step);
+    ASSERT_TRUE(restored.ok()) << restored << "\n" << fresh.log();
+    EXPECT_TRUE(r0.Matches(step)) << "step " << step;
+  }
+  absl::Status missing = r0.ckpt->Restore(3);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(missing.message(), HasSubstr("step 3"));
 }
 
 // Wrong credentials: the steps commit at the lower tiers, never at the
