@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "io/file_system.h"
 #include "nlohmann/json.hpp"
 #include "proto/catalog.pb.h"
 #include "proto/daemon.pb.h"
@@ -114,7 +115,12 @@ int Inspect(const std::string& path, bool json);
 int InspectStep(const std::string& data_dir, const std::string& job,
                 const std::string& step_text, bool json);
 
-int Verify(const std::vector<std::string>& paths, bool json);
+// Shard files (through `fs`, the local file system unless given).
+int Verify(const std::vector<std::string>& paths, bool json,
+           io::FileSystem* fs = nullptr);
+// Whether a command's argument names the shared tier read directly: an
+// s3:// URI, or the path of a directory (job ids have no '/').
+bool IsStoreLocation(const std::string& arg);
 
 // `ckpt verify JOB [STEP]`: every copy of every shard, on every tier.
 int VerifyJob(const std::string& data_dir, const std::string& job,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -197,6 +198,13 @@ std::string HumanSeconds(double s) {
   if (s < 120) return absl::StrFormat("%.1f s", s);
   if (s < 7200) return absl::StrFormat("%.1f min", s / 60);
   return absl::StrFormat("%.1f h", s / 3600);
+}
+
+bool IsStoreLocation(const std::string& arg) {
+  if (absl::StartsWith(arg, "s3://")) return true;
+  std::error_code ec;
+  return arg.find('/') != std::string::npos &&
+         std::filesystem::is_directory(arg, ec);
 }
 
 bool IsShardFile(const std::string& arg) {

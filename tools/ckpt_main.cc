@@ -10,6 +10,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
 #include "client/daemon_admin.h"
@@ -18,6 +19,7 @@
 #include "snapshot/dtype.h"
 #include "snapshot/manifest_seal.h"
 #include "tools/ckpt_cli.h"
+#include "tools/ckpt_store.h"
 #include "tools/export.h"
 
 namespace ckpt::cli {
@@ -44,10 +46,26 @@ int Main(int argc, char** argv) {
                  "ckptd's socket (default: $CKPT_SOCKET, else "
                  "/tmp/ckpt-$UID/ckptd.sock): without --data-dir, ckpt asks "
                  "this daemon where its data is");
+  StoreOptions store;
+  app.add_option("--s3-endpoint", store.endpoint,
+                 "for s3:// locations: the object store's endpoint "
+                 "(default: AWS's for --s3-region)");
+  app.add_option("--s3-region", store.region, "the object store's region")
+      ->capture_default_str();
+  app.add_option("--s3-path-style", store.path_style,
+                 "path-style addressing (servers other than AWS's)")
+      ->capture_default_str();
+  app.add_option("--s3-profile", store.credentials.profile,
+                 "the shared credentials file's profile");
+  app.add_option("--s3-credentials-file", store.credentials.credentials_file,
+                 "the shared credentials file (credentials come from "
+                 "$AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY first)");
   std::string ls_job;
   CLI::App* ls = app.add_subcommand(
       "ls", "jobs, or the steps of JOB with their state per tier and sizes");
-  ls->add_option("job", ls_job, "job id");
+  ls->add_option("job", ls_job,
+                 "job id; or the shared tier read directly: "
+                 "s3://bucket/prefix[/JOB] or a shared directory's path");
   ls->add_option("--socket", socket_path,
                  "ckptd's socket (default: the one the data directory's ckptd "
                  "recorded): commit records come from its coordinator (etcd's "
@@ -207,6 +225,30 @@ int Main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  // The shared tier read directly: no ckptd, no data directory.
+  if (*ls && IsStoreLocation(ls_job)) {
+    auto fs = OpenStore(ls_job, store);
+    if (!fs.ok()) return Fail("ls", fs.status());
+    return LsStore(fs->get(), ls_job, json);
+  }
+  if (*verify && IsStoreLocation(verify_args[0])) {
+    if (!cluster_key.empty()) {
+      auto keys = ckpt::snapshot::SealKeys::Load(cluster_key, cluster_key_old);
+      if (!keys.ok()) return Fail("verify --cluster-key", keys.status());
+      ckpt::snapshot::InstallSealKeys(*std::move(keys));
+    }
+    auto fs = OpenStore(verify_args[0], store);
+    if (!fs.ok()) return Fail("verify", fs.status());
+    if (absl::EndsWith(verify_args[0], ".ckpt")) {
+      return Verify(verify_args, json, fs->get());
+    }
+    if (verify_args.size() > 2) {
+      std::cerr << "ckpt verify: give LOCATION [STEP], or copies\n";
+      return kExitUsage;
+    }
+    return VerifyStore(fs->get(), verify_args[0],
+                       verify_args.size() > 1 ? verify_args[1] : "", json);
   }
   if (app.count("--data-dir") == 0 && env_dir == nullptr) {
     // ckpt finds ckptd: a running daemon says where its data is.

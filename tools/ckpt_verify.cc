@@ -15,13 +15,15 @@
 
 namespace ckpt::cli {
 
-int Verify(const std::vector<std::string>& paths, bool json) {
+int Verify(const std::vector<std::string>& paths, bool json,
+           io::FileSystem* fs) {
+  if (fs == nullptr) fs = ckpt::io::DefaultFileSystem();
   // With a cluster key given, every manifest read is checked against it.
   const bool sealed = snapshot::InstalledSealKeys() != nullptr;
   int bad_files = 0;
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& path : paths) {
-    auto reader = ShardReader::Open(ckpt::io::DefaultFileSystem(), path);
+    auto reader = ShardReader::Open(fs, path);
     std::vector<absl::Status> errors;
     int chunks = 0;
     if (!reader.ok()) {

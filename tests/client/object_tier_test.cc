@@ -25,6 +25,7 @@
 #include "tests/daemon/etcd_process.h"
 #include "tests/io/s3/test_server.h"
 #include "tests/test_util.h"
+#include "tests/tools/run_cli.h"
 
 namespace ckpt::client {
 namespace {
@@ -169,6 +170,37 @@ TEST_F(ObjectTierTest, AFreshClusterRestoresFromTheBucketAlone) {
   absl::Status missing = r0.ckpt->Restore(3);
   EXPECT_FALSE(missing.ok());
   EXPECT_THAT(missing.message(), HasSubstr("step 3"));
+
+  // The operators' commands read the bucket directly, no ckptd asked.
+  const std::string s3 =
+      absl::StrCat("--s3-endpoint ", io::s3::TestServer().endpoint(),
+                   " --s3-credentials-file ", dir_.File("credentials"), " ");
+  const std::string job = "s3://ckpt-test/" + prefix_ + "/cold";
+  Result jobs = RunCli(s3 + "ls s3://ckpt-test/" + prefix_);
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.out;
+  EXPECT_THAT(jobs.out, HasSubstr("cold: committed steps 1, 2"));
+  Result steps = RunCli(s3 + "ls " + job + " --json");
+  ASSERT_EQ(steps.exit_code, 0) << steps.out;
+  EXPECT_THAT(steps.out, ContainsRegex("\"committed\": true"));
+  Result good = RunCli(s3 + "verify " + job + " --cluster-key " + key);
+  EXPECT_EQ(good.exit_code, 0) << good.out;
+  EXPECT_THAT(good.out, HasSubstr("2 copies verified with their seals"));
+  // A flipped byte in step 2's copy is found and named.
+  const std::string key2 =
+      prefix_ + "/cold/" + snapshot::ShardFileName(2, 0, ".ckpt");
+  absl::StatusOr<std::string> bytes = client_->GetObject("ckpt-test", key2);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 3] ^= 0x10;
+  ASSERT_TRUE(
+      client_
+          ->PutObject("ckpt-test", key2,
+                      absl::MakeConstSpan(
+                          reinterpret_cast<const uint8_t*>(bytes->data()),
+                          bytes->size()))
+          .ok());
+  Result bad = RunCli(s3 + "verify " + job + " 2");
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("BAD step 2 rank 0"));
 }
 
 // Wrong credentials: the steps commit at the lower tiers, never at the

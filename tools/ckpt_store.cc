@@ -1,0 +1,213 @@
+#include "tools/ckpt_store.h"
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "io/s3/s3_client.h"
+#include "io/s3/s3_file_system.h"
+#include "io/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "proto/catalog.pb.h"
+#include "snapshot/format.h"
+#include "snapshot/manifest_seal.h"
+#include "snapshot/shard_reader.h"
+#include "tools/ckpt_cli.h"
+
+namespace ckpt::cli {
+namespace {
+
+// A step as the tier holds it: its marker's record, if any, and its copies.
+struct StoredStep {
+  absl::optional<proto::CommitRecord> commit;
+  std::map<uint32_t, std::string> copies;  // rank -> name
+};
+
+bool ParseCopy(absl::string_view name, uint64_t* step, uint32_t* rank) {
+  return absl::ConsumeSuffix(&name, ".ckpt") && name.size() == 31 &&
+         name[20] == '-' && absl::SimpleAtoi(name.substr(0, 20), step) &&
+         absl::SimpleAtoi(name.substr(21), rank);
+}
+
+bool ParseMarker(absl::string_view name, uint64_t* step) {
+  return absl::ConsumeSuffix(&name, ".commit") && name.size() == 20 &&
+         absl::SimpleAtoi(name, step);
+}
+
+// The steps in the job folder `dir` (none if it is not one).
+absl::StatusOr<std::map<uint64_t, StoredStep>> ReadJob(io::FileSystem* fs,
+                                                       const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(dir));
+  std::map<uint64_t, StoredStep> steps;
+  for (const std::string& name : names) {
+    uint64_t step = 0;
+    uint32_t rank = 0;
+    if (ParseCopy(name, &step, &rank)) {
+      steps[step].copies[rank] = name;
+    } else if (ParseMarker(name, &step)) {
+      ASSIGN_OR_RETURN(std::string bytes,
+                       io::ReadFileToString(fs, io::JoinPath(dir, name)));
+      proto::CommitRecord c;
+      if (!c.ParseFromString(bytes) || c.step() != step) {
+        return absl::DataLossError(absl::StrCat(
+            "the commit marker ", io::JoinPath(dir, name), " is damaged"));
+      }
+      steps[step].commit = std::move(c);
+    }
+  }
+  return steps;
+}
+
+nlohmann::json StepJson(io::FileSystem* fs, const std::string& dir,
+                        uint64_t step, const StoredStep& s) {
+  nlohmann::json j;
+  j["step"] = step;
+  j["committed"] = s.commit.has_value();
+  if (s.commit.has_value()) j["world_size"] = s.commit->world_size();
+  uint64_t bytes = 0;
+  j["copies"] = nlohmann::json::array();
+  for (const auto& [rank, name] : s.copies) {
+    const uint64_t size = fs->FileSize(io::JoinPath(dir, name)).value_or(0);
+    bytes += size;
+    j["copies"].push_back({{"rank", rank}, {"bytes", size}});
+  }
+  j["bytes"] = bytes;
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<io::FileSystem>> OpenStore(
+    const std::string& location, const StoreOptions& options) {
+  if (!io::s3::S3FileSystem::IsS3Path(location)) {
+    return io::NewPosixFileSystem();
+  }
+  RETURN_IF_ERROR(io::s3::ParseS3Uri(location).status());
+  io::s3::S3Options s3;
+  s3.endpoint = options.endpoint;
+  s3.region = options.region;
+  s3.path_style = options.path_style;
+  ASSIGN_OR_RETURN(s3.credentials,
+                   io::s3::ResolveCredentials(options.credentials));
+  ASSIGN_OR_RETURN(std::unique_ptr<io::s3::S3Client> client,
+                   io::s3::S3Client::Create(std::move(s3)));
+  return std::unique_ptr<io::FileSystem>(
+      new io::s3::S3FileSystem(std::move(client)));
+}
+
+int LsStore(io::FileSystem* fs, const std::string& location, bool json) {
+  auto job = ReadJob(fs, location);
+  if (!job.ok()) return Fail("ls", job.status());
+  nlohmann::json out;
+  if (!job->empty()) {  // a job's folder
+    out["location"] = location;
+    out["steps"] = nlohmann::json::array();
+    for (const auto& [step, s] : *job) {
+      out["steps"].push_back(StepJson(fs, location, step, s));
+    }
+  } else {
+    auto names = fs->ListDir(location);
+    if (!names.ok()) return Fail("ls", names.status());
+    out["location"] = location;
+    out["jobs"] = nlohmann::json::array();
+    for (const std::string& name : *names) {
+      auto steps = ReadJob(fs, io::JoinPath(location, name));
+      if (!steps.ok() || steps->empty()) continue;
+      std::vector<uint64_t> committed;
+      for (const auto& [step, s] : *steps) {
+        if (s.commit.has_value()) committed.push_back(step);
+      }
+      out["jobs"].push_back({{"job", name}, {"committed", committed}});
+    }
+  }
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  if (out.contains("steps")) {
+    for (const nlohmann::json& s : out["steps"]) {
+      std::printf("step %llu: %s, %zu copies, %llu bytes\n",
+                  static_cast<unsigned long long>(s["step"].get<uint64_t>()),
+                  s["committed"].get<bool>()
+                      ? absl::StrCat("committed (world size ",
+                                     s["world_size"].get<uint32_t>(), ")")
+                            .c_str()
+                      : "not committed",
+                  s["copies"].size(),
+                  static_cast<unsigned long long>(s["bytes"].get<uint64_t>()));
+    }
+  } else {
+    for (const nlohmann::json& j : out["jobs"]) {
+      const auto committed = j["committed"].get<std::vector<uint64_t>>();
+      std::printf(
+          "%s: committed steps %s\n", j["job"].get<std::string>().c_str(),
+          committed.empty() ? "none" : absl::StrJoin(committed, ", ").c_str());
+    }
+  }
+  return 0;
+}
+
+int VerifyStore(io::FileSystem* fs, const std::string& location,
+                const std::string& step_text, bool json) {
+  absl::optional<uint64_t> only;
+  if (!step_text.empty()) {
+    auto parsed = ParseStep(step_text);
+    if (!parsed.ok()) return UsageError("verify", parsed.status());
+    only = *parsed;
+  }
+  auto job = ReadJob(fs, location);
+  if (!job.ok()) return Fail("verify", job.status());
+  const bool sealed = snapshot::InstalledSealKeys() != nullptr;
+  nlohmann::json out = nlohmann::json::array();
+  int bad = 0, checked = 0;
+  for (const auto& [step, s] : *job) {
+    if ((only.has_value() && step != *only) || !s.commit.has_value()) continue;
+    for (uint32_t rank = 0; rank < s.commit->world_size(); ++rank) {
+      const std::string path =
+          io::JoinPath(location, snapshot::ShardFileName(step, rank, ".ckpt"));
+      std::vector<absl::Status> errors;
+      auto reader = snapshot::ShardReader::Open(fs, path);
+      if (!reader.ok()) {
+        errors.push_back(reader.status());
+      } else {
+        errors = (*reader)->VerifyAll();
+      }
+      ++checked;
+      if (!errors.empty()) ++bad;
+      nlohmann::json j = {{"step", step},
+                          {"rank", rank},
+                          {"path", path},
+                          {"ok", errors.empty()}};
+      for (const absl::Status& e : errors) {
+        j["errors"].push_back(std::string(e.message()));
+        if (!json) {
+          std::printf("BAD step %llu rank %u: %s\n",
+                      static_cast<unsigned long long>(step), rank,
+                      std::string(e.message()).c_str());
+        }
+      }
+      out.push_back(std::move(j));
+    }
+  }
+  if (checked == 0) {
+    return Fail("verify", absl::NotFoundError(absl::StrCat(
+                              "no committed step", only.has_value() ? " " : "s",
+                              only.has_value() ? std::to_string(*only) : "",
+                              " in ", location)));
+  }
+  if (json) {
+    std::cout << out.dump(2) << "\n";
+  } else if (bad == 0) {
+    std::printf("OK  %s: %d copies verified%s\n", location.c_str(), checked,
+                sealed ? " with their seals" : "");
+  }
+  return bad == 0 ? 0 : 1;
+}
+
+}  // namespace ckpt::cli
