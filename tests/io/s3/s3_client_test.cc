@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/io/s3/test_server.h"
 #include "tests/test_util.h"
+#include "tools/fault_proxy.h"
 #include "tools/local_s3.h"
 #include "tools/process.h"
 
@@ -206,6 +207,43 @@ TEST_F(S3ClientTest, WrongCredentialsAreNamedAndNotRetried) {
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(
       absl::IsPermissionDenied((*c)->GetObject(bucket_, K("job/x")).status()));
+}
+
+// Through a proxy that answers with faults: 503s, 500s and resets are tried
+// again until the request goes through; faults that outlast the attempts
+// give the last error, naming the key and the status.
+TEST_F(S3ClientTest, FaultsAreTriedAgainAndTheLastOneNamed) {
+  tools::FaultProxy proxy(std::stoi(
+      TestServer().endpoint().substr(TestServer().endpoint().rfind(':') + 1)));
+  ASSERT_TRUE(proxy.Start());
+  S3Options o = Options();
+  o.endpoint = proxy.endpoint();
+  o.first_backoff = absl::Milliseconds(1);
+  o.max_attempts = 4;
+  absl::StatusOr<std::unique_ptr<S3Client>> c = S3Client::Create(o);
+  ASSERT_TRUE(c.ok());
+  const std::vector<uint8_t> data = Bytes((1 << 20) + 5);
+  using Fault = tools::FaultProxy::Fault;
+  proxy.Arm(Fault::kStatus503, 1);
+  proxy.Arm(Fault::kReset, 1);
+  proxy.Arm(Fault::kStatus500, 1);
+  absl::Status put = (*c)->PutObject(bucket_, K("faulty"), data);
+  ASSERT_TRUE(put.ok()) << put;
+  EXPECT_EQ(proxy.injected(), 3);
+  proxy.Arm(Fault::kReset, 1);
+  proxy.Arm(Fault::kStatus503, 1);
+  std::vector<uint8_t> back(data.size());
+  absl::Status got =
+      (*c)->GetRange(bucket_, K("faulty"), 0, absl::MakeSpan(back));
+  ASSERT_TRUE(got.ok()) << got;
+  EXPECT_TRUE(back == data);
+  EXPECT_EQ(proxy.injected(), 5);
+  proxy.Arm(Fault::kStatus503, 4);
+  absl::Status gave_up = (*c)->HeadObject(bucket_, K("faulty")).status();
+  EXPECT_TRUE(absl::IsUnavailable(gave_up)) << gave_up;
+  EXPECT_THAT(gave_up.message(), HasSubstr(K("faulty")));
+  EXPECT_THAT(gave_up.message(), HasSubstr("HTTP 503"));
+  EXPECT_THAT(gave_up.message(), HasSubstr("after 4 attempts"));
 }
 
 TEST(S3ClientErrorsTest, AServerThatDoesNotAnswerIsTriedAgainThenNamed) {
