@@ -167,6 +167,17 @@ void FaultProxy::Serve(int client) {
     ++injected_;
     std::this_thread::sleep_for(std::chrono::seconds(2));
   }
+  if (fault == Fault::kCorrupt) {
+    while (body.empty() && length > 0) {
+      const ssize_t n = ::recv(client, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      body.append(buffer, static_cast<size_t>(n));
+    }
+    if (!body.empty()) {
+      ++injected_;
+      body[body.size() / 2] ^= 0x01;
+    }
+  }
   const int upstream = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;

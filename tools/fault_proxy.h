@@ -1,10 +1,11 @@
 // FaultProxy: an HTTP proxy on a loopback port in front of a local server
 // (the tests' and the chaos harness's S3 server), which answers requests
 // itself with the faults an object store shows: an HTTP 500 or 503 with
-// S3's error body, a connection reset before any answer, or an answer held
-// back for a while. Each connection carries one request (the proxy asks the
-// server to close after it), so faults land request by request. Faults are
-// armed for the next N requests; what was injected is counted.
+// S3's error body, a connection reset before any answer, an answer held
+// back for a while, or a request's body damaged on the way. Each connection
+// carries one request (the proxy asks the server to close after it), so faults
+// land request by request. Faults are armed for the next N requests; what was
+// injected is counted.
 //
 // Thread-safety: thread-safe.
 #ifndef CKPT_TOOLS_FAULT_PROXY_H_
@@ -21,7 +22,8 @@ namespace ckpt::tools {
 
 class FaultProxy {
  public:
-  enum class Fault { kNone, kStatus500, kStatus503, kReset, kSlow };
+  // kCorrupt passes the request on with a byte of its body flipped.
+  enum class Fault { kNone, kStatus500, kStatus503, kReset, kSlow, kCorrupt };
 
   explicit FaultProxy(int upstream_port);
   ~FaultProxy();  // stops listening, waits for the connections

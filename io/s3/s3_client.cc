@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "io/s3/crc32c.h"
 #include "io/status_macros.h"
 
 namespace ckpt::io::s3 {
@@ -70,7 +71,11 @@ absl::Status S3Error(const std::string& what, const HttpResponse& r) {
   std::string text = absl::StrCat(what, ": HTTP ", r.status);
   if (!code.empty()) absl::StrAppend(&text, " ", code);
   if (!message.empty()) absl::StrAppend(&text, ": ", message);
-  if (r.status >= 500 || r.status == 429) return absl::UnavailableError(text);
+  // BadDigest: the bytes were damaged on the way; sent again, they may not.
+  if (r.status >= 500 || r.status == 429 || code == "BadDigest" ||
+      code == "InvalidDigest") {
+    return absl::UnavailableError(text);
+  }
   switch (r.status) {
     case 404:
       return absl::NotFoundError(text);
@@ -280,6 +285,9 @@ absl::Status S3Client::PutObject(const std::string& bucket,
                                  absl::Span<const uint8_t> body) {
   Call call{"PutObject", "PUT", bucket, key};
   call.body = body;
+  if (options_.checksums) {
+    call.headers.emplace_back("x-amz-checksum-crc32c", Crc32cBase64(body));
+  }
   return Run(call).status();
 }
 
@@ -384,6 +392,9 @@ absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
     const std::string& bucket, const std::string& key) {
   Call call{"CreateMultipartUpload", "POST", bucket, key};
   call.query = {{"uploads", ""}};
+  if (options_.checksums) {
+    call.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
+  }
   call.sign_body = true;
   ASSIGN_OR_RETURN(HttpResponse r, Run(call));
   pugi::xml_document doc;
@@ -395,27 +406,37 @@ absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
   return id;
 }
 
-absl::StatusOr<std::string> S3Client::UploadPart(
+absl::StatusOr<UploadedPart> S3Client::UploadPart(
     const std::string& bucket, const std::string& key,
     const std::string& upload_id, int number, absl::Span<const uint8_t> body) {
   Call call{absl::StrCat("UploadPart ", number), "PUT", bucket, key};
   call.query = {{"partNumber", absl::StrCat(number)}, {"uploadId", upload_id}};
   call.body = body;
+  UploadedPart part;
+  if (options_.checksums) {
+    part.crc32c = Crc32cBase64(body);
+    call.headers.emplace_back("x-amz-checksum-crc32c", part.crc32c);
+  }
   ASSIGN_OR_RETURN(HttpResponse r, Run(call));
-  std::string etag = r.headers["etag"];
-  if (etag.empty()) {
+  part.etag = r.headers["etag"];
+  if (part.etag.empty()) {
     return absl::DataLossError(absl::StrCat(call.What(), ": no ETag"));
   }
-  return etag;
+  return part;
 }
 
 absl::Status S3Client::CompleteMultipartUpload(
     const std::string& bucket, const std::string& key,
-    const std::string& upload_id, const std::vector<std::string>& etags) {
+    const std::string& upload_id, const std::vector<UploadedPart>& parts) {
   std::string xml = "<CompleteMultipartUpload>";
-  for (size_t i = 0; i < etags.size(); ++i) {
+  for (size_t i = 0; i < parts.size(); ++i) {
     absl::StrAppend(&xml, "<Part><PartNumber>", i + 1, "</PartNumber><ETag>",
-                    etags[i], "</ETag></Part>");
+                    parts[i].etag, "</ETag>");
+    if (!parts[i].crc32c.empty()) {
+      absl::StrAppend(&xml, "<ChecksumCRC32C>", parts[i].crc32c,
+                      "</ChecksumCRC32C>");
+    }
+    absl::StrAppend(&xml, "</Part>");
   }
   absl::StrAppend(&xml, "</CompleteMultipartUpload>");
   Call call{"CompleteMultipartUpload", "POST", bucket, key};

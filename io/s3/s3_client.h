@@ -7,7 +7,8 @@
 // naming the operation, bucket, key, HTTP status and S3's error code and
 // message, converted from S3's error space here only: 404 NotFound, 403
 // PermissionDenied, 416 OutOfRange, 400 InvalidArgument, 409
-// FailedPrecondition, retried ones Unavailable.
+// FailedPrecondition, retried ones (and BadDigest: bytes damaged on the
+// way) Unavailable.
 //
 // Thread-safety: thread-safe; calls run at once on connections of their own.
 #ifndef CKPT_IO_S3_S3_CLIENT_H_
@@ -36,6 +37,10 @@ struct S3Options {
   // else virtual-hosted (bucket.endpoint/key).
   bool path_style = true;
   Credentials credentials;
+  // Every object and part sent carries its CRC32C (x-amz-checksum-crc32c),
+  // which the server checks: bytes damaged on the way are refused (BadDigest)
+  // and sent again.
+  bool checksums = true;
   int max_attempts = 6;
   absl::Duration first_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
@@ -55,6 +60,12 @@ struct ObjectInfo {
   std::string key;
   uint64_t size = 0;
   std::string etag;
+};
+
+// A part sent: its ETag and the checksum it was sent with.
+struct UploadedPart {
+  std::string etag;
+  std::string crc32c;  // base64; empty without checksums
 };
 
 struct MultipartUpload {
@@ -97,17 +108,17 @@ class S3Client {
 
   absl::StatusOr<std::string> CreateMultipartUpload(const std::string& bucket,
                                                     const std::string& key);
-  // Part `number` (1 to 10000); returns its ETag.
-  absl::StatusOr<std::string> UploadPart(const std::string& bucket,
-                                         const std::string& key,
-                                         const std::string& upload_id,
-                                         int number,
-                                         absl::Span<const uint8_t> body);
-  // The parts' ETags in part order (part i + 1 is etags[i]).
+  // Part `number` (1 to 10000).
+  absl::StatusOr<UploadedPart> UploadPart(const std::string& bucket,
+                                          const std::string& key,
+                                          const std::string& upload_id,
+                                          int number,
+                                          absl::Span<const uint8_t> body);
+  // The parts in part order (part i + 1 is parts[i]).
   absl::Status CompleteMultipartUpload(const std::string& bucket,
                                        const std::string& key,
                                        const std::string& upload_id,
-                                       const std::vector<std::string>& etags);
+                                       const std::vector<UploadedPart>& parts);
   absl::Status AbortMultipartUpload(const std::string& bucket,
                                     const std::string& key,
                                     const std::string& upload_id);

@@ -71,8 +71,8 @@ absl::Status S3Upload::SendPart() {
     };
     mu_.Await(absl::Condition(&room));
     if (!part_error_.ok()) return part_error_;
-    etags_.emplace_back();
-    number = static_cast<int>(etags_.size());
+    parts_.emplace_back();
+    number = static_cast<int>(parts_.size());
     ++in_flight_;
   }
   std::shared_ptr<std::vector<uint8_t>> bytes = std::move(part_);
@@ -89,13 +89,13 @@ absl::Status S3Upload::SendPart() {
   }
   part_->clear();
   pool_->Schedule([this, bytes, number] {
-    absl::StatusOr<std::string> etag =
+    absl::StatusOr<UploadedPart> part =
         client_->UploadPart(bucket_, key_, upload_id_, number, *bytes);
     absl::MutexLock lock(&mu_);
-    if (etag.ok()) {
-      etags_[number - 1] = *etag;
+    if (part.ok()) {
+      parts_[number - 1] = *std::move(part);
     } else if (part_error_.ok()) {
-      part_error_ = etag.status();
+      part_error_ = part.status();
     }
     spare_.push_back(bytes);
     --in_flight_;
@@ -137,12 +137,12 @@ absl::Status S3Upload::Close() {
     absl::Status parts = AwaitParts();
     if (s.ok()) s = parts;
     if (s.ok()) {
-      std::vector<std::string> etags;
+      std::vector<UploadedPart> parts;
       {
         absl::MutexLock lock(&mu_);
-        etags = etags_;
+        parts = parts_;
       }
-      s = client_->CompleteMultipartUpload(bucket_, key_, upload_id_, etags);
+      s = client_->CompleteMultipartUpload(bucket_, key_, upload_id_, parts);
     }
   }
   if (!s.ok()) {

@@ -61,7 +61,7 @@ class S3Upload : public WritableFile {
   bool closed_ = false;
   std::unique_ptr<ThreadPool> pool_;
   absl::Mutex mu_;
-  std::vector<std::string> etags_ ABSL_GUARDED_BY(mu_);  // part i + 1's
+  std::vector<UploadedPart> parts_ ABSL_GUARDED_BY(mu_);  // part i + 1's
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status part_error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> spare_

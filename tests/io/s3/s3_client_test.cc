@@ -147,9 +147,9 @@ TEST_F(S3ClientTest, MultipartUploadsAssembleBitExactAndAbortedOnesGo) {
   ASSERT_EQ(open->size(), 1u);
   EXPECT_EQ((*open)[0].upload_id, *id);
   EXPECT_EQ((*open)[0].key, K("job/big.ckpt"));
-  std::vector<std::string> etags;
+  std::vector<UploadedPart> etags;
   for (size_t at = 0, n = 1; at < data.size(); at += kPart, ++n) {
-    absl::StatusOr<std::string> etag = client_->UploadPart(
+    absl::StatusOr<UploadedPart> etag = client_->UploadPart(
         bucket_, K("job/big.ckpt"), *id, static_cast<int>(n),
         absl::MakeConstSpan(data).subspan(at, kPart));
     ASSERT_TRUE(etag.ok()) << etag.status();
@@ -209,9 +209,10 @@ TEST_F(S3ClientTest, WrongCredentialsAreNamedAndNotRetried) {
       absl::IsPermissionDenied((*c)->GetObject(bucket_, K("job/x")).status()));
 }
 
-// Through a proxy that answers with faults: 503s, 500s and resets are tried
-// again until the request goes through; faults that outlast the attempts
-// give the last error, naming the key and the status.
+// Through a proxy that answers with faults: 503s, 500s, resets and bodies
+// damaged on the way (refused by the server's checksum) are tried again until
+// the request goes through; faults that outlast the attempts give the last
+// error, naming the key and the status.
 TEST_F(S3ClientTest, FaultsAreTriedAgainAndTheLastOneNamed) {
   tools::FaultProxy proxy(std::stoi(
       TestServer().endpoint().substr(TestServer().endpoint().rfind(':') + 1)));
@@ -238,6 +239,15 @@ TEST_F(S3ClientTest, FaultsAreTriedAgainAndTheLastOneNamed) {
   ASSERT_TRUE(got.ok()) << got;
   EXPECT_TRUE(back == data);
   EXPECT_EQ(proxy.injected(), 5);
+  // A byte damaged on the way: the server checks the part's CRC32C, refuses
+  // it (BadDigest), and it is sent again.
+  proxy.Arm(Fault::kCorrupt, 1);
+  put = (*c)->PutObject(bucket_, K("faulty"), data);
+  ASSERT_TRUE(put.ok()) << put;
+  EXPECT_EQ(proxy.injected(), 6);
+  ASSERT_TRUE(
+      (*c)->GetRange(bucket_, K("faulty"), 0, absl::MakeSpan(back)).ok());
+  EXPECT_TRUE(back == data);
   proxy.Arm(Fault::kStatus503, 4);
   absl::Status gave_up = (*c)->HeadObject(bucket_, K("faulty")).status();
   EXPECT_TRUE(absl::IsUnavailable(gave_up)) << gave_up;

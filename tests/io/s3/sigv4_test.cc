@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/s3/crc32c.h"
 
 namespace ckpt::io::s3 {
 namespace {
@@ -127,6 +128,17 @@ TEST(SigV4Test, SignS3AddsTheDatePayloadTokenAndAuthorization) {
   EXPECT_THAT(r.headers[3].second,
               HasSubstr("SignedHeaders=host;x-amz-content-sha256;x-amz-date;"
                         "x-amz-security-token,"));
+}
+
+// The checksum parts and objects carry: CRC32C's check value, as S3 writes
+// it (base64 of the big-endian value).
+TEST(SigV4Test, TheCrc32cChecksumIsCastagnolisAsS3WritesIt) {
+  const std::string check = "123456789";
+  const absl::Span<const uint8_t> bytes(
+      reinterpret_cast<const uint8_t*>(check.data()), check.size());
+  EXPECT_EQ(Crc32c(bytes), 0xE3069283u);
+  EXPECT_EQ(Crc32cBase64(bytes), "4waSgw==");
+  EXPECT_EQ(Crc32cBase64({}), "AAAAAA==");
 }
 
 TEST(SigV4Test, UriEncodingKeepsUnreservedAndOptionallySlashes) {
