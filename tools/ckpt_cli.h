@@ -109,7 +109,8 @@ bool IsShardFile(const std::string& arg);
 
 // --- the subcommands ---
 
-int Inspect(const std::string& path, bool json);
+// A shard file (through `fs`, the local file system unless given).
+int Inspect(const std::string& path, bool json, io::FileSystem* fs = nullptr);
 
 // `ckpt inspect JOB STEP`: the step's tensors with how they are sharded.
 int InspectStep(const std::string& data_dir, const std::string& job,

@@ -17,8 +17,9 @@
 
 namespace ckpt::cli {
 
-int Inspect(const std::string& path, bool json) {
-  auto reader = ShardReader::Open(ckpt::io::DefaultFileSystem(), path);
+int Inspect(const std::string& path, bool json, io::FileSystem* fs) {
+  if (fs == nullptr) fs = ckpt::io::DefaultFileSystem();
+  auto reader = ShardReader::Open(fs, path);
   if (!reader.ok()) {
     std::cerr << "ckpt inspect: " << reader.status().message() << "\n";
     return 1;

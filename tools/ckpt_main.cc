@@ -77,7 +77,9 @@ int Main(int argc, char** argv) {
       "inspect",
       "JOB STEP: tensors, dtypes, shapes, how they are sharded, chunks and "
       "codecs; or PATH.shard: one shard file");
-  inspect->add_option("target", inspect_args, "JOB STEP, or PATH.shard")
+  inspect
+      ->add_option("target", inspect_args,
+                   "JOB STEP, PATH.shard, or s3://BUCKET/.../STEP-RANK.ckpt")
       ->required()
       ->expected(1, 2);
   inspect->add_flag("--json", json, "print one JSON object");
@@ -227,6 +229,12 @@ int Main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   // The shared tier read directly: no ckptd, no data directory.
+  if (*inspect && inspect_args.size() == 1 &&
+      absl::StartsWith(inspect_args[0], "s3://")) {
+    auto fs = OpenStore(inspect_args[0], store);
+    if (!fs.ok()) return Fail("inspect", fs.status());
+    return Inspect(inspect_args[0], json, fs->get());
+  }
   if (*ls && IsStoreLocation(ls_job)) {
     auto fs = OpenStore(ls_job, store);
     if (!fs.ok()) return Fail("ls", fs.status());

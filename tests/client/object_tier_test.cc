@@ -182,6 +182,10 @@ TEST_F(ObjectTierTest, AFreshClusterRestoresFromTheBucketAlone) {
   Result steps = RunCli(s3 + "ls " + job + " --json");
   ASSERT_EQ(steps.exit_code, 0) << steps.out;
   EXPECT_THAT(steps.out, ContainsRegex("\"committed\": true"));
+  Result inspected = RunCli(s3 + "inspect " + job + "/" +
+                            snapshot::ShardFileName(2, 0, ".ckpt") + " --json");
+  ASSERT_EQ(inspected.exit_code, 0) << inspected.out;
+  EXPECT_THAT(inspected.out, HasSubstr("\"model/w\""));
   Result good = RunCli(s3 + "verify " + job + " --cluster-key " + key);
   EXPECT_EQ(good.exit_code, 0) << good.out;
   EXPECT_THAT(good.out, HasSubstr("2 copies verified with their seals"));
