@@ -9,7 +9,11 @@
 //   s3_restore_vs_boto3: boto3's download into memory over ckpt's restore
 //     into a rank's memory (ranged GETs at once, every chunk checked);
 //   s3_vs_posix_shared: ckpt's upload time over the POSIX shared tier's copy
-//     of the same file (written, fsynced, renamed) into --dir.
+//     of the same file (written, fsynced, renamed) into --dir;
+//   s3_upload_cpu_vs_boto3: the CPU time boto3's process spends on an upload
+//     over ckpt's (the client's cost per byte: on a small machine the server
+//     shares the cores, and the client's CPU is the server's loss).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -68,11 +72,20 @@ std::string MakeShard(const std::string& dir, uint64_t mib) {
   return path;
 }
 
+// This process's CPU time so far (every thread's), in seconds.
+double CpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
 // The shard's file copied to `to` through `fs` as the shared tier copies it;
-// seconds.
+// seconds. `cpu`, if given, gets the CPU seconds it took.
 double Copy(io::FileSystem* fs, const std::string& shard, const std::string& to,
-            bool rename) {
+            bool rename, double* cpu = nullptr) {
   const auto start = std::chrono::steady_clock::now();
+  const double cpu0 = CpuSeconds();
   absl::StatusOr<snapshot::SelfContained> view =
       snapshot::OpenSelfContained(io::DefaultFileSystem(), shard);
   if (!view.ok()) Fail("opening the step", view.status());
@@ -81,6 +94,7 @@ double Copy(io::FileSystem* fs, const std::string& shard, const std::string& to,
   if (s.ok() && rename) s = fs->Rename(target, to);
   if (s.ok() && rename) s = fs->SyncDir(io::DirName(to));
   if (!s.ok()) Fail("copying the step to " + to, s);
+  if (cpu != nullptr) *cpu = CpuSeconds() - cpu0;
   return Seconds(start);
 }
 
@@ -167,11 +181,12 @@ int RunS3(const std::string& dir, const std::string& uri,
   const std::string object = absl::StrCat("s3://", where->bucket, "/", key);
   const uint64_t bytes = std::filesystem::file_size(shard);
   std::vector<uint8_t> rank(size_mib << 20, 1);  // a rank's tensors, touched
-  std::vector<double> up, down, posix;
+  std::vector<double> up, up_cpu, down, posix;
   for (int run = 0; run < runs; ++run) {
     posix.push_back(Copy(io::DefaultFileSystem(), shard,
                          work + "/posix/" + name, /*rename=*/true));
-    up.push_back(Copy(&fs, shard, object, /*rename=*/false));
+    up.push_back(
+        Copy(&fs, shard, object, /*rename=*/false, &up_cpu.emplace_back()));
     down.push_back(Restore(&fs, object, rank));
   }
   nlohmann::json boto = Boto3(endpoint, credentials, where->bucket,
@@ -197,6 +212,11 @@ int RunS3(const std::string& dir, const std::string& uri,
   j["s3_upload_vs_boto3"] = boto_up / ckpt_up;
   j["s3_restore_vs_boto3"] = boto_down / ckpt_down;
   j["s3_vs_posix_shared"] = ckpt_up / Median(posix);
+  j["upload_cpu_s"] = Median(up_cpu);
+  j["boto3_upload_cpu_s"] =
+      Median(boto["upload_cpu_s"].get<std::vector<double>>());
+  j["s3_upload_cpu_vs_boto3"] =
+      j["boto3_upload_cpu_s"].get<double>() / Median(up_cpu);
   std::filesystem::remove_all(work, ec);
   if (json) {
     std::cout << j.dump() << "\n";
@@ -204,11 +224,14 @@ int RunS3(const std::string& dir, const std::string& uri,
     std::printf(
         "%.0f MiB step, %s:\n  upload %.0f MiB/s (boto3 %.0f): %.2f\n"
         "  restore %.0f MiB/s (boto3 %.0f): %.2f\n"
-        "  upload over the POSIX shared tier's copy (%.0f MiB/s): %.2f\n",
+        "  upload over the POSIX shared tier's copy (%.0f MiB/s): %.2f\n"
+        "  upload CPU %.2f s (boto3 %.2f s): %.2f\n",
         mib, endpoint.c_str(), mib / ckpt_up, mib / boto_up,
         j["s3_upload_vs_boto3"].get<double>(), mib / ckpt_down, mib / boto_down,
         j["s3_restore_vs_boto3"].get<double>(), mib / Median(posix),
-        j["s3_vs_posix_shared"].get<double>());
+        j["s3_vs_posix_shared"].get<double>(), j["upload_cpu_s"].get<double>(),
+        j["boto3_upload_cpu_s"].get<double>(),
+        j["s3_upload_cpu_vs_boto3"].get<double>());
   }
   return 0;
 }
