@@ -85,6 +85,7 @@ int Chaos::Run() {
     Violation("etcd did not start; see " + etcd_->log_path());
     return Print();
   }
+  if (o_.object_store && !StartObjectStore()) return Print();
   for (Node& n : nodes_) {
     if (!StartDaemon(n, "")) return Print();
   }

@@ -20,7 +20,10 @@
 // also: a node lost with its directories and replaced under its id (the job
 // resumes from the peer tier), a daemon stopped past its etcd lease (fenced,
 // then it rejoins), etcd killed and restarted, a daemon killed while it sends
-// or receives a replica. Exit 1 on any violation.
+// or receives a replica. With --object-store the shared tier is a bucket on a
+// local S3 server (SeaweedFS) behind a fault proxy, and the faults include the
+// server SIGKILLed and restarted, and bursts of its errors (500, 503, resets,
+// slow answers, bodies damaged on the way). Exit 1 on any violation.
 //
 // The harness is one class, Chaos, whose parts live in: chaos.cc (the run),
 // chaos_cluster.cc (daemons, ranks, etcd and what they are asked),
@@ -46,6 +49,8 @@
 #include "client/checkpointer.h"
 #include "proto/daemon.pb.h"
 #include "tools/demo_model.h"
+#include "tools/fault_proxy.h"
+#include "tools/local_s3.h"
 #include "tools/process.h"
 
 namespace ckpt::chaos {
@@ -55,6 +60,8 @@ using Clock = std::chrono::steady_clock;
 using ckpt::tools::Spawn;
 
 inline constexpr char kJob[] = "chaos";
+// The bucket of the shared tier with --object-store.
+inline constexpr char kBucket[] = "ckpt-chaos";
 // ckptd's retention in the harness's cluster.
 inline constexpr size_t kKeepMemory = 2;
 inline constexpr size_t kKeepDisk = 2;
@@ -99,6 +106,9 @@ struct Options {
   std::string ckptd, trainer;
   // tools/ckpt-certs: the cluster's etcd runs with TLS and auth.
   std::string certs_tool;
+  // With several nodes: the shared tier in a bucket of a local S3 server
+  // reached through a fault proxy, instead of a directory.
+  bool object_store = false;
 };
 
 struct Report {
@@ -132,9 +142,9 @@ class Chaos {
 
   int Run();
 
-  // The fault kinds a cluster of one or several nodes can take (--kinds
-  // picks among them).
-  static std::vector<std::string> Kinds(bool several_nodes);
+  // The fault kinds a cluster of one or several nodes, its shared tier on an
+  // object store or not, can take (--kinds picks among them).
+  static std::vector<std::string> Kinds(bool several_nodes, bool object_store);
 
  private:
   // The lease of each ckptd on etcd: a daemon stopped longer is fenced.
@@ -153,6 +163,11 @@ class Chaos {
   // --- the cluster --------------------------------------------------------
 
   bool StartDaemon(Node& node, const std::string& env);
+  // ckptd's flags for the shared tier: a directory, or the bucket.
+  std::vector<std::string> SharedTierArgs() const;
+  // --object-store: starts the S3 server and its fault proxy, and makes the
+  // bucket; false (with a violation) if it cannot.
+  bool StartObjectStore();
 
   // Starts the job's ranks, resuming from the latest step committed at
   // `resume` (the orchestrator's choice: peer after a node was lost).
@@ -211,6 +226,10 @@ class Chaos {
   uint64_t PowerLoss(Node& node);
   // A ckptd restarted to die at `kill_point` (name:nth), then restarted.
   bool KillAt(Node& node, const std::string& kill_point);
+  // kill_object_store: the S3 server SIGKILLed (mid-upload, when one is in
+  // flight) and restarted on its data; object_store_errors: the proxy's
+  // faults armed for the next requests.
+  void ObjectStoreFault(const std::string& kind);
 
   // --- invariants ---------------------------------------------------------
 
@@ -245,6 +264,8 @@ class Chaos {
   const Clock::time_point started_ = Clock::now();  // for the log's times
   std::vector<Node> nodes_;
   std::unique_ptr<ckpt::tools::LocalEtcd> etcd_;  // several nodes
+  std::unique_ptr<ckpt::tools::LocalS3> s3_;      // --object-store
+  std::unique_ptr<ckpt::tools::FaultProxy> proxy_;
   std::vector<pid_t> ranks_;
   std::map<proto::Tier, uint64_t> newest_seen_;
   uint64_t checked_steps_ = 0;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "io/host.h"
+#include "io/s3/s3_client.h"
 #include "proto/daemon.grpc.pb.h"
 #include "tools/chaos.h"
 
@@ -43,11 +44,11 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
           o_.peer_redundancy.empty() ? std::string("--peer-replicas")
                                      : std::string("--peer-redundancy"),
           o_.peer_redundancy.empty() ? std::string("1") : o_.peer_redundancy,
-          std::string("--shared-dir"), o_.dir + "/shared",
           std::string("--shared-every"), std::to_string(kSharedEvery),
           std::string("--keep-shared"), std::to_string(kKeepShared)}) {
       args.push_back(a);
     }
+    for (const std::string& a : SharedTierArgs()) args.push_back(a);
   }
   std::error_code ec;
   std::filesystem::create_directories(node.dir, ec);
@@ -67,6 +68,47 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
   }
   Violation(node.id + "'s ckptd did not start listening; see " + node.log());
   return false;
+}
+
+std::vector<std::string> Chaos::SharedTierArgs() const {
+  if (!o_.object_store) return {"--shared-dir", o_.dir + "/shared"};
+  return {"--shared-uri",          absl::StrCat("s3://", kBucket, "/shared"),
+          "--s3-endpoint",         proxy_->endpoint(),
+          "--s3-credentials-file", o_.dir + "/s3-credentials",
+          "--s3-part-mib",         "5"};
+}
+
+bool Chaos::StartObjectStore() {
+  s3_ = std::make_unique<ckpt::tools::LocalS3>(o_.dir + "/s3");
+  if (!s3_->Start()) {
+    Violation("the S3 server did not start; see " + s3_->log_path() +
+              (ckpt::tools::LocalS3::Binary().empty()
+                   ? " (no weed binary: tools/torch-venv.sh installs it)"
+                   : ""));
+    return false;
+  }
+  const std::string endpoint = s3_->endpoint();
+  proxy_ = std::make_unique<ckpt::tools::FaultProxy>(
+      std::stoi(endpoint.substr(endpoint.rfind(':') + 1)));
+  if (!proxy_->Start()) {
+    Violation("the fault proxy found no port to listen on");
+    return false;
+  }
+  std::ofstream(o_.dir + "/s3-credentials")
+      << "[default]\naws_access_key_id = " << s3_->access_key()
+      << "\naws_secret_access_key = " << s3_->secret_key() << "\n";
+  ckpt::io::s3::S3Options options;
+  options.endpoint = endpoint;
+  options.credentials = {s3_->access_key(), s3_->secret_key()};
+  absl::StatusOr<std::unique_ptr<ckpt::io::s3::S3Client>> client =
+      ckpt::io::s3::S3Client::Create(std::move(options));
+  absl::Status made =
+      client.ok() ? (*client)->CreateBucket(kBucket) : client.status();
+  if (!made.ok()) {
+    Violation(absl::StrCat("the bucket: ", made.message()));
+    return false;
+  }
+  return true;
 }
 
 void Chaos::StartRanks(proto::Tier resume) {

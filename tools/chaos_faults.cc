@@ -18,7 +18,7 @@
 
 namespace ckpt::chaos {
 
-std::vector<std::string> Chaos::Kinds(bool several_nodes) {
+std::vector<std::string> Chaos::Kinds(bool several_nodes, bool object_store) {
   std::vector<std::string> kinds = {
       "kill_trainer", "kill_daemon",    "kill_node",
       "stop_daemon",  "disk_enospc",    "disk_eio",
@@ -29,12 +29,16 @@ std::vector<std::string> Chaos::Kinds(bool several_nodes) {
       kinds.push_back(k);
     }
   }
+  if (several_nodes && object_store) {
+    kinds.push_back("kill_object_store");
+    kinds.push_back("object_store_errors");
+  }
   return kinds;
 }
 
 void Chaos::InjectOne() {
   const std::vector<std::string> kinds =
-      o_.kinds.empty() ? Kinds(multi()) : o_.kinds;
+      o_.kinds.empty() ? Kinds(multi(), o_.object_store) : o_.kinds;
   const std::string kind =
       kinds[std::uniform_int_distribution<size_t>(0, kinds.size() - 1)(rng_)];
   Node& node =
@@ -121,6 +125,8 @@ void Chaos::InjectOne() {
             : (sender ? "parity.segment_sent" : "peer.parity_piece_received");
     const int nth = std::uniform_int_distribution<int>(1, 4)(rng_);
     if (!KillAt(node, absl::StrCat(point, ":", nth))) return;
+  } else if (kind == "kill_object_store" || kind == "object_store_errors") {
+    ObjectStoreFault(kind);
   } else if (kind == "kill_during_gc") {
     const int nth = std::uniform_int_distribution<int>(1, 3)(rng_);
     if (!KillAt(node, absl::StrCat("service.gc_after_catalog:", nth))) return;
@@ -194,6 +200,33 @@ bool Chaos::KillAt(Node& node, const std::string& kill_point) {
   Log(absl::StrCat(node.id, ": ", kill_point,
                    died ? " reached" : " not reached within 5 s"));
   return StartDaemon(node, "");
+}
+
+void Chaos::ObjectStoreFault(const std::string& kind) {
+  auto pause = [&](int lo, int hi) {
+    SleepMs(std::uniform_int_distribution<int>(lo, hi)(rng_));
+  };
+  if (kind == "kill_object_store") {
+    s3_->Kill();
+    pause(0, 3000);
+    if (!s3_->Start()) {
+      Violation("the S3 server did not start again; see " + s3_->log_path());
+    }
+    return;
+  }
+  using Fault = ckpt::tools::FaultProxy::Fault;
+  constexpr Fault kFaults[] = {Fault::kStatus500, Fault::kStatus503,
+                               Fault::kReset, Fault::kSlow, Fault::kCorrupt};
+  const int requests = std::uniform_int_distribution<int>(5, 40)(rng_);
+  for (int i = 0; i < requests; ++i) {
+    proxy_->Arm(kFaults[std::uniform_int_distribution<size_t>(
+                    0, std::size(kFaults) - 1)(rng_)],
+                1);
+  }
+  const int before = proxy_->injected();
+  pause(300, 1500);
+  Log(absl::StrCat(requests, " faulty answers armed; ",
+                   proxy_->injected() - before, " given so far"));
 }
 
 uint64_t Chaos::PowerLoss(Node& node) {

@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
                  "only these fault kinds, comma-separated (default: all the "
                  "cluster can take)")
       ->delimiter(',');
+  app.add_flag("--object-store", o.object_store,
+               "with --nodes: the shared tier in a bucket of a local S3 "
+               "server (SeaweedFS) behind a fault proxy; adds the faults "
+               "kill_object_store and object_store_errors");
   app.add_flag("--json", o.json, "print the report as one JSON object");
   app.add_option("--ckptd", o.ckptd, "the daemon binary");
   app.add_option("--trainer", o.trainer, "the rank binary (ckpt-demo-trainer)");
@@ -90,13 +94,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::vector<std::string> known = Chaos::Kinds(o.nodes > 1);
+  if (o.object_store && o.nodes < 2) {
+    std::fprintf(stderr,
+                 "ckpt-chaos: --object-store needs several nodes (--nodes): "
+                 "one node has no shared tier\n");
+    return 2;
+  }
+  const std::vector<std::string> known =
+      Chaos::Kinds(o.nodes > 1, o.object_store);
   for (const std::string& k : o.kinds) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       std::fprintf(stderr,
                    "ckpt-chaos: --kinds: '%s' is no fault kind of a %s "
-                   "cluster; the kinds are %s\n",
+                   "cluster%s; the kinds are %s\n",
                    k.c_str(), o.nodes > 1 ? "several-node" : "one-node",
+                   o.object_store ? " on an object store" : "",
                    absl::StrJoin(known, ", ").c_str());
       return 2;
     }
