@@ -130,6 +130,9 @@ int VerifyJob(const std::string& data_dir, const std::string& job,
 int Ls(const std::string& data_dir, const std::string& socket_path,
        const std::string& job, bool json);
 
+// False, with the error printed, for a format `ckpt export` does not write.
+bool KnownExportFormat(const std::string& format);
+
 int Export(const std::string& data_dir, const std::string& job,
            const std::string& step_text, const std::string& format,
            const std::string& out, bool json);

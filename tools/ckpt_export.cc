@@ -11,16 +11,19 @@
 
 namespace ckpt::cli {
 
+bool KnownExportFormat(const std::string& format) {
+  if (format == "safetensors") return true;
+  std::cerr << "ckpt export: unknown format \"" << format
+            << "\" (supported: safetensors)\n";
+  return false;
+}
+
 int Export(const std::string& data_dir, const std::string& job,
            const std::string& step_text, const std::string& format,
            const std::string& out, bool json) {
   auto step = ParseStep(step_text);
   if (!step.ok()) return UsageError("export", step.status());
-  if (format != "safetensors") {
-    std::cerr << "ckpt export: unknown format \"" << format
-              << "\" (supported: safetensors)\n";
-    return kExitUsage;
-  }
+  if (!KnownExportFormat(format)) return kExitUsage;
   auto view = ckpt::tools::DataDirView::Open(data_dir);
   if (!view.ok()) return Fail("export", view.status());
   Progress progress("export");

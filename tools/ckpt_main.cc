@@ -105,7 +105,11 @@ int Main(int argc, char** argv) {
       "export",
       "JOB STEP OUT: assemble full tensors from the shards of a committed "
       "step and write them in a format the ecosystem reads");
-  export_cmd->add_option("job", export_job, "job id")->required();
+  export_cmd
+      ->add_option("job", export_job,
+                   "job id, or a shared tier's job folder (s3://bucket/"
+                   "prefix/JOB or a directory)")
+      ->required();
   export_cmd->add_option("step", export_step, "committed step")->required();
   export_cmd->add_option("out", export_out, "output file")->required();
   export_cmd->add_option("--format", format, "safetensors")
@@ -129,7 +133,10 @@ int Main(int argc, char** argv) {
       "apply retention to JOB now with ckptd's rules: keep the newest N steps "
       "committed on disk (the latest and the one before are never dropped "
       "early)");
-  gc->add_option("job", gc_job, "job id")->required();
+  gc->add_option("job", gc_job,
+                 "job id, or a shared tier's job folder (s3://bucket/prefix/"
+                 "JOB or a directory): keep its newest --keep committed steps")
+      ->required();
   bool gc_memory = false;
   CLI::Option* keep_option =
       gc->add_option("--keep", keep, "committed steps kept on disk");
@@ -257,6 +264,21 @@ int Main(int argc, char** argv) {
     }
     return VerifyStore(fs->get(), verify_args[0],
                        verify_args.size() > 1 ? verify_args[1] : "", json);
+  }
+  if (*export_cmd && IsStoreLocation(export_job)) {
+    auto fs = OpenStore(export_job, store);
+    if (!fs.ok()) return Fail("export", fs.status());
+    return ExportStore(fs->get(), export_job, export_step, format, export_out,
+                       json);
+  }
+  if (*gc && IsStoreLocation(gc_job)) {
+    if (gc_memory || keep_option->count() == 0) {
+      std::cerr << "ckpt gc: a store's job folder takes --keep N\n";
+      return kExitUsage;
+    }
+    auto fs = OpenStore(gc_job, store);
+    if (!fs.ok()) return Fail("gc", fs.status());
+    return GcStore(fs->get(), gc_job, keep, dry_run, json);
   }
   if (app.count("--data-dir") == 0 && env_dir == nullptr) {
     // ckpt finds ckptd: a running daemon says where its data is.

@@ -18,7 +18,9 @@
 #include "snapshot/format.h"
 #include "snapshot/manifest_seal.h"
 #include "snapshot/shard_reader.h"
+#include "snapshot/shared_layout.h"
 #include "tools/ckpt_cli.h"
+#include "tools/export.h"
 
 namespace ckpt::cli {
 namespace {
@@ -29,17 +31,6 @@ struct StoredStep {
   std::map<uint32_t, std::string> copies;  // rank -> name
 };
 
-bool ParseCopy(absl::string_view name, uint64_t* step, uint32_t* rank) {
-  return absl::ConsumeSuffix(&name, ".ckpt") && name.size() == 31 &&
-         name[20] == '-' && absl::SimpleAtoi(name.substr(0, 20), step) &&
-         absl::SimpleAtoi(name.substr(21), rank);
-}
-
-bool ParseMarker(absl::string_view name, uint64_t* step) {
-  return absl::ConsumeSuffix(&name, ".commit") && name.size() == 20 &&
-         absl::SimpleAtoi(name, step);
-}
-
 // The steps in the job folder `dir` (none if it is not one).
 absl::StatusOr<std::map<uint64_t, StoredStep>> ReadJob(io::FileSystem* fs,
                                                        const std::string& dir) {
@@ -48,9 +39,9 @@ absl::StatusOr<std::map<uint64_t, StoredStep>> ReadJob(io::FileSystem* fs,
   for (const std::string& name : names) {
     uint64_t step = 0;
     uint32_t rank = 0;
-    if (ParseCopy(name, &step, &rank)) {
+    if (snapshot::ParseCopyName(name, &step, &rank)) {
       steps[step].copies[rank] = name;
-    } else if (ParseMarker(name, &step)) {
+    } else if (snapshot::ParseMarkerName(name, &step)) {
       ASSIGN_OR_RETURN(std::string bytes,
                        io::ReadFileToString(fs, io::JoinPath(dir, name)));
       proto::CommitRecord c;
@@ -208,6 +199,117 @@ int VerifyStore(io::FileSystem* fs, const std::string& location,
                 sealed ? " with their seals" : "");
   }
   return bad == 0 ? 0 : 1;
+}
+
+int ExportStore(io::FileSystem* fs, const std::string& location,
+                const std::string& step_text, const std::string& format,
+                const std::string& out, bool json) {
+  auto step = ParseStep(step_text);
+  if (!step.ok()) return UsageError("export", step.status());
+  if (!KnownExportFormat(format)) return kExitUsage;
+  auto job = ReadJob(fs, location);
+  if (!job.ok()) return Fail("export", job.status());
+  auto it = job->find(*step);
+  if (it == job->end() || !it->second.commit.has_value()) {
+    return Fail("export",
+                absl::NotFoundError(absl::StrCat(
+                    "step ", *step, " is not committed in ", location,
+                    it == job->end() ? " (no copy of it there)"
+                                     : " (copies but no commit marker)",
+                    "; see ckpt ls ", location)));
+  }
+  const std::string name(
+      io::BaseName(std::string(absl::StripSuffix(location, "/"))));
+  Progress progress("export");
+  auto stats = tools::ExportSafetensorsFromStore(
+      fs, location, name, *step, it->second.commit->world_size(), out,
+      [&](int done, int total) { progress.Update(done, total); });
+  if (!stats.ok()) return Fail("export", stats.status());
+  if (json) {
+    std::cout << nlohmann::json{{"location", location},
+                                {"step", *step},
+                                {"path", out},
+                                {"tensors", stats->tensors},
+                                {"bytes", stats->bytes}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("exported step %llu of %s: %d tensors, %s -> %s\n",
+                static_cast<unsigned long long>(*step), location.c_str(),
+                stats->tensors, HumanBytes(stats->bytes).c_str(), out.c_str());
+  }
+  return 0;
+}
+
+int GcStore(io::FileSystem* fs, const std::string& location, int keep,
+            bool dry_run, bool json) {
+  if (keep < 1) {
+    return UsageError("gc", absl::InvalidArgumentError(
+                                "--keep must be at least 1 on a store: "
+                                "the newest committed step always stays"));
+  }
+  auto names = fs->ListDir(location);
+  if (!names.ok()) return Fail("gc", names.status());
+  std::vector<uint64_t> committed;
+  for (const std::string& name : *names) {
+    uint64_t step = 0;
+    if (snapshot::ParseMarkerName(name, &step)) committed.push_back(step);
+  }
+  if (committed.empty()) {
+    return Fail("gc", absl::NotFoundError(absl::StrCat(
+                          "no committed step in ", location,
+                          " (no commit marker): nothing is dropped")));
+  }
+  const snapshot::SharedRetention plan =
+      snapshot::PlanSharedRetention(*names, committed, keep);
+  int failed = 0;
+  if (!dry_run) {
+    // Markers first: a step is gone before any of its copies is.
+    for (const std::vector<std::string>* batch :
+         {&plan.markers, &plan.copies}) {
+      for (const std::string& name : *batch) {
+        absl::Status s = fs->Unlink(io::JoinPath(location, name));
+        if (!s.ok() && !absl::IsNotFound(s)) {
+          std::cerr << "ckpt gc: " << s << "\n";
+          ++failed;
+        }
+      }
+      if (failed > 0) break;  // no copy goes while its marker stays
+    }
+  }
+  const std::vector<uint64_t> dropped(plan.dropped_steps.begin(),
+                                      plan.dropped_steps.end());
+  const std::vector<uint64_t> pinned(plan.pinned_steps.begin(),
+                                     plan.pinned_steps.end());
+  if (json) {
+    std::cout << nlohmann::json{{"location", location},
+                                {"dry_run", dry_run},
+                                {"oldest_kept", plan.oldest_kept},
+                                {"dropped_steps", dropped},
+                                {"kept_as_bases", pinned},
+                                {"objects_removed",
+                                 dry_run ? 0
+                                         : plan.markers.size() +
+                                               plan.copies.size()},
+                                {"errors", failed}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("%s%s: %s; keeps steps from %llu%s\n",
+                dry_run ? "would drop, " : "", location.c_str(),
+                dropped.empty()
+                    ? "nothing to drop"
+                    : absl::StrCat("steps ", absl::StrJoin(dropped, ", "),
+                                   dry_run ? "" : " dropped")
+                          .c_str(),
+                static_cast<unsigned long long>(plan.oldest_kept),
+                pinned.empty()
+                    ? ""
+                    : absl::StrCat(" and steps ", absl::StrJoin(pinned, ", "),
+                                   " as bases of kept increments")
+                          .c_str());
+  }
+  return failed == 0 ? 0 : kExitProblems;
 }
 
 }  // namespace ckpt::cli

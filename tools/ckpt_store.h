@@ -1,6 +1,8 @@
 // ckpt on the shared tier read directly, with no ckptd (a new cluster, an
-// operator's laptop): `ckpt ls s3://bucket/prefix[/JOB]` and
-// `ckpt verify s3://bucket/prefix/JOB [STEP]` (or a shared directory's path
+// operator's laptop): `ckpt ls s3://bucket/prefix[/JOB]`,
+// `ckpt verify s3://bucket/prefix/JOB [STEP]`,
+// `ckpt export s3://bucket/prefix/JOB STEP OUT` and
+// `ckpt gc s3://bucket/prefix/JOB --keep N` (or a shared directory's path
 // in place of the URI), from the copies and the commit markers the tier
 // holds. An object store is reached with the --s3-* options and
 // credentials as ckptd finds them.
@@ -38,6 +40,19 @@ int LsStore(io::FileSystem* fs, const std::string& location, bool json);
 // only), each chunk read and checked (and each seal, with a cluster key).
 int VerifyStore(io::FileSystem* fs, const std::string& location,
                 const std::string& step_text, bool json);
+
+// The committed `step` of the job at `location` as one safetensors file
+// `out` (full tensors, assembled from every rank's copy, each chunk checked).
+int ExportStore(io::FileSystem* fs, const std::string& location,
+                const std::string& step_text, const std::string& format,
+                const std::string& out, bool json);
+
+// Retention at `location` (a job's folder): the newest `keep` committed
+// steps stay with the copies they read chunks from; older steps go, their
+// markers before their copies (snapshot/shared_layout.h). A ckptd copying
+// to the same folder keeps its own --keep-shared: the smaller wins.
+int GcStore(io::FileSystem* fs, const std::string& location, int keep,
+            bool dry_run, bool json);
 
 }  // namespace ckpt::cli
 

@@ -10,6 +10,7 @@
 #include "io/status_macros.h"
 #include "snapshot/box.h"
 #include "snapshot/dtype.h"
+#include "snapshot/format.h"
 #include "snapshot/shard_reader.h"
 #include "tools/safetensors.h"
 
@@ -19,17 +20,22 @@ namespace {
 // Where one rank's items are read from.
 class RankSource {
  public:
+  // A shard file read through `fs` (a store's copy).
+  static absl::StatusOr<std::unique_ptr<RankSource>> OpenFile(
+      io::FileSystem* fs, const std::string& path) {
+    auto source = std::unique_ptr<RankSource>(new RankSource);
+    ASSIGN_OR_RETURN(source->reader_, snapshot::ShardReader::Open(fs, path));
+    for (const proto::Item& item : source->reader_->manifest().items())
+      source->items_.push_back(item);
+    return source;
+  }
+
   static absl::StatusOr<std::unique_ptr<RankSource>> Open(
       const proto::ShardRecord& shard) {
     auto source = std::unique_ptr<RankSource>(new RankSource);
     if (shard.state() == proto::SHARD_PERSISTED &&
         !shard.shard_path().empty()) {
-      ASSIGN_OR_RETURN(source->reader_,
-                       snapshot::ShardReader::Open(io::DefaultFileSystem(),
-                                                   shard.shard_path()));
-      for (const proto::Item& item : source->reader_->manifest().items())
-        source->items_.push_back(item);
-      return source;
+      return OpenFile(io::DefaultFileSystem(), shard.shard_path());
     }
     if (shard.slot_path().empty() || shard.state() == proto::SHARD_STAGING) {
       return absl::NotFoundError(
@@ -82,37 +88,12 @@ snapshot::Box BoxOf(const proto::Item& item) {
           {item.box_length().begin(), item.box_length().end()}};
 }
 
-}  // namespace
-
-absl::StatusOr<ExportStats> ExportSafetensors(
-    DataDirView& view, const std::string& job, uint64_t step,
+// The global tensors of `world` ranks' sources, written to `out`.
+absl::StatusOr<ExportStats> Assemble(
+    const std::string& what, const std::string& job, uint64_t step,
+    uint32_t world, const std::vector<std::unique_ptr<RankSource>>& sources,
     const std::string& out,
     const std::function<void(int done, int total)>& progress) {
-  const std::string what = absl::StrCat("exporting job ", job, " step ", step);
-  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
-                   view.StepShards(job, step));
-  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits, view.Commits(job));
-  bool committed = false;
-  for (const proto::CommitRecord& c : commits) committed |= c.step() == step;
-  if (!committed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what,
-        ": the step is not committed at any tier; only committed steps "
-        "are exported (ckpt ls ",
-        job, ")"));
-  }
-  const uint32_t world = shards.front().world_size();
-  std::vector<std::unique_ptr<RankSource>> sources(world);
-  for (const proto::ShardRecord& shard : shards) {
-    if (shard.rank() >= world) continue;
-    absl::StatusOr<std::unique_ptr<RankSource>> source =
-        RankSource::Open(shard);
-    if (!source.ok()) {
-      return absl::Status(source.status().code(),
-                          absl::StrCat(what, ": ", source.status().message()));
-    }
-    sources[shard.rank()] = *std::move(source);
-  }
   std::vector<uint32_t> missing;
   for (uint32_t r = 0; r < world; ++r) {
     if (sources[r] == nullptr) missing.push_back(r);
@@ -198,6 +179,61 @@ absl::StatusOr<ExportStats> ExportSafetensors(
   }
   RETURN_IF_ERROR(writer->Commit());
   return stats;
+}
+
+}  // namespace
+
+absl::StatusOr<ExportStats> ExportSafetensors(
+    DataDirView& view, const std::string& job, uint64_t step,
+    const std::string& out,
+    const std::function<void(int done, int total)>& progress) {
+  const std::string what = absl::StrCat("exporting job ", job, " step ", step);
+  ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
+                   view.StepShards(job, step));
+  ASSIGN_OR_RETURN(std::vector<proto::CommitRecord> commits, view.Commits(job));
+  bool committed = false;
+  for (const proto::CommitRecord& c : commits) committed |= c.step() == step;
+  if (!committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": the step is not committed at any tier; only committed steps "
+        "are exported (ckpt ls ",
+        job, ")"));
+  }
+  const uint32_t world = shards.front().world_size();
+  std::vector<std::unique_ptr<RankSource>> sources(world);
+  for (const proto::ShardRecord& shard : shards) {
+    if (shard.rank() >= world) continue;
+    absl::StatusOr<std::unique_ptr<RankSource>> source =
+        RankSource::Open(shard);
+    if (!source.ok()) {
+      return absl::Status(source.status().code(),
+                          absl::StrCat(what, ": ", source.status().message()));
+    }
+    sources[shard.rank()] = *std::move(source);
+  }
+  return Assemble(what, job, step, world, sources, out, progress);
+}
+
+absl::StatusOr<ExportStats> ExportSafetensorsFromStore(
+    io::FileSystem* fs, const std::string& job_dir, const std::string& job,
+    uint64_t step, uint32_t world, const std::string& out,
+    const std::function<void(int done, int total)>& progress) {
+  const std::string what =
+      absl::StrCat("exporting step ", step, " of ", job_dir);
+  std::vector<std::unique_ptr<RankSource>> sources(world);
+  for (uint32_t r = 0; r < world; ++r) {
+    const std::string path =
+        io::JoinPath(job_dir, snapshot::ShardFileName(step, r, ".ckpt"));
+    absl::StatusOr<std::unique_ptr<RankSource>> source =
+        RankSource::OpenFile(fs, path);
+    if (!source.ok()) {
+      return absl::Status(source.status().code(),
+                          absl::StrCat(what, ": ", source.status().message()));
+    }
+    sources[r] = *std::move(source);
+  }
+  return Assemble(what, job, step, world, sources, out, progress);
 }
 
 }  // namespace ckpt::tools

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "io/file_system.h"
 #include "tools/data_dir_view.h"
 
 namespace ckpt::tools {
@@ -26,6 +27,14 @@ struct ExportStats {
 absl::StatusOr<ExportStats> ExportSafetensors(
     DataDirView& view, const std::string& job, uint64_t step,
     const std::string& out,
+    const std::function<void(int done, int total)>& progress = nullptr);
+
+// The same from the copies `world` ranks saved of `step` in a shared tier's
+// job folder `job_dir` (a directory, or an object store's prefix through its
+// file system); the caller checked the step is committed there.
+absl::StatusOr<ExportStats> ExportSafetensorsFromStore(
+    io::FileSystem* fs, const std::string& job_dir, const std::string& job,
+    uint64_t step, uint32_t world, const std::string& out,
     const std::function<void(int done, int total)>& progress = nullptr);
 
 }  // namespace ckpt::tools

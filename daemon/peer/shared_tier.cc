@@ -23,38 +23,15 @@
 #include "snapshot/names.h"
 #include "snapshot/self_contained.h"
 #include "snapshot/shard_reader.h"
+#include "snapshot/shared_layout.h"
 
 namespace ckpt::daemon {
 namespace {
 
 constexpr int kAttempts = 5;
 
-constexpr absl::string_view kPinInfix = ".ckpt.base-of-";
-
-// The step and rank of "<step:020>-<rank:010>.ckpt".
-bool StepOf(absl::string_view name, uint64_t* step, uint32_t* rank) {
-  if (!absl::ConsumeSuffix(&name, ".ckpt")) return false;
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
-  return parts.size() == 2 && parts[0].size() == 20 && parts[1].size() == 10 &&
-         absl::SimpleAtoi(parts[0], step) && absl::SimpleAtoi(parts[1], rank);
-}
-
-// A commit marker, "<step:020>.commit".
-bool MarkerOf(absl::string_view name, uint64_t* step) {
-  return absl::ConsumeSuffix(&name, ".commit") && name.size() == 20 &&
-         absl::SimpleAtoi(name, step);
-}
-
-// A pin, "<base:020>-<rank:010>.ckpt.base-of-<step:020>": step's copy stores
-// chunks in base's.
-bool PinOf(absl::string_view name, uint64_t* base, uint32_t* rank,
-           uint64_t* step) {
-  const size_t at = name.find(kPinInfix);
-  if (at == absl::string_view::npos) return false;
-  const absl::string_view of = name.substr(at + kPinInfix.size());
-  return of.size() == 20 && absl::SimpleAtoi(of, step) &&
-         StepOf(name.substr(0, at + 5), base, rank);
-}
+using snapshot::ParseMarkerName;
+using snapshot::ParsePinName;
 
 }  // namespace
 
@@ -233,12 +210,12 @@ absl::Status SharedTier::Copy(const proto::ShardRecord& shard) {
   if (!bases.empty()) {
     // The pins first, durable: a copy never stands without them.
     for (uint64_t base : bases) {
-      ASSIGN_OR_RETURN(std::unique_ptr<io::WritableFile> pin,
-                       fs_->NewWritableFile(
-                           absl::StrCat(PathOf(shard.job(), base, shard.rank()),
-                                        kPinInfix.substr(5),  // after ".ckpt"
-                                        absl::StrFormat("%020d", shard.step())),
-                           {}));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<io::WritableFile> pin,
+          fs_->NewWritableFile(
+              io::JoinPath(io::DirName(path),
+                           snapshot::PinName(base, shard.rank(), shard.step())),
+              {}));
       RETURN_IF_ERROR(pin->Close());
     }
     RETURN_IF_ERROR(fs_->SyncDir(io::DirName(path)));
@@ -308,7 +285,7 @@ absl::Status SharedTier::DetachDependents(const std::string& job, uint64_t step,
   for (const std::string& name : names) {
     uint64_t base = 0, of = 0;
     uint32_t r = 0;
-    if (PinOf(name, &base, &r, &of) && r == rank && of > step) {
+    if (ParsePinName(name, &base, &r, &of) && r == rank && of > step) {
       pins[of].push_back(name);
       bases[of].push_back(base);
     }
@@ -392,7 +369,7 @@ absl::StatusOr<std::vector<proto::CommitRecord>> SharedTier::Markers(
   std::vector<proto::CommitRecord> out;
   for (const std::string& name : names) {
     uint64_t at = 0;
-    if (!MarkerOf(name, &at)) continue;
+    if (!ParseMarkerName(name, &at)) continue;
     absl::StatusOr<std::string> bytes =
         io::ReadFileToString(fs_, io::JoinPath(job_dir, name));
     if (absl::IsNotFound(bytes.status())) continue;
@@ -439,17 +416,15 @@ void SharedTier::CollectGarbage(
     if (c.tier() == proto::TIER_SHARED) steps.push_back(c.step());
   }
   if (steps.empty()) return;
-  std::sort(steps.rbegin(), steps.rend());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  const uint64_t oldest_kept =
-      steps[std::min(steps.size(), static_cast<size_t>(options_.keep)) - 1];
   const std::string job_dir = io::JoinPath(options_.dir, job);
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(job_dir);
   if (!names.ok()) return;
+  const snapshot::SharedRetention plan =
+      snapshot::PlanSharedRetention(*names, steps, options_.keep);
   // The kept steps' markers are there before anything older goes.
   const std::set<std::string> listed(names->begin(), names->end());
   for (const proto::CommitRecord& c : commits) {
-    if (c.tier() != proto::TIER_SHARED || c.step() < oldest_kept ||
+    if (c.tier() != proto::TIER_SHARED || c.step() < plan.oldest_kept ||
         listed.count(snapshot::CommitMarkerName(c.step())) > 0) {
       continue;
     }
@@ -461,53 +436,20 @@ void SharedTier::CollectGarbage(
       return;
     }
   }
-  // Markers of the steps dropped go before their copies.
-  for (const std::string& name : *names) {
-    uint64_t step = 0;
-    if (MarkerOf(name, &step) && step < oldest_kept) {
-      (void)fs_->Unlink(io::JoinPath(job_dir, name));
-    }
+  // Markers of the steps dropped go before their copies. Partial files of a
+  // copy cut short are left to the next copy of that shard (it truncates
+  // them): another node may be writing one now.
+  for (const std::string& name : plan.markers) {
+    (void)fs_->Unlink(io::JoinPath(job_dir, name));
   }
-  // Kept: the newest committed steps and newer ones, and (newest first,
-  // through chains) every copy a kept one pins.
-  using Copy = std::pair<uint64_t, uint32_t>;  // step, rank
-  // A pin of a kept step counts before its copy is there: another node may
-  // be writing that copy now.
-  std::set<Copy> named, kept;
-  std::map<Copy, std::vector<Copy>> pins;  // the pinning copy -> its bases
-  for (const std::string& name : *names) {
-    uint64_t step = 0, base = 0;
-    uint32_t rank = 0;
-    const bool pin = PinOf(name, &base, &rank, &step);
-    if (pin) pins[{step, rank}].push_back({base, rank});
-    if (pin || StepOf(name, &step, &rank)) {
-      named.insert({step, rank});
-      if (step >= oldest_kept) kept.insert({step, rank});
-    }
+  for (const std::string& name : plan.copies) {
+    (void)fs_->Unlink(io::JoinPath(job_dir, name));
   }
-  for (auto it = named.rbegin(); it != named.rend(); ++it) {
-    if (kept.count(*it) == 0) continue;
-    for (const Copy& base : pins[*it]) kept.insert(base);
-  }
-  std::set<uint64_t> dropped;
-  for (const std::string& name : *names) {
-    uint64_t step = 0, base = 0;
-    uint32_t rank = 0;
-    // Partial files of a copy cut short are left to the next copy of that
-    // shard (it truncates them): another node may be writing one now. A
-    // pin goes with the copy that made it, once that is not kept.
-    const bool pin = PinOf(name, &base, &rank, &step);
-    if ((pin || StepOf(name, &step, &rank)) && step < oldest_kept &&
-        kept.count({step, rank}) == 0) {
-      (void)fs_->Unlink(io::JoinPath(job_dir, name));
-      if (!pin) dropped.insert(step);
-    }
-  }
-  if (!dropped.empty()) {
+  if (!plan.dropped_steps.empty()) {
     CKPT_LOG_INFO(
         "shared tier, job {}: copies of steps {} dropped; it keeps "
         "steps from {}",
-        job, StepList(dropped), oldest_kept);
+        job, StepList(plan.dropped_steps), plan.oldest_kept);
   }
 }
 

@@ -7,6 +7,7 @@
 // open and the copies complete.
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "tests/io/s3/test_server.h"
 #include "tests/test_util.h"
 #include "tests/tools/run_cli.h"
+#include "tests/tools/safetensors_file.h"
 
 namespace ckpt::client {
 namespace {
@@ -189,6 +191,38 @@ TEST_F(ObjectTierTest, AFreshClusterRestoresFromTheBucketAlone) {
   Result good = RunCli(s3 + "verify " + job + " --cluster-key " + key);
   EXPECT_EQ(good.exit_code, 0) << good.out;
   EXPECT_THAT(good.out, HasSubstr("2 copies verified with their seals"));
+  // Exported from the bucket as full tensors.
+  const std::string out = dir_.File("cold-2.safetensors");
+  Result exported = RunCli(s3 + "export " + job + " 2 " + out);
+  ASSERT_EQ(exported.exit_code, 0) << exported.out;
+  testing::SafetensorsFile f = testing::SafetensorsFile::Read(out);
+  EXPECT_EQ(f.header["model/w"]["shape"], nlohmann::json::array({kGlobal}));
+  const std::string w = f.Bytes("model/w");
+  ASSERT_EQ(w.size(), kGlobal * sizeof(float));
+  bool exact = true;
+  for (int64_t i = 0; i < kGlobal && exact; ++i) {
+    float v;
+    std::memcpy(&v, w.data() + i * sizeof(float), sizeof v);
+    exact = v == Value(2, i);
+  }
+  EXPECT_TRUE(exact) << "the exported tensor differs from step 2's";
+  Result uncommitted = RunCli(s3 + "export " + job + " 3 " + out);
+  EXPECT_EQ(uncommitted.exit_code, 3) << uncommitted.out;  // not found
+  EXPECT_THAT(uncommitted.out, HasSubstr("step 3 is not committed in"));
+  // Retention on the bucket: step 1 goes, marker first; step 2 stays whole.
+  Result would = RunCli(s3 + "gc " + job + " --keep 1 --dry-run");
+  EXPECT_EQ(would.exit_code, 0) << would.out;
+  EXPECT_THAT(would.out, HasSubstr("would drop"));
+  EXPECT_TRUE(Contains(Keys(), "cold/" + snapshot::CommitMarkerName(1)));
+  Result collected = RunCli(s3 + "gc " + job + " --keep 1");
+  EXPECT_EQ(collected.exit_code, 0) << collected.out;
+  EXPECT_THAT(collected.out, HasSubstr("steps 1 dropped"));
+  EXPECT_FALSE(Contains(Keys(), "cold/" + snapshot::CommitMarkerName(1)));
+  EXPECT_FALSE(
+      Contains(Keys(), "cold/" + snapshot::ShardFileName(1, 0, ".ckpt")));
+  Result after = RunCli(s3 + "verify " + job);
+  EXPECT_EQ(after.exit_code, 0) << after.out;
+  EXPECT_THAT(after.out, HasSubstr("1 copies verified"));
   // A flipped byte in step 2's copy is found and named.
   const std::string key2 =
       prefix_ + "/cold/" + snapshot::ShardFileName(2, 0, ".ckpt");
