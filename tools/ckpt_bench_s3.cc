@@ -8,6 +8,8 @@
 //     copy: the step's shard file sent as a multipart upload);
 //   s3_restore_vs_boto3: boto3's download into memory over ckpt's restore
 //     into a rank's memory (ranged GETs at once, every chunk checked);
+//   s3_landed_restore_vs_boto3: the same with ckptd's path, the copy landed
+//     in the data directory first, then read into the rank;
 //   s3_vs_posix_shared: ckpt's upload time over the POSIX shared tier's copy
 //     of the same file (written, fsynced, renamed) into --dir;
 //   s3_upload_cpu_vs_boto3: the CPU time boto3's process spends on an upload
@@ -83,11 +85,12 @@ double CpuSeconds() {
 // The shard's file copied to `to` through `fs` as the shared tier copies it;
 // seconds. `cpu`, if given, gets the CPU seconds it took.
 double Copy(io::FileSystem* fs, const std::string& shard, const std::string& to,
-            bool rename, double* cpu = nullptr) {
+            bool rename, double* cpu = nullptr,
+            io::FileSystem* from = io::DefaultFileSystem()) {
   const auto start = std::chrono::steady_clock::now();
   const double cpu0 = CpuSeconds();
   absl::StatusOr<snapshot::SelfContained> view =
-      snapshot::OpenSelfContained(io::DefaultFileSystem(), shard);
+      snapshot::OpenSelfContained(from, shard);
   if (!view.ok()) Fail("opening the step", view.status());
   const std::string target = rename ? to + ".partial" : to;
   absl::Status s = snapshot::WriteSelfContained(fs, *view, target);
@@ -181,13 +184,22 @@ int RunS3(const std::string& dir, const std::string& uri,
   const std::string object = absl::StrCat("s3://", where->bucket, "/", key);
   const uint64_t bytes = std::filesystem::file_size(shard);
   std::vector<uint8_t> rank(size_mib << 20, 1);  // a rank's tensors, touched
-  std::vector<double> up, up_cpu, down, posix;
+  std::vector<double> up, up_cpu, down, land, landed, posix;
+  const std::string landing = work + "/landed/" + name;
+  std::filesystem::create_directories(work + "/landed", ec);
   for (int run = 0; run < runs; ++run) {
     posix.push_back(Copy(io::DefaultFileSystem(), shard,
                          work + "/posix/" + name, /*rename=*/true));
     up.push_back(
         Copy(&fs, shard, object, /*rename=*/false, &up_cpu.emplace_back()));
     down.push_back(Restore(&fs, object, rank));
+    // As ckptd restores from the tier: the copy landed in its data directory
+    // (daemon/peer/landed_copies.h), then read by the rank.
+    land.push_back(Copy(io::DefaultFileSystem(), object, landing,
+                        /*rename=*/true, nullptr, &fs));
+    landed.push_back(land.back() +
+                     Restore(io::DefaultFileSystem(), landing, rank));
+    std::filesystem::remove(landing, ec);
   }
   nlohmann::json boto = Boto3(endpoint, credentials, where->bucket,
                               key + ".boto3", shard, runs, work);
@@ -211,6 +223,9 @@ int RunS3(const std::string& dir, const std::string& uri,
   j["posix_shared_mib_s"] = mib / Median(posix);
   j["s3_upload_vs_boto3"] = boto_up / ckpt_up;
   j["s3_restore_vs_boto3"] = boto_down / ckpt_down;
+  j["landed_restore_mib_s"] = mib / Median(landed);
+  j["landing_mib_s"] = mib / Median(land);
+  j["s3_landed_restore_vs_boto3"] = boto_down / Median(landed);
   j["s3_vs_posix_shared"] = ckpt_up / Median(posix);
   j["upload_cpu_s"] = Median(up_cpu);
   j["boto3_upload_cpu_s"] =

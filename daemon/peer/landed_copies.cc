@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "daemon/common/describe.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -41,17 +42,28 @@ absl::StatusOr<std::string> LandedCopies::Land(io::FileSystem* store,
   const std::string job_dir = io::JoinPath(dir_, job);
   const std::string landed =
       io::JoinPath(job_dir, LandedName(step, rank, manifest));
-  absl::MutexLock lock(&mu_);
-  if (local_->Exists(landed).value_or(false)) return landed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto free = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return landing_.count(landed) == 0;
+    };
+    mu_.Await(absl::Condition(&free));
+    if (local_->Exists(landed).value_or(false)) return landed;
+    landing_.insert(landed);
+  }
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(local_->CreateDirs(job_dir));
   const std::string partial = landed + ".partial";
   absl::Status written = [&]() -> absl::Status {
+    RETURN_IF_ERROR(local_->CreateDirs(job_dir));
     ASSIGN_OR_RETURN(snapshot::SelfContained view,
                      snapshot::OpenSelfContained(store, path));
     RETURN_IF_ERROR(snapshot::WriteSelfContained(local_, view, partial));
     return local_->Rename(partial, landed);
   }();
+  {
+    absl::MutexLock lock(&mu_);
+    landing_.erase(landed);
+  }
   if (!written.ok()) {
     (void)local_->Unlink(partial);
     return absl::Status(written.code(),
@@ -73,6 +85,9 @@ void LandedCopies::Forget(const std::string& job, uint64_t oldest_kept) {
   if (!names.ok()) return;
   for (const std::string& name : *names) {
     uint64_t step = 0;
+    const std::string landed =
+        io::JoinPath(job_dir, std::string(absl::StripSuffix(name, ".partial")));
+    if (landing_.count(landed) > 0) continue;
     if (!StepOfLanded(name, &step) || step < oldest_kept) {
       (void)local_->Unlink(io::JoinPath(job_dir, name));
     }

@@ -7,11 +7,13 @@
 // anew, never read from the copy of the save before. Every chunk is checked
 // by the reader that reads it (the trainer's restore).
 //
-// Thread-safety: thread-safe; landings run one at a time.
+// Thread-safety: thread-safe; landings of different copies run at once, a
+// copy being landed is waited for by the others who want it.
 #ifndef CKPT_DAEMON_PEER_LANDED_COPIES_H_
 #define CKPT_DAEMON_PEER_LANDED_COPIES_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,6 +40,7 @@ class LandedCopies {
   io::FileSystem* const local_;
   const std::string dir_;
   absl::Mutex mu_;
+  std::set<std::string> landing_ ABSL_GUARDED_BY(mu_);  // their final paths
 };
 
 }  // namespace ckpt::daemon
