@@ -9,7 +9,7 @@
 //   s3_restore_vs_boto3: boto3's download into memory over ckpt's restore
 //     into a rank's memory (ranged GETs at once, every chunk checked);
 //   s3_landed_restore_vs_boto3: the same with ckptd's path, the copy landed
-//     in the data directory first, then read into the rank;
+//     in the memory tier's tmpfs first (/dev/shm), then read into the rank;
 //   s3_vs_posix_shared: ckpt's upload time over the POSIX shared tier's copy
 //     of the same file (written, fsynced, renamed) into --dir;
 //   s3_upload_cpu_vs_boto3: the CPU time boto3's process spends on an upload
@@ -185,8 +185,11 @@ int RunS3(const std::string& dir, const std::string& uri,
   const uint64_t bytes = std::filesystem::file_size(shard);
   std::vector<uint8_t> rank(size_mib << 20, 1);  // a rank's tensors, touched
   std::vector<double> up, up_cpu, down, land, landed, posix;
-  const std::string landing = work + "/landed/" + name;
-  std::filesystem::create_directories(work + "/landed", ec);
+  // Where ckptd lands it: the memory tier's tmpfs.
+  const std::string landing_dir =
+      absl::StrCat("/dev/shm/ckpt-bench-landed-", ::getpid());
+  const std::string landing = landing_dir + "/" + name;
+  std::filesystem::create_directories(landing_dir, ec);
   for (int run = 0; run < runs; ++run) {
     posix.push_back(Copy(io::DefaultFileSystem(), shard,
                          work + "/posix/" + name, /*rename=*/true));
@@ -233,6 +236,7 @@ int RunS3(const std::string& dir, const std::string& uri,
   j["s3_upload_cpu_vs_boto3"] =
       j["boto3_upload_cpu_s"].get<double>() / Median(up_cpu);
   std::filesystem::remove_all(work, ec);
+  std::filesystem::remove_all(landing_dir, ec);
   if (json) {
     std::cout << j.dump() << "\n";
   } else {

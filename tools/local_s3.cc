@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "tools/process.h"
 
@@ -63,12 +64,24 @@ std::string LocalS3::Binary() {
 
 LocalS3::LocalS3(std::string dir)
     : dir_(std::move(dir)),
-      master_port_(FreePortPair()),
-      volume_port_(FreePortPair()),
-      filer_port_(FreePortPair()),
-      s3_port_(FreePortPair()),
       access_key_("ckpt" + RandomHex(8)),
-      secret_key_(RandomHex(20)) {}
+      secret_key_(RandomHex(20)) {
+  PickPorts();
+}
+
+void LocalS3::PickPorts() {
+  std::set<int> taken;
+  for (int* port : {&master_port_, &volume_port_, &filer_port_, &s3_port_}) {
+    int p = FreePortPair();
+    for (int i = 0;
+         i < 100 && (taken.count(p) > 0 || taken.count(p + 10000) > 0); ++i) {
+      p = FreePortPair();
+    }
+    *port = p;
+    taken.insert(p);
+    taken.insert(p + 10000);
+  }
+}
 
 LocalS3::~LocalS3() { Kill(); }
 
@@ -78,6 +91,23 @@ std::string LocalS3::endpoint() const {
 
 bool LocalS3::Start() {
   if (pid_ > 0) return true;
+  for (int attempt = 1;; ++attempt) {
+    if (StartOnce()) {
+      came_up_ = true;
+      return true;
+    }
+    if (came_up_ || attempt == 3 || Binary().empty()) return false;
+    std::fprintf(stderr,
+                 "local_s3: weed did not start (see %s); trying other ports\n",
+                 log_path().c_str());
+    std::error_code ec;
+    std::filesystem::rename(log_path(),
+                            log_path() + "." + std::to_string(attempt), ec);
+    PickPorts();
+  }
+}
+
+bool LocalS3::StartOnce() {
   const std::string binary = Binary();
   if (binary.empty()) return false;
   std::error_code ec;

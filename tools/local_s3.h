@@ -27,8 +27,11 @@ class LocalS3 {
 
   // Starts the server (log: <dir>/weed.log) and waits until its S3, filer,
   // volume and master ports accept connections; false if the binary is
-  // missing, exits, or does not listen within 60 s. (A first request may
-  // still be answered 500 while the store comes up: clients retry it.)
+  // missing, exits, or does not listen within 60 s. Until it first came up,
+  // a server that exits at start (a port taken meanwhile by another
+  // process) is tried again on other ports, three times in all. (A first
+  // request may still be answered 500 while the store comes up: clients retry
+  // it.)
   bool Start();
   void Kill();
   bool running() const { return pid_ > 0; }
@@ -39,9 +42,14 @@ class LocalS3 {
   std::string log_path() const { return dir_ + "/weed.log"; }
 
  private:
+  bool StartOnce();
+  // Chooses the four ports, each with port + 10000 free too (weed's gRPC
+  // ports), all eight different.
+  void PickPorts();
+
   const std::string dir_;
-  // Each with port + 10000 free too (weed's gRPC ports).
-  const int master_port_, volume_port_, filer_port_, s3_port_;
+  int master_port_ = 0, volume_port_ = 0, filer_port_ = 0, s3_port_ = 0;
+  bool came_up_ = false;
   std::string access_key_, secret_key_;
   pid_t pid_ = -1;
 };

@@ -87,7 +87,8 @@ SharedTier::SharedTier(io::FileSystem* local, SharedStore store,
       metrics_(metrics),
       on_copied_(std::move(on_copied)) {
   if (store_.object_store()) {
-    landed_ = std::make_unique<LandedCopies>(local_, options_.landing_dir);
+    landed_ = std::make_unique<LandedCopies>(local_, options_.landing_dir,
+                                             options_.landing_budget_bytes);
   }
 }
 

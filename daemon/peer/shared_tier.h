@@ -58,9 +58,11 @@ struct SharedTierOptions {
   uint64_t every = 1;               // copy steps that are multiples of this
   int keep = 2;                     // committed steps kept at the tier
   ObjectStoreOptions object_store;  // for an s3:// dir
-  // With an object store: where restores land the copies they read (a local
-  // directory of this node's).
+  // With an object store: where restores land the copies they read (a
+  // directory of this node's memory tier, peer/landed_copies.h), and how
+  // many bytes of them it holds at most.
   std::string landing_dir;
+  uint64_t landing_budget_bytes = uint64_t{4} << 30;
   // How long a copy is tried again while the store does not answer (down,
   // restarting, unreachable); other failures are tried five times.
   absl::Duration retry_for = absl::Minutes(15);

@@ -556,6 +556,8 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
     return absl::InvalidArgumentError("--peer-redundancy needs --peer-address");
   }
   RETURN_IF_ERROR(ApplySharedTierFlags(f, &options.shared));
+  // Landed copies may take as much memory again as the staging slots.
+  options.shared.landing_budget_bytes = options.staging.budget_bytes;
   if (f.publish_dir != "none") {
     options.publish.dir =
         f.publish_dir.empty() ? f.staging_dir + ".publish" : f.publish_dir;

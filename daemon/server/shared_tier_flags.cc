@@ -61,7 +61,9 @@ absl::Status ApplySharedTierFlags(const CkptdFlags& f, SharedTierOptions* out) {
   s3.credentials.credentials_file = f.s3_credentials_file;
   s3.transfer.part_bytes = f.s3_part_mib << 20;
   s3.transfer.concurrency = f.s3_concurrency;
-  out->landing_dir = io::JoinPath(f.data_dir, "shared-landing");
+  // In the memory tier's tmpfs (a name no job has, which its scan skips):
+  // a restore reads the landed copy at memory speed.
+  out->landing_dir = io::JoinPath(f.staging_dir, ".shared-landing");
   return absl::OkStatus();
 }
 
