@@ -148,6 +148,12 @@ int Main(int argc, char** argv) {
   gc->add_option("--keep-memory", keep_memory,
                  "committed steps kept in memory (default: ckptd's)");
   gc->add_flag("--dry-run", dry_run, "only say what would be dropped");
+  int stale_uploads_min = 60;
+  gc->add_option("--stale-uploads-min", stale_uploads_min,
+                 "on an object store: also abort the multipart uploads under "
+                 "the job folder begun this many minutes ago or earlier")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   gc->add_option("--socket", socket_path,
                  "ckptd's socket (default: the one the data directory's "
                  "ckptd recorded)");
@@ -278,7 +284,8 @@ int Main(int argc, char** argv) {
     }
     auto fs = OpenStore(gc_job, store);
     if (!fs.ok()) return Fail("gc", fs.status());
-    return GcStore(fs->get(), gc_job, keep, dry_run, json);
+    return GcStore(fs->get(), gc_job, keep, absl::Minutes(stale_uploads_min),
+                   dry_run, json);
   }
   if (app.count("--data-dir") == 0 && env_dir == nullptr) {
     // ckpt finds ckptd: a running daemon says where its data is.

@@ -241,8 +241,36 @@ int ExportStore(io::FileSystem* fs, const std::string& location,
   return 0;
 }
 
+namespace {
+
+// The multipart uploads under the job folder `location` of an object store
+// begun before now - `stale`, aborted unless `dry_run`; their keys.
+absl::StatusOr<std::vector<std::string>> AbortStaleUploads(
+    io::FileSystem* fs, const std::string& location, absl::Duration stale,
+    bool dry_run) {
+  auto* store = dynamic_cast<io::s3::S3FileSystem*>(fs);
+  if (store == nullptr) return std::vector<std::string>();
+  ASSIGN_OR_RETURN(io::s3::S3Uri uri, io::s3::ParseS3Uri(location));
+  ASSIGN_OR_RETURN(std::vector<io::s3::MultipartUpload> uploads,
+                   store->client().ListMultipartUploads(
+                       uri.bucket, uri.prefix.empty() ? "" : uri.prefix + "/"));
+  std::vector<std::string> aborted;
+  const absl::Time before = absl::Now() - stale;
+  for (const io::s3::MultipartUpload& u : uploads) {
+    if (u.initiated > before) continue;
+    if (!dry_run) {
+      RETURN_IF_ERROR(
+          store->client().AbortMultipartUpload(uri.bucket, u.key, u.upload_id));
+    }
+    aborted.push_back(u.key);
+  }
+  return aborted;
+}
+
+}  // namespace
+
 int GcStore(io::FileSystem* fs, const std::string& location, int keep,
-            bool dry_run, bool json) {
+            absl::Duration stale_uploads, bool dry_run, bool json) {
   if (keep < 1) {
     return UsageError("gc", absl::InvalidArgumentError(
                                 "--keep must be at least 1 on a store: "
@@ -277,6 +305,13 @@ int GcStore(io::FileSystem* fs, const std::string& location, int keep,
       if (failed > 0) break;  // no copy goes while its marker stays
     }
   }
+  absl::StatusOr<std::vector<std::string>> aborted =
+      AbortStaleUploads(fs, location, stale_uploads, dry_run);
+  if (!aborted.ok()) {
+    std::cerr << "ckpt gc: the uploads left open: " << aborted.status() << "\n";
+    ++failed;
+    aborted = std::vector<std::string>();
+  }
   const std::vector<uint64_t> dropped(plan.dropped_steps.begin(),
                                       plan.dropped_steps.end());
   const std::vector<uint64_t> pinned(plan.pinned_steps.begin(),
@@ -287,6 +322,7 @@ int GcStore(io::FileSystem* fs, const std::string& location, int keep,
                                 {"oldest_kept", plan.oldest_kept},
                                 {"dropped_steps", dropped},
                                 {"kept_as_bases", pinned},
+                                {"uploads_aborted", *aborted},
                                 {"objects_removed",
                                  dry_run ? 0
                                          : plan.markers.size() +
@@ -308,6 +344,11 @@ int GcStore(io::FileSystem* fs, const std::string& location, int keep,
                     : absl::StrCat(" and steps ", absl::StrJoin(pinned, ", "),
                                    " as bases of kept increments")
                           .c_str());
+    if (!aborted->empty()) {
+      std::printf("%s%zu upload(s) left open: %s\n",
+                  dry_run ? "would abort " : "aborted ", aborted->size(),
+                  absl::StrJoin(*aborted, ", ").c_str());
+    }
   }
   return failed == 0 ? 0 : kExitProblems;
 }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "io/file_system.h"
 #include "io/s3/credentials.h"
 
@@ -50,9 +51,12 @@ int ExportStore(io::FileSystem* fs, const std::string& location,
 // Retention at `location` (a job's folder): the newest `keep` committed
 // steps stay with the copies they read chunks from; older steps go, their
 // markers before their copies (snapshot/shared_layout.h). A ckptd copying
-// to the same folder keeps its own --keep-shared: the smaller wins.
+// to the same folder keeps its own --keep-shared: the smaller wins. On an
+// object store, the multipart uploads under the folder begun more than
+// `stale_uploads` ago are aborted too (those of a node that crashed and
+// never copied that shard again; a live one finishes long before).
 int GcStore(io::FileSystem* fs, const std::string& location, int keep,
-            bool dry_run, bool json);
+            absl::Duration stale_uploads, bool dry_run, bool json);
 
 }  // namespace ckpt::cli
 

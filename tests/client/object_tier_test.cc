@@ -34,6 +34,7 @@ namespace {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr proto::Tier kShared = proto::TIER_SHARED;
 
@@ -210,13 +211,24 @@ TEST_F(ObjectTierTest, AFreshClusterRestoresFromTheBucketAlone) {
   EXPECT_EQ(uncommitted.exit_code, 3) << uncommitted.out;  // not found
   EXPECT_THAT(uncommitted.out, HasSubstr("step 3 is not committed in"));
   // Retention on the bucket: step 1 goes, marker first; step 2 stays whole.
+  // An upload a lost node left open goes too, once it is old enough.
+  absl::StatusOr<std::string> stray =
+      client_->CreateMultipartUpload("ckpt-test", prefix_ + "/cold/stray");
+  ASSERT_TRUE(stray.ok()) << stray.status();
   Result would = RunCli(s3 + "gc " + job + " --keep 1 --dry-run");
   EXPECT_EQ(would.exit_code, 0) << would.out;
   EXPECT_THAT(would.out, HasSubstr("would drop"));
+  EXPECT_THAT(would.out, Not(HasSubstr("upload")));  // begun just now
   EXPECT_TRUE(Contains(Keys(), "cold/" + snapshot::CommitMarkerName(1)));
-  Result collected = RunCli(s3 + "gc " + job + " --keep 1");
+  Result collected =
+      RunCli(s3 + "gc " + job + " --keep 1 --stale-uploads-min 0");
   EXPECT_EQ(collected.exit_code, 0) << collected.out;
   EXPECT_THAT(collected.out, HasSubstr("steps 1 dropped"));
+  EXPECT_THAT(collected.out, HasSubstr("aborted 1 upload(s) left open"));
+  auto open_uploads =
+      client_->ListMultipartUploads("ckpt-test", prefix_ + "/cold/");
+  ASSERT_TRUE(open_uploads.ok()) << open_uploads.status();
+  EXPECT_TRUE(open_uploads->empty());
   EXPECT_FALSE(Contains(Keys(), "cold/" + snapshot::CommitMarkerName(1)));
   EXPECT_FALSE(
       Contains(Keys(), "cold/" + snapshot::ShardFileName(1, 0, ".ckpt")));
