@@ -31,6 +31,18 @@ struct StoredStep {
   std::map<uint32_t, std::string> copies;  // rank -> name
 };
 
+constexpr uint32_t kMaxMarkerWorld = 1 << 20;
+
+// The ranks of `s`'s world without a copy in the folder's listing.
+std::vector<uint32_t> MissingRanks(const StoredStep& s) {
+  std::vector<uint32_t> missing;
+  for (uint32_t r = 0; s.commit.has_value() && r < s.commit->world_size();
+       ++r) {
+    if (s.copies.count(r) == 0) missing.push_back(r);
+  }
+  return missing;
+}
+
 // The steps in the job folder `dir` (none if it is not one).
 absl::StatusOr<std::map<uint64_t, StoredStep>> ReadJob(io::FileSystem* fs,
                                                        const std::string& dir) {
@@ -48,6 +60,13 @@ absl::StatusOr<std::map<uint64_t, StoredStep>> ReadJob(io::FileSystem* fs,
       if (!c.ParseFromString(bytes) || c.step() != step) {
         return absl::DataLossError(absl::StrCat(
             "the commit marker ", io::JoinPath(dir, name), " is damaged"));
+      }
+      // Bytes from the store: a world no job has is refused before anything
+      // is sized by it.
+      if (c.world_size() == 0 || c.world_size() > kMaxMarkerWorld) {
+        return absl::DataLossError(absl::StrCat(
+            "the commit marker ", io::JoinPath(dir, name), " names a world of ",
+            c.world_size(), " ranks (1 to ", kMaxMarkerWorld, " expected)"));
       }
       steps[step].commit = std::move(c);
     }
@@ -163,8 +182,11 @@ int VerifyStore(io::FileSystem* fs, const std::string& location,
       const std::string path =
           io::JoinPath(location, snapshot::ShardFileName(step, rank, ".ckpt"));
       std::vector<absl::Status> errors;
-      auto reader = snapshot::ShardReader::Open(fs, path);
-      if (!reader.ok()) {
+      if (s.copies.count(rank) == 0) {
+        errors.push_back(absl::NotFoundError(
+            absl::StrCat("no copy ", path, " in the folder")));
+      } else if (auto reader = snapshot::ShardReader::Open(fs, path);
+                 !reader.ok()) {
         errors.push_back(reader.status());
       } else {
         errors = (*reader)->VerifyAll();
@@ -217,6 +239,17 @@ int ExportStore(io::FileSystem* fs, const std::string& location,
                     it == job->end() ? " (no copy of it there)"
                                      : " (copies but no commit marker)",
                     "; see ckpt ls ", location)));
+  }
+  if (std::vector<uint32_t> missing = MissingRanks(it->second);
+      !missing.empty()) {
+    const size_t lacking = missing.size();
+    if (missing.size() > 8) missing.resize(8);
+    return Fail(
+        "export",
+        absl::NotFoundError(absl::StrCat(
+            "step ", *step, " in ", location, " lacks ", lacking, " of its ",
+            it->second.commit->world_size(), " ranks' copies (ranks ",
+            absl::StrJoin(missing, ", "), "...)")));
   }
   const std::string name(
       io::BaseName(std::string(absl::StripSuffix(location, "/"))));

@@ -145,11 +145,8 @@ void LandedCopies::Forget(const std::string& job, uint64_t oldest_kept) {
       continue;
     }
     if (!StepOfLanded(name, &step) || step < oldest_kept) {
-      if (landed_.count(path) > 0) {
-        Remove(path);
-      } else {
-        (void)local_->Unlink(path);
-      }
+      Remove(path);                // a copy it counts
+      (void)local_->Unlink(path);  // or one it does not (a partial file)
     }
   }
 }

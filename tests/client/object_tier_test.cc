@@ -251,6 +251,28 @@ TEST_F(ObjectTierTest, AFreshClusterRestoresFromTheBucketAlone) {
   Result bad = RunCli(s3 + "verify " + job + " 2");
   EXPECT_EQ(bad.exit_code, 1) << bad.out;
   EXPECT_THAT(bad.out, HasSubstr("BAD step 2 rank 0"));
+  // A marker forged to name a world of 2^30 ranks is refused, naming it,
+  // before anything is sized by it.
+  proto::CommitRecord forged;
+  forged.set_job("cold");
+  forged.set_step(7);
+  forged.set_world_size(1u << 30);
+  const std::string forged_bytes = forged.SerializeAsString();
+  ASSERT_TRUE(
+      client_
+          ->PutObject("ckpt-test",
+                      prefix_ + "/cold/" + snapshot::CommitMarkerName(7),
+                      absl::MakeConstSpan(
+                          reinterpret_cast<const uint8_t*>(forged_bytes.data()),
+                          forged_bytes.size()))
+          .ok());
+  for (const std::string& command :
+       {"ls " + job, "verify " + job + " 7", "export " + job + " 7 " + out}) {
+    Result refused = RunCli(s3 + command);
+    EXPECT_NE(refused.exit_code, 0) << command << "\n" << refused.out;
+    EXPECT_THAT(refused.out, HasSubstr("names a world of 1073741824 ranks"))
+        << command;
+  }
 }
 
 // Wrong credentials: the steps commit at the lower tiers, never at the
