@@ -10,6 +10,7 @@
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
 #include "client/device_upload.h"
+#include "client/landing_shard.h"
 #include "client/slot_restore.h"
 #include "io/file_system.h"
 #include "io/logging.h"
@@ -75,6 +76,7 @@ absl::Status Resharder::DescribeSavedRanks(uint64_t step,
     req.mutable_shard()->set_job(ctx_.options.job);
     req.mutable_shard()->set_step(step);
     req.mutable_shard()->set_rank(o);
+    req.set_on_demand(true);  // OpenShardReader lands only the boxes read
     proto::GetShardResponse resp;
     absl::Status described =
         ctx_.rpc.Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
@@ -312,8 +314,7 @@ absl::Status Resharder::OpenOnce(SavedRank& saved) {
   const proto::ShardRecord& shard = saved.shard;
   absl::Status reader_status = absl::NotFoundError("no shard file");
   if (!shard.shard_path().empty()) {
-    auto opened = snapshot::ShardReader::Open(io::DefaultFileSystem(),
-                                              shard.shard_path());
+    auto opened = OpenShardReader(ctx_.rpc, shard);
     reader_status = opened.status();
     if (opened.ok()) saved.reader = *std::move(opened);
   }

@@ -9,6 +9,7 @@
 #include "client/checkpointer.h"
 #include "client/checkpointer_internal.h"
 #include "client/device_upload.h"
+#include "client/landing_shard.h"
 #include "client/resharder.h"
 #include "client/slot_restore.h"
 #include "io/bulk_transfer.h"
@@ -33,6 +34,7 @@ absl::StatusOr<proto::ShardRecord> ShardRestorer::Describe(uint64_t step) {
   req.mutable_shard()->set_job(ctx_.options.job);
   req.mutable_shard()->set_step(step);
   req.mutable_shard()->set_rank(ctx_.options.rank);
+  req.set_on_demand(true);  // OpenShardReader reads such a copy as it lands
   proto::GetShardResponse resp;
   RETURN_IF_ERROR(ctx_.rpc.Call(&proto::CkptDaemon::Stub::GetShard, req, &resp,
                                 absl::StrCat("shard of step ", step)));
@@ -137,7 +139,7 @@ ShardRestorer::ShardFile ShardRestorer::OpenShardFile(
   ShardFile file;
   if (shard.shard_path().empty()) return file;
   absl::StatusOr<std::unique_ptr<snapshot::ShardReader>> opened =
-      snapshot::ShardReader::Open(io::DefaultFileSystem(), shard.shard_path());
+      OpenShardReader(ctx_.rpc, shard);
   file.status = opened.status();
   if (opened.ok()) file.reader = *std::move(opened);
   return file;

@@ -51,7 +51,7 @@ class ShardRestorer {
     std::unique_ptr<snapshot::ShardReader> reader;
     absl::Status status = absl::NotFoundError("no shard file");
   };
-  static ShardFile OpenShardFile(const proto::ShardRecord& shard);
+  ShardFile OpenShardFile(const proto::ShardRecord& shard);
   // From the shard's slot, verified against `reader`'s checksums (null: the
   // saving client's hashes).
   absl::Status FromSlot(const proto::ShardRecord& shard,

@@ -59,6 +59,11 @@ absl::StatusOr<std::unique_ptr<SharedTier>> SharedTier::Start(
                    "shard-file bytes copied to the shared tier");
   metrics->Declare("ckpt_shared_failures_total", T::kCounter,
                    "copies to the shared tier that failed");
+  if (tier->landed_ != nullptr) {
+    metrics->Declare("ckpt_shared_landed_bytes_total", T::kCounter,
+                     "bytes read from the object store into landed copies "
+                     "for restores");
+  }
   const SharedTierOptions& o = tier->options_;
   CKPT_LOG_INFO(
       "shared tier: {}{}, the steps that are multiples of {}, the newest {} "
@@ -87,8 +92,8 @@ SharedTier::SharedTier(io::FileSystem* local, SharedStore store,
       metrics_(metrics),
       on_copied_(std::move(on_copied)) {
   if (store_.object_store()) {
-    landed_ = std::make_unique<LandedCopies>(local_, options_.landing_dir,
-                                             options_.landing_budget_bytes);
+    landed_ = std::make_unique<LandedCopies>(
+        local_, options_.landing_dir, options_.landing_budget_bytes, metrics_);
   }
 }
 
@@ -392,7 +397,8 @@ bool SharedTier::Has(const std::string& job, uint64_t step, uint32_t rank) {
 
 absl::StatusOr<proto::ShardRecord> SharedTier::Find(const std::string& job,
                                                     uint64_t step,
-                                                    uint32_t rank) {
+                                                    uint32_t rank,
+                                                    bool on_demand) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));
   const std::string path = PathOf(job, step, rank);
   absl::StatusOr<uint64_t> size = fs_->FileSize(path);
@@ -403,11 +409,30 @@ absl::StatusOr<proto::ShardRecord> SharedTier::Find(const std::string& job,
   }
   if (landed_ != nullptr) {
     ASSIGN_OR_RETURN(std::string local,
-                     landed_->Land(fs_, path, job, step, rank));
+                     landed_->Land(fs_, path, job, step, rank,
+                                   on_demand ? LandedCopies::How::kOnDemand
+                                             : LandedCopies::How::kWhole));
     ASSIGN_OR_RETURN(uint64_t bytes, local_->FileSize(local));
-    return ReplicaStore::RecordOf(local_, {{job, step, rank}, local, bytes});
+    ASSIGN_OR_RETURN(
+        proto::ShardRecord r,
+        ReplicaStore::RecordOf(local_, {{job, step, rank}, local, bytes}));
+    r.set_lands_on_demand(on_demand);
+    return r;
   }
   return ReplicaStore::RecordOf(fs_, {{job, step, rank}, path, *size});
+}
+
+absl::Status SharedTier::LandRange(const std::string& local,
+                                   const std::string& job, uint64_t step,
+                                   uint32_t rank, uint64_t offset,
+                                   uint64_t length) {
+  if (landed_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the shared tier ", options_.dir,
+                     " is not an object store: its copies are read as they "
+                     "are, nothing lands"));
+  }
+  return landed_->LandRange(local, job, step, rank, offset, length);
 }
 
 void SharedTier::CollectGarbage(

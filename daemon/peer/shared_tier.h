@@ -23,8 +23,8 @@
 // On an object store (s3://bucket/prefix, peer/shared_store.h) a copy is
 // written straight to its key, where it appears whole once its upload
 // completes (an upload a crash left is aborted before the shard is copied
-// again), and a restore reads it landed on this node's disk
-// (peer/landed_copies.h).
+// again), and a restore reads it landed in this node's memory tier, whole
+// or range by range as the restore reads it (peer/landed_copies.h).
 //
 // Thread-safety: thread-safe.
 #ifndef CKPT_DAEMON_PEER_SHARED_TIER_H_
@@ -85,9 +85,17 @@ class SharedTier {
   void Enqueue(const proto::ShardRecord& shard);
   // The shared copy of a shard as GetShard answers it (state PERSISTED,
   // `shard_path` in the shared directory, or a copy landed from the object
-  // store); NotFound when there is none.
+  // store); NotFound when there is none. `on_demand`: a copy from an object
+  // store lands only its footer and manifest now (`lands_on_demand` set), the
+  // rest as the reader asks for it (LandRange).
   absl::StatusOr<proto::ShardRecord> Find(const std::string& job, uint64_t step,
-                                          uint32_t rank);
+                                          uint32_t rank,
+                                          bool on_demand = false);
+  // Lands bytes [offset, offset + length) of the copy Find landed at `local`
+  // on demand (LandedCopies::LandRange).
+  absl::Status LandRange(const std::string& local, const std::string& job,
+                         uint64_t step, uint32_t rank, uint64_t offset,
+                         uint64_t length);
   bool Has(const std::string& job, uint64_t step, uint32_t rank);
   // Writes the step's commit marker, <dir>/<job>/<step:020>.commit (the
   // commit record, serialized), once the step is committed at the tier:

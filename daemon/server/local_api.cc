@@ -99,10 +99,16 @@ class DaemonService final : public proto::CkptDaemon::Service {
   grpc::Status GetShard(grpc::ServerContext*, const proto::GetShardRequest* req,
                         proto::GetShardResponse* resp) override {
     auto shard = service_->GetShard(req->shard().job(), req->shard().step(),
-                                    req->shard().rank());
+                                    req->shard().rank(), req->on_demand());
     if (!shard.ok()) return ToGrpc(shard.status());
     *resp->mutable_shard() = *shard;
     return grpc::Status::OK;
+  }
+
+  grpc::Status LandRange(grpc::ServerContext*,
+                         const proto::LandRangeRequest* req,
+                         proto::LandRangeResponse*) override {
+    return ToGrpc(service_->LandRange(*req));
   }
 
   grpc::Status OfferPeerShard(grpc::ServerContext*,

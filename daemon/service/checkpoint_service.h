@@ -174,9 +174,14 @@ class CheckpointService {
   // verified copy fetched from a peer, whose `shard_path` is a local file,
   // else (with a shared tier) its copy there. With a cluster key, this
   // node's shard file is handed out only if its seal checks; else the other
-  // copies are tried and the error names the file refused.
+  // copies are tried and the error names the file refused. `on_demand`: a
+  // copy from the shared tier's object store lands as it is read
+  // (LandRange), not whole first.
   absl::StatusOr<proto::ShardRecord> GetShard(const std::string& job,
-                                              uint64_t step, uint32_t rank);
+                                              uint64_t step, uint32_t rank,
+                                              bool on_demand = false);
+  // Lands bytes of a copy GetShard answered with `lands_on_demand`.
+  absl::Status LandRange(const proto::LandRangeRequest& request);
   // Where copies of a shard are, in the order GetShard tries them (this
   // node's slot and file, peers' replicas then their disks, the shared
   // tier), and its items; nothing is fetched. NotFound when there is none.

@@ -225,7 +225,7 @@ absl::Status CheckpointService::SealedForRestore(proto::ShardRecord& r) const {
 }
 
 absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
-    const std::string& job, uint64_t step, uint32_t rank) {
+    const std::string& job, uint64_t step, uint32_t rank, bool on_demand) {
   ASSIGN_OR_RETURN(absl::optional<proto::ShardRecord> r,
                    catalog_->GetShard(job, step, rank));
   // Whole here: staged (its slot), persisted (its file), or failed to persist
@@ -255,7 +255,8 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
     elsewhere = fetched.status();
   }
   if (shared_ != nullptr) {
-    absl::StatusOr<proto::ShardRecord> copy = shared_->Find(job, step, rank);
+    absl::StatusOr<proto::ShardRecord> copy =
+        shared_->Find(job, step, rank, on_demand);
     if (copy.ok()) return copy;
     elsewhere = absl::Status(
         elsewhere.code(),
@@ -276,6 +277,19 @@ absl::StatusOr<proto::ShardRecord> CheckpointService::GetShard(
         absl::StrCat("no shard for ", Describe(job, step, rank)));
   }
   return *r;
+}
+
+absl::Status CheckpointService::LandRange(
+    const proto::LandRangeRequest& request) {
+  const proto::ShardKey& key = request.shard();
+  RETURN_IF_ERROR(snapshot::ValidateJobId(key.job()));
+  if (shared_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no shared tier here: nothing of ",
+                     Describe(key.job(), key.step(), key.rank()), " lands"));
+  }
+  return shared_->LandRange(request.shard_path(), key.job(), key.step(),
+                            key.rank(), request.offset(), request.length());
 }
 
 }  // namespace ckpt::daemon

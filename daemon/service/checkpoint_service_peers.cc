@@ -256,7 +256,9 @@ absl::StatusOr<proto::FindShardResponse> CheckpointService::FindShard(
     }
   }
   if (shared_ != nullptr) {
-    absl::StatusOr<proto::ShardRecord> copy = shared_->Find(job, step, rank);
+    // Its footer and manifest only: nothing more is read.
+    absl::StatusOr<proto::ShardRecord> copy =
+        shared_->Find(job, step, rank, /*on_demand=*/true);
     if (copy.ok()) {
       add(proto::TIER_SHARED, "", false, copy->shard_path());
       if (resp.items().empty()) {

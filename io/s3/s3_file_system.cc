@@ -11,7 +11,7 @@
 #include "io/parallel.h"
 #include "io/s3/s3_upload.h"
 #include "io/status_macros.h"
-#include "io/thread_pool.h"
+#include "io/threaded_readable_file.h"
 
 namespace ckpt::io::s3 {
 namespace {
@@ -51,24 +51,19 @@ absl::Status Unsupported(absl::string_view what, absl::string_view path) {
 
 // An object read by ranges into the caller's buffers: a large read as ranges
 // fetched at once; queued and asynchronous reads on threads of the file's
-// own, `concurrency` at a time, their callbacks run on the caller's thread.
-class S3ReadableFile : public ReadableFile {
+// own, `concurrency` at a time (io/threaded_readable_file.h).
+class S3ReadableFile : public ThreadedReadableFile {
  public:
   S3ReadableFile(S3Client* client, std::string path, ObjectPath object,
                  uint64_t size, uint64_t range_bytes, int concurrency)
-      : client_(client),
+      : ThreadedReadableFile(concurrency),
+        client_(client),
         path_(std::move(path)),
         object_(std::move(object)),
         size_(size),
         range_bytes_(std::max<uint64_t>(range_bytes, 1)),
         concurrency_(std::max(1, concurrency)) {}
-  ~S3ReadableFile() override {
-    absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return in_flight_ == 0;
-    };
-    mu_.Await(absl::Condition(&idle));
-  }
+  ~S3ReadableFile() override { StopReads(); }
 
   absl::Status Read(uint64_t offset, absl::Span<uint8_t> dst) override {
     if (offset > size_ || dst.size() > size_ - offset) {
@@ -93,68 +88,16 @@ class S3ReadableFile : public ReadableFile {
     return absl::OkStatus();
   }
 
-  absl::Status ReadAsync(uint64_t offset, absl::Span<uint8_t> dst,
-                         ReadCallback done) override {
-    if (pool_ == nullptr) pool_ = std::make_unique<ThreadPool>(concurrency_);
-    {
-      absl::MutexLock lock(&mu_);
-      ++in_flight_;
-    }
-    ++pending_;
-    pool_->Schedule([this, offset, dst, done = std::move(done)]() mutable {
-      absl::Status s = Read(offset, dst);
-      absl::MutexLock lock(&mu_);
-      completed_.emplace_back(std::move(done), std::move(s));
-      --in_flight_;
-    });
-    RunCompleted(/*wait=*/false);
-    return absl::OkStatus();
-  }
-  absl::Status WaitAny() override {
-    if (pending_ > 0) RunCompleted(/*wait=*/true);
-    return absl::OkStatus();
-  }
-  absl::Status ReadQueued(uint64_t offset, absl::Span<uint8_t> dst) override {
-    return ReadAsync(offset, dst, [this](absl::Status s) {
-      if (!s.ok() && queued_.ok()) queued_ = std::move(s);
-    });
-  }
-  absl::Status WaitReads() override {
-    while (pending_ > 0) RunCompleted(/*wait=*/true);
-    return std::exchange(queued_, {});
-  }
   absl::StatusOr<uint64_t> Size() override { return size_; }
   const std::string& path() const override { return path_; }
 
  private:
-  // Runs the callbacks of the reads completed (with `wait`, at least one).
-  void RunCompleted(bool wait) {
-    std::vector<std::pair<ReadCallback, absl::Status>> done;
-    {
-      absl::MutexLock lock(&mu_);
-      auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !completed_.empty();
-      };
-      if (wait) mu_.Await(absl::Condition(&any));
-      done.swap(completed_);
-    }
-    pending_ -= done.size();
-    for (auto& [callback, status] : done) callback(std::move(status));
-  }
-
   S3Client* const client_;
   const std::string path_;
   const ObjectPath object_;
   const uint64_t size_;
   const uint64_t range_bytes_;
   const int concurrency_;
-  size_t pending_ = 0;   // reads issued whose callbacks did not run
-  absl::Status queued_;  // the first error of the queued reads
-  absl::Mutex mu_;
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::pair<ReadCallback, absl::Status>> completed_
-      ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<ThreadPool> pool_;  // last: joined first
 };
 
 }  // namespace

@@ -13,8 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/checkpointer.h"
+#include "client/daemon_admin.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/s3/s3_client.h"
@@ -78,6 +80,22 @@ class ObjectTierTest : public ::testing::Test {
     return keys;
   }
 
+  // Bytes node `d` read from the bucket into landed copies.
+  static double LandedBytes(testing::DaemonProcess& d) {
+    absl::StatusOr<std::string> text = GetMetricsText(d.socket());
+    EXPECT_TRUE(text.ok()) << text.status();
+    const std::string kName = "\nckpt_shared_landed_bytes_total ";
+    const size_t at = text.ok() ? text->find(kName) : std::string::npos;
+    double v = 0;
+    if (at != std::string::npos) {
+      const size_t end = text->find('\n', at + 1);
+      const std::string value =
+          text->substr(at + kName.size(), end - at - kName.size());
+      EXPECT_TRUE(absl::SimpleAtod(value, &v)) << "\"" << value << "\"";
+    }
+    return v;
+  }
+
   std::shared_ptr<io::s3::S3Client> client_;
   std::string prefix_;
   testing::TempDir dir_;
@@ -116,7 +134,18 @@ TEST_F(ObjectTierTest, ALostNodesStepsRestoreFromTheBucket) {
                                      "obj/00000000000000000003.commit"}));
   EXPECT_THAT(a.log(), HasSubstr("s3://ckpt-test/" + prefix_));
   a.Lose();
-  for (uint64_t step : {2u, 3u}) {
+  // Onto 8 ranks, rank 0 reads a quarter of saved rank 0's box: only the
+  // chunks holding it land from the bucket; rank 0 of 2 then lands the rest.
+  const double before = LandedBytes(b);
+  {
+    Rank eighth(b.socket(), "obj", 0, 8, kGlobal);
+    ASSERT_TRUE(eighth.ckpt);
+    absl::Status restored = eighth.ckpt->Restore(3);
+    ASSERT_TRUE(restored.ok()) << restored << "\n" << b.log();
+    EXPECT_TRUE(eighth.Matches(3, /*rng_too=*/false));
+  }
+  const double part = LandedBytes(b) - before;
+  for (uint64_t step : {3u, 2u}) {
     for (uint32_t rank : {0u, 1u}) {
       Rank r(b.socket(), "obj", rank, 2, kGlobal);
       ASSERT_TRUE(r.ckpt);
@@ -125,8 +154,12 @@ TEST_F(ObjectTierTest, ALostNodesStepsRestoreFromTheBucket) {
       EXPECT_TRUE(r.Matches(step)) << "step " << step << " rank " << rank;
     }
   }
-  EXPECT_THAT(b.log(), ContainsRegex("job obj step 3 rank 1: landed [0-9]+ "
-                                     "bytes from s3://ckpt-test/"));
+  EXPECT_THAT(b.log(), ContainsRegex("landing [^ ]+ \\([0-9]+ bytes\\) from "
+                                     "s3://ckpt-test/"));
+  // Steps 3 and 2 of both ranks landed whole: saved rank 0's step 3 once.
+  const double whole = LandedBytes(b) - before;
+  EXPECT_GT(part, 0);
+  EXPECT_LT(part, whole / 8) << "the resharded restore landed only its part";
   auto open = client_->ListMultipartUploads("ckpt-test", prefix_ + "/");
   ASSERT_TRUE(open.ok());
   EXPECT_TRUE(open->empty());
