@@ -119,6 +119,10 @@ class MappedFile {
   // False once the file has no name left (it was deleted while mapped: its
   // memory lives only as long as this mapping).
   virtual absl::StatusOr<bool> Linked() = 0;
+  // A file created with `reserve` off: reserves the pages of bytes [offset,
+  // offset + length) and maps them in, before they are written (out of
+  // memory is then this error rather than a SIGBUS at the write).
+  virtual absl::Status Reserve(uint64_t offset, uint64_t length) = 0;
 };
 
 struct MapOptions {
@@ -130,6 +134,10 @@ struct MapOptions {
   bool writable = true;
   // Mode of a created file.
   int mode = 0600;
+  // A created file's pages are reserved now (posix_fallocate). Off: the file
+  // is sparse, and its writer reserves each range before writing it
+  // (MappedFile::Reserve), on as many threads as it writes with.
+  bool reserve = true;
   // Fault the whole mapping in now (MAP_POPULATE): one pass instead of a fault
   // per page later.
   bool populate = false;

@@ -356,6 +356,31 @@ class PosixMappedFile final : public MappedFile {
     if (::fstat(fd_, &st) != 0) return PosixError("fstat", path_);
     return st.st_nlink > 0;
   }
+  absl::Status Reserve(uint64_t offset, uint64_t length) override {
+    if (offset > size_ || length > size_ - offset) {
+      return absl::OutOfRangeError(absl::StrCat("reserve bytes ", offset,
+                                                " to ", offset + length, " of ",
+                                                path_, ", of ", size_));
+    }
+    if (length == 0) return absl::OkStatus();
+    const int rc = ::posix_fallocate(fd_, static_cast<off_t>(offset),
+                                     static_cast<off_t>(length));
+    if (rc != 0) {
+      return ErrnoToStatus(rc, absl::StrCat("allocate bytes ", offset, " to ",
+                                            offset + length, " of ", path_));
+    }
+    // The pages mapped in at once (a fault each otherwise); kernels before
+    // 5.14 lack it and fault them in as they are written.
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t begin = offset / page * page;
+    const uint64_t end =
+        std::min<uint64_t>((offset + length + page - 1) / page * page, size_);
+    if (::madvise(data_ + begin, end - begin, kMadvPopulateWrite) != 0 &&
+        errno != EINVAL) {
+      return PosixError("populate mapping of", path_);
+    }
+    return absl::OkStatus();
+  }
 
  private:
   const std::string path_;

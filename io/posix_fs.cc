@@ -180,6 +180,10 @@ class PosixFileSystem final : public FileSystem {
     // verify): it pins the file against reuse, as NewReadableFile does.
     if (s.ok() && !create && !options.writable) s = LockForReading(fd, path);
     if (!s.ok()) {
+    } else if (create && !options.reserve) {
+      if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        s = PosixError("size", path);
+      }
     } else if (create) {
       // posix_fallocate reserves tmpfs pages now, so running out of memory is
       // an error here rather than a SIGBUS when the slot is written.

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace ckpt::bench {
 
 std::string RunCapture(const std::string& cmd);
@@ -44,6 +46,12 @@ struct BenchDaemon {
   }
 };
 
+// ckptd's restores of `runs` steps of `size_mib` from the bucket at `uri`,
+// end to end, in seconds (tools/ckpt_bench_s3_ckptd.cc).
+absl::StatusOr<std::vector<double>> CkptdRestoreSeconds(
+    const std::string& dir, const std::string& uri, const std::string& endpoint,
+    const std::string& access_key, const std::string& secret_key,
+    uint64_t size_mib, int runs);
 // The shared tier on an object store against boto3 (tools/ckpt_bench_s3.cc).
 int RunS3(const std::string& dir, const std::string& uri,
           const std::string& endpoint, uint64_t size_mib, int runs,

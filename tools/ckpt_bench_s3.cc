@@ -8,8 +8,9 @@
 //     copy: the step's shard file sent as a multipart upload);
 //   s3_restore_vs_boto3: boto3's download into memory over ckpt's restore
 //     into a rank's memory (ranged GETs at once, every chunk checked);
-//   s3_landed_restore_vs_boto3: the same with ckptd's path, the copy landed
-//     in the memory tier's tmpfs first (/dev/shm), then read into the rank;
+//   s3_ckptd_restore_vs_boto3: the same through ckptd, end to end: a rank's
+//     Restore on a node with none of the step, its copy streamed from the
+//     bucket as the rank reads it (tools/ckpt_bench_s3_ckptd.cc);
 //   s3_vs_posix_shared: ckpt's upload time over the POSIX shared tier's copy
 //     of the same file (written, fsynced, renamed) into --dir;
 //   s3_upload_cpu_vs_boto3: the CPU time boto3's process spends on an upload
@@ -184,26 +185,19 @@ int RunS3(const std::string& dir, const std::string& uri,
   const std::string object = absl::StrCat("s3://", where->bucket, "/", key);
   const uint64_t bytes = std::filesystem::file_size(shard);
   std::vector<uint8_t> rank(size_mib << 20, 1);  // a rank's tensors, touched
-  std::vector<double> up, up_cpu, down, land, landed, posix;
-  // Where ckptd lands it: the memory tier's tmpfs.
-  const std::string landing_dir =
-      absl::StrCat("/dev/shm/ckpt-bench-landed-", ::getpid());
-  const std::string landing = landing_dir + "/" + name;
-  std::filesystem::create_directories(landing_dir, ec);
+  std::vector<double> up, up_cpu, down, posix;
   for (int run = 0; run < runs; ++run) {
     posix.push_back(Copy(io::DefaultFileSystem(), shard,
                          work + "/posix/" + name, /*rename=*/true));
     up.push_back(
         Copy(&fs, shard, object, /*rename=*/false, &up_cpu.emplace_back()));
     down.push_back(Restore(&fs, object, rank));
-    // As ckptd restores from the tier: the copy landed in its data directory
-    // (daemon/peer/landed_copies.h), then read by the rank.
-    land.push_back(Copy(io::DefaultFileSystem(), object, landing,
-                        /*rename=*/true, nullptr, &fs));
-    landed.push_back(land.back() +
-                     Restore(io::DefaultFileSystem(), landing, rank));
-    std::filesystem::remove(landing, ec);
   }
+  rank = {};  // the ckptd run's rank has its own
+  absl::StatusOr<std::vector<double>> through_ckptd = CkptdRestoreSeconds(
+      work + "/ckptd", uri + "/ckptd", endpoint, credentials.access_key_id,
+      credentials.secret_access_key, size_mib, runs);
+  if (!through_ckptd.ok()) Fail("ckptd's restore", through_ckptd.status());
   nlohmann::json boto = Boto3(endpoint, credentials, where->bucket,
                               key + ".boto3", shard, runs, work);
   if (!boto.is_object()) Fail("boto3", absl::DataLossError("no JSON"));
@@ -226,9 +220,8 @@ int RunS3(const std::string& dir, const std::string& uri,
   j["posix_shared_mib_s"] = mib / Median(posix);
   j["s3_upload_vs_boto3"] = boto_up / ckpt_up;
   j["s3_restore_vs_boto3"] = boto_down / ckpt_down;
-  j["landed_restore_mib_s"] = mib / Median(landed);
-  j["landing_mib_s"] = mib / Median(land);
-  j["s3_landed_restore_vs_boto3"] = boto_down / Median(landed);
+  j["ckptd_restore_mib_s"] = mib / Median(*through_ckptd);
+  j["s3_ckptd_restore_vs_boto3"] = boto_down / Median(*through_ckptd);
   j["s3_vs_posix_shared"] = ckpt_up / Median(posix);
   j["upload_cpu_s"] = Median(up_cpu);
   j["boto3_upload_cpu_s"] =
@@ -236,18 +229,20 @@ int RunS3(const std::string& dir, const std::string& uri,
   j["s3_upload_cpu_vs_boto3"] =
       j["boto3_upload_cpu_s"].get<double>() / Median(up_cpu);
   std::filesystem::remove_all(work, ec);
-  std::filesystem::remove_all(landing_dir, ec);
   if (json) {
     std::cout << j.dump() << "\n";
   } else {
     std::printf(
         "%.0f MiB step, %s:\n  upload %.0f MiB/s (boto3 %.0f): %.2f\n"
         "  restore %.0f MiB/s (boto3 %.0f): %.2f\n"
+        "  ckptd's restore %.0f MiB/s: %.2f\n"
         "  upload over the POSIX shared tier's copy (%.0f MiB/s): %.2f\n"
         "  upload CPU %.2f s (boto3 %.2f s): %.2f\n",
         mib, endpoint.c_str(), mib / ckpt_up, mib / boto_up,
         j["s3_upload_vs_boto3"].get<double>(), mib / ckpt_down, mib / boto_down,
-        j["s3_restore_vs_boto3"].get<double>(), mib / Median(posix),
+        j["s3_restore_vs_boto3"].get<double>(),
+        j["ckptd_restore_mib_s"].get<double>(),
+        j["s3_ckptd_restore_vs_boto3"].get<double>(), mib / Median(posix),
         j["s3_vs_posix_shared"].get<double>(), j["upload_cpu_s"].get<double>(),
         j["boto3_upload_cpu_s"].get<double>(),
         j["s3_upload_cpu_vs_boto3"].get<double>());

@@ -34,8 +34,9 @@ absl::StatusOr<std::unique_ptr<CopyLanding>> CopyLanding::Start(
         path, " is ", view.size, " bytes, too short for a shard file"));
   }
   reserve(view.size);
-  ASSIGN_OR_RETURN(std::unique_ptr<io::MappedFile> file,
-                   local->MapFile(local_path, {.create_size = view.size}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::MappedFile> file,
+      local->MapFile(local_path, {.create_size = view.size, .reserve = false}));
   std::unique_ptr<CopyLanding> landing(
       new CopyLanding(std::move(view), std::move(file), path));
   const uint64_t size = landing->size_;
@@ -124,6 +125,7 @@ absl::Status CopyLanding::Fetch(const std::vector<Range>& ranges,
 absl::Status CopyLanding::Read(const Range& range) {
   const absl::Span<uint8_t> dst(file_->data() + range.first,
                                 range.second - range.first);
+  RETURN_IF_ERROR(file_->Reserve(range.first, dst.size()));
   if (!view_.incremental) return view_.file->Read(range.first, dst);
   absl::MutexLock lock(&view_mu_);
   return view_.file->Read(range.first, dst);

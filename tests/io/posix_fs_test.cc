@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -132,6 +133,29 @@ INSTANTIATE_TEST_SUITE_P(Engines, PosixFsTest, ::testing::Values(true, false),
                          [](const auto& info) {
                            return info.param ? "io_uring" : "pwrite";
                          });
+
+// A file created sparse (reserve off) takes no memory until a range of it
+// is reserved, and then exactly that range is written through the mapping.
+TEST(MappedFileTest, ASparseFileReservesTheRangesItIsWrittenIn) {
+  testing::TempDir dir;
+  FileSystem* fs = DefaultFileSystem();
+  const std::string path = dir.File("sparse");
+  constexpr uint64_t kSize = 64 << 20;
+  auto file = fs->MapFile(path, {.create_size = kSize, .reserve = false});
+  ASSERT_TRUE(file.ok()) << file.status();
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), kSize);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20);
+  ASSERT_TRUE((*file)->Reserve(5 << 20, 3 << 20).ok());
+  std::memset((*file)->data() + (5 << 20), 0xab, 3 << 20);
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{3} << 20);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{8} << 20);
+  absl::Status past = (*file)->Reserve(kSize - 1, 2);
+  EXPECT_TRUE(absl::IsOutOfRange(past)) << past;
+  EXPECT_THAT(std::string(past.message()), ::testing::HasSubstr(path));
+}
 
 TEST(PathTest, DirNameBaseNameJoin) {
   EXPECT_EQ(DirName("a/b/c"), "a/b");
