@@ -1,11 +1,13 @@
 // ParallelHostCopy copies a save's host tensors into its staging slot with
 // several threads: one core's memcpy is well below what the memory bus gives,
 // and while it runs the trainer waits in WaitStaged. Large tensors are split
-// into pieces that the threads take in turn.
+// into pieces that the threads take in turn. ParallelCopyAndHash does the
+// same and hashes the chunks as it copies them, in one pass over memory.
 #ifndef CKPT_CLIENT_PARALLEL_COPY_H_
 #define CKPT_CLIENT_PARALLEL_COPY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -27,6 +29,23 @@ int CopyThreadsFor(size_t total_bytes);
 // Copies every region (host memory to host memory) with `threads` threads,
 // the calling thread among them.
 void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads);
+
+// A region copied into a staging slot, its bytes hashed in runs of the
+// chunk size as they are copied: `xxh3` receives one hash per run.
+struct HashedCopyRegion {
+  const void* src;
+  void* dst;
+  size_t bytes;
+  uint64_t* xxh3;
+};
+
+// Copies and hashes in one pass: each `chunk_size` run of every region on
+// one thread, in blocks small enough to stay in the core's cache, each block
+// hashed (snapshot::ChecksumStream, of the bytes written) right after its
+// copy, so that memory is read once. The hashes equal snapshot::Checksum of
+// each run copied.
+void ParallelCopyAndHash(const std::vector<HashedCopyRegion>& regions,
+                         uint32_t chunk_size, int threads);
 
 // Runs fn(0) ... fn(n - 1) on `threads` threads, the calling thread among
 // them (io/parallel.h: fewer when the system refuses a thread).

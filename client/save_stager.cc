@@ -33,11 +33,12 @@ uint64_t ItemAlignment(uint64_t raw_size) {
 }
 
 // Hashes each `chunk_size` run of every staged item in the slot at `base`
-// (StagedItem.chunk_xxh3), on several threads, but for the items the device
-// hashed already: item i's hashes are at device_hashes + device_at[i] when
-// that is not -1.
+// (StagedItem.chunk_xxh3), on several threads, but for the items hashed
+// already: as they were copied (`hashed_in_copy[i]`), or on the device (item
+// i's hashes are at device_hashes + device_at[i] when that is not -1).
 void HashStagedChunks(const uint8_t* base, uint32_t chunk_size,
                       std::vector<proto::StagedItem>* layout,
+                      const std::vector<bool>& hashed_in_copy,
                       const std::vector<int64_t>& device_at,
                       const uint64_t* device_hashes) {
   struct Run {
@@ -48,6 +49,7 @@ void HashStagedChunks(const uint8_t* base, uint32_t chunk_size,
   std::vector<Run> runs;
   uint64_t total = 0;
   for (size_t i = 0; i < layout->size(); ++i) {
+    if (i < hashed_in_copy.size() && hashed_in_copy[i]) continue;
     proto::StagedItem& staged = (*layout)[i];
     const uint64_t n = staged.item().raw_size();
     const int count = static_cast<int>(snapshot::ChunkCount(n, chunk_size));
@@ -355,25 +357,43 @@ absl::Status SaveStager::CaptureByteItems(PendingSave& save) {
   return err == 0 ? absl::OkStatus() : io::ErrnoToStatus(err, save.slot_path);
 }
 
+void SaveStager::CopyHostTensors(PendingSave& save) {
+  // Plain memory copies, spread over several threads; with chunk hashes,
+  // each chunk hashed block by block as it is copied (one pass).
+  std::vector<CopyRegion> copies;
+  std::vector<HashedCopyRegion> hashed;
+  size_t total = 0;
+  save.hashed_in_copy.assign(save.layout.size(), false);
+  for (size_t i = 0; i < ctx_.items.size(); ++i) {
+    const RegisteredItem& r = ctx_.items[i];
+    if (!r.is_tensor() || r.item.raw_size() == 0) continue;
+    uint8_t* dst = save.base + save.layout[i].slot_offset();
+    const uint64_t n = r.item.raw_size();
+    total += n;
+    if (save.chunk_size == 0) {
+      copies.push_back({r.tensor, dst, n});
+      continue;
+    }
+    proto::StagedItem& staged = save.layout[i];
+    staged.set_chunk_size(save.chunk_size);
+    staged.mutable_chunk_xxh3()->Resize(
+        static_cast<int>(snapshot::ChunkCount(n, save.chunk_size)), 0);
+    hashed.push_back(
+        {r.tensor, dst, n, staged.mutable_chunk_xxh3()->mutable_data()});
+    save.hashed_in_copy[i] = true;
+  }
+  if (hashed.empty()) {
+    ParallelHostCopy(copies, CopyThreadsFor(total));
+  } else {
+    ParallelCopyAndHash(hashed, save.chunk_size, CopyThreadsFor(total));
+  }
+  for (size_t i = 0; i < copies.size() + hashed.size(); ++i) {
+    CKPT_KILL_POINT("client.item_copied");
+  }
+}
+
 absl::Status SaveStager::CopyTensors(
     const std::vector<proto::StagedItem>& layout, uint8_t* base) {
-  if (ctx_.device.host_resident() && !ctx_.device.queues_copies()) {
-    // Host tensors: plain memory copies, spread over several threads.
-    std::vector<CopyRegion> copies;
-    size_t total = 0;
-    for (size_t i = 0; i < ctx_.items.size(); ++i) {
-      if (!ctx_.items[i].is_tensor() || ctx_.items[i].item.raw_size() == 0)
-        continue;
-      copies.push_back({ctx_.items[i].tensor, base + layout[i].slot_offset(),
-                        ctx_.items[i].item.raw_size()});
-      total += ctx_.items[i].item.raw_size();
-    }
-    ParallelHostCopy(copies, CopyThreadsFor(total));
-    for (size_t i = 0; i < copies.size(); ++i) {
-      CKPT_KILL_POINT("client.item_copied");
-    }
-    return absl::OkStatus();
-  }
   absl::Status queued =
       ctx_.stager->QueueCopies(StagedTensors(layout, nullptr), base);
   const DeviceStager::Stats& stats = ctx_.stager->stats();
@@ -448,15 +468,21 @@ absl::Status SaveStager::CopyByFork(PendingSave& save, bool* forked) {
 }
 
 absl::Status SaveStager::CopyInProcess(PendingSave& save) {
-  absl::Status status = save.copied != nullptr
-                            ? save.copied->Wait()
-                            : CopyTensors(save.layout, save.base);
+  absl::Status status;
+  if (save.copied != nullptr) {
+    status = save.copied->Wait();
+  } else if (ctx_.device.host_resident() && !ctx_.device.queues_copies()) {
+    CopyHostTensors(save);
+  } else {
+    status = CopyTensors(save.layout, save.base);
+  }
   save.handle->Copied(status);
-  // The trainer goes on; the slot's chunks are hashed meanwhile, so that
+  // The trainer goes on; what was not hashed as it was copied (byte items,
+  // a device's tensors the device did not hash) is hashed meanwhile, so that
   // ckptd's persist of a raw chunk only writes it.
   if (status.ok() && save.chunk_size > 0) {
-    HashStagedChunks(save.base, save.chunk_size, &save.layout, save.device_at,
-                     save.device_hashes);
+    HashStagedChunks(save.base, save.chunk_size, &save.layout,
+                     save.hashed_in_copy, save.device_at, save.device_hashes);
   }
   return status;
 }

@@ -87,6 +87,8 @@ class SaveStager {
     std::shared_ptr<kernels::Event> copied;
     std::vector<int64_t> device_at;
     const uint64_t* device_hashes = nullptr;
+    // Items whose chunks were hashed as they were copied (host tensors).
+    std::vector<bool> hashed_in_copy;
     std::shared_ptr<SaveHandle> handle;
   };
 
@@ -112,8 +114,11 @@ class SaveStager {
   // Copies the byte items into the slot now (the caller may change them as
   // soon as Save returns).
   absl::Status CaptureByteItems(PendingSave& save);
-  // Copies the tensors into the slot at `base`: on host threads, or queued
-  // on the device's stream.
+  // Host tensors: copies them into the slot on host threads, hashing their
+  // chunks as it goes when the save is hashed (`hashed_in_copy`).
+  void CopyHostTensors(PendingSave& save);
+  // Queues the tensors' copies into the slot at `base` on the device's
+  // stream.
   absl::Status CopyTensors(const std::vector<proto::StagedItem>& layout,
                            uint8_t* base);
   // The registered tensors with bytes, as the device stager sees them.

@@ -18,6 +18,18 @@ uint64_t Checksum(absl::Span<const uint8_t> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
+ChecksumStream::ChecksumStream() : state_(XXH3_createState()) {
+  XXH3_64bits_reset(state_);
+}
+
+ChecksumStream::~ChecksumStream() { XXH3_freeState(state_); }
+
+void ChecksumStream::Update(absl::Span<const uint8_t> bytes) {
+  XXH3_64bits_update(state_, bytes.data(), bytes.size());
+}
+
+uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_); }
+
 size_t MaxEncodedSize(size_t raw_size) {
   return ChunkFootprint(kChunkHeaderSize,
                         std::max(ZSTD_compressBound(raw_size),

@@ -21,6 +21,8 @@
 #include "proto/manifest.pb.h"
 #include "snapshot/format.h"
 
+struct XXH3_state_s;  // xxhash.h
+
 namespace ckpt::snapshot {
 
 // Smaller raw chunks are copied behind their header by default: padding the
@@ -97,6 +99,23 @@ absl::Status DecodeChunk(const ChunkHeader& header,
 
 // XXH3-64 of `bytes`.
 uint64_t Checksum(absl::Span<const uint8_t> bytes);
+
+// Checksum of bytes given in pieces, in order: Digest() after Update(a),
+// Update(b) is Checksum(a + b). For hashing a block while it is still in the
+// cache after its copy.
+class ChecksumStream {
+ public:
+  ChecksumStream();
+  ~ChecksumStream();
+  ChecksumStream(const ChecksumStream&) = delete;
+  ChecksumStream& operator=(const ChecksumStream&) = delete;
+
+  void Update(absl::Span<const uint8_t> bytes);
+  uint64_t Digest() const;
+
+ private:
+  XXH3_state_s* state_;
+};
 
 // dst[i] ^= src[i] for every byte of dst (src at least as long): an XOR
 // delta made, or undone (format 5).

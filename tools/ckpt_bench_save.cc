@@ -1,5 +1,6 @@
-// ckpt-bench save: SaveAsync stalls and throughput against memcpy and a
-// synchronous write.
+// ckpt-bench save: SaveAsync stalls and throughput against memcpy (into a
+// fresh tmpfs file, and into memory already faulted in), the same saves
+// without chunk hashes, and a synchronous write.
 #include <fcntl.h>
 #include <sys/mman.h>
 
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,7 +123,7 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
   std::filesystem::create_directories(staging);
   const uint64_t max_mib =
       *std::max_element(sizes_mib.begin(), sizes_mib.end());
-  guard.pid = StartDaemon(dir, staging, 3 * max_mib + 64);
+  guard.pid = StartDaemon(dir, staging, 4 * max_mib + 64);
   if (guard.pid < 0) return 1;
   nlohmann::json j;
   j["benchmark"] = "save";
@@ -138,18 +140,46 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
   uint64_t step = 0;
   std::mt19937_64 rng(7);
   double sync_ratio = 0, touch_ratio = 0;
+  // The same saves without chunk hashes: what hashing adds to the stall.
+  ckpt::client::CheckpointerOptions plain_options = options;
+  plain_options.hash_staged_chunks = false;
   for (uint64_t mib : sizes_mib) {
     BenchState state(mib << 20, fork, rng);
-    auto c = ckpt::client::Checkpointer::Connect(options);
-    if (!c.ok() ||
-        !(*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
-                              {static_cast<int64_t>(state.size())}, {0},
-                              {static_cast<int64_t>(state.size())})
-             .ok()) {
+    auto connect = [&state](const ckpt::client::CheckpointerOptions& o)
+        -> absl::StatusOr<std::unique_ptr<ckpt::client::Checkpointer>> {
+      auto c = ckpt::client::Checkpointer::Connect(o);
+      if (!c.ok()) return c.status();
+      absl::Status s =
+          (*c)->RegisterTensor("state", ckpt::proto::DTYPE_UINT8, state.data(),
+                               {static_cast<int64_t>(state.size())}, {0},
+                               {static_cast<int64_t>(state.size())});
+      if (!s.ok()) return s;
+      return c;
+    };
+    auto c = connect(options);
+    if (!c.ok()) {
       std::cerr << "ckpt-bench: " << c.status() << "\n";
       return 1;
     }
+    absl::StatusOr<std::unique_ptr<ckpt::client::Checkpointer>> plain;
+    // The reference a copy can reach: memcpy into memory already faulted in
+    // (a staging slot is made and pre-faulted ahead of the save).
+    std::vector<uint8_t> prefaulted(state.size(), 1);
     std::vector<double> stall, memcpy_s, ratio, sync_s, touch, touch_after;
+    std::vector<double> plain_stall, prefaulted_s;
+    // A save of the state without hashes; its stall in seconds, or -1.
+    auto plain_save = [&]() -> double {
+      auto start = std::chrono::steady_clock::now();
+      auto save = (*plain)->SaveAsync(++step);
+      absl::Status st = save.ok() ? (*save)->WaitStaged() : save.status();
+      const double stalled = Seconds(start);
+      if (st.ok()) st = (*save)->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK);
+      if (!st.ok()) {
+        std::cerr << "ckpt-bench: save without hashes failed: " << st << "\n";
+        return -1;
+      }
+      return stalled;
+    };
     // Warm-up saves, timed apart: the first save of a size makes its slot
     // while the trainer waits, the next ones take slots ckptd made ahead but
     // the trainer has not mapped yet; from then on a slot and its mapping are
@@ -173,6 +203,11 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
     }
     for (int r = 0; r < runs; ++r) {
       memcpy_s.push_back(MemcpyToTmpfs(staging, state.span()));
+      {
+        auto start = std::chrono::steady_clock::now();
+        std::memcpy(prefaulted.data(), state.data(), state.size());
+        prefaulted_s.push_back(Seconds(start));
+      }
       touch.push_back(state.Touch());
       auto start = std::chrono::steady_clock::now();
       auto save = (*c)->SaveAsync(++step);
@@ -197,11 +232,58 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
       }
       if (!json) {
         std::fprintf(stderr,
-                     "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f); "
-                     "page-touch pass %.1f ms, right after the save %.1f ms\n",
+                     "%lu MiB run %d: stall %.1f ms, memcpy %.1f ms (x%.2f), "
+                     "pre-faulted %.1f ms; page-touch pass %.1f ms, right "
+                     "after the save %.1f ms\n",
                      static_cast<unsigned long>(mib), r + 1, stall.back() * 1e3,
-                     memcpy_s.back() * 1e3, ratio.back(), touch.back() * 1e3,
+                     memcpy_s.back() * 1e3, ratio.back(),
+                     prefaulted_s.back() * 1e3, touch.back() * 1e3,
                      touch_after.back() * 1e3);
+      }
+    }
+    // Then the same saves of the same job without hashes (after their own
+    // warm-up): its slots are the ones the saves above used.
+    c = absl::UnavailableError("done");
+    plain = connect(plain_options);
+    if (!plain.ok()) {
+      std::cerr << "ckpt-bench: " << plain.status() << "\n";
+      return 1;
+    }
+    for (int r = -warmup; r < runs; ++r) {
+      const double stalled = plain_save();
+      if (stalled < 0) return 1;
+      if (r >= 0) plain_stall.push_back(stalled);
+    }
+    // At the largest size, saving every step: each save waits only for its
+    // copy, the trainer touches its state (a step), then saves again while
+    // ckptd still persists the steps before.
+    std::vector<double> overlapped;
+    if (mib == sizes_mib.back()) {
+      plain = absl::UnavailableError("done");
+      c = connect(options);
+      if (!c.ok()) {
+        std::cerr << "ckpt-bench: " << c.status() << "\n";
+        return 1;
+      }
+      std::vector<std::shared_ptr<ckpt::client::SaveHandle>> pending;
+      for (int r = -warmup; r < 2 * runs; ++r) {
+        auto start = std::chrono::steady_clock::now();
+        auto save = (*c)->SaveAsync(++step);
+        absl::Status st = save.ok() ? (*save)->WaitStaged() : save.status();
+        if (r >= 0) overlapped.push_back(Seconds(start));
+        if (!st.ok()) {
+          std::cerr << "ckpt-bench: overlapped save failed: " << st << "\n";
+          return 1;
+        }
+        pending.push_back(*save);
+        state.Touch();
+      }
+      // The newest: the ones before it are committed or dropped by then.
+      absl::Status st =
+          pending.back()->WaitCommitted(ckpt::proto::TIER_LOCAL_DISK);
+      if (!st.ok()) {
+        std::cerr << "ckpt-bench: overlapped save failed: " << st << "\n";
+        return 1;
       }
     }
     std::string key = mib % 1024 == 0 ? std::to_string(mib / 1024) + "g"
@@ -210,6 +292,19 @@ int RunSave(const std::string& dir, std::vector<uint64_t> sizes_mib, int runs,
     j["stall_ms_" + key] = Median(stall) * 1e3;
     j["memcpy_ms_" + key] = Median(memcpy_s) * 1e3;
     j["stall_vs_memcpy_" + key] = Median(ratio);
+    j["prefaulted_memcpy_ms_" + key] = Median(prefaulted_s) * 1e3;
+    j["stall_vs_prefaulted_memcpy_" + key] =
+        Median(stall) / Median(prefaulted_s);
+    if (!overlapped.empty()) {
+      j["stall_overlapped_ms_" + key] = Median(overlapped) * 1e3;
+      j["stall_overlapped_vs_prefaulted_memcpy_" + key] =
+          Median(overlapped) / Median(prefaulted_s);
+    }
+    j["stall_unhashed_ms_" + key] = Median(plain_stall) * 1e3;
+    j["hash_cost_in_stall_" + key] = Median(stall) / Median(plain_stall);
+    if (mib == sizes_mib.back()) {
+      j["hash_cost_in_stall"] = Median(stall) / Median(plain_stall);
+    }
     j["touch_ms_" + key] = Median(touch) * 1e3;
     j["touch_after_save_ms_" + key] = Median(touch_after) * 1e3;
     if (!sync_s.empty()) j["sync_write_ms_" + key] = Median(sync_s) * 1e3;

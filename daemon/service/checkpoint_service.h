@@ -251,6 +251,11 @@ class CheckpointService {
                         uint32_t rank) const;
 
  private:
+  // A wait for (job, step) at `tier` that cannot end: a newer step is
+  // committed there and nothing of `step` is kept here (collected, or never
+  // saved here). OK otherwise.
+  absl::Status NotWaitedFor(const std::string& job, uint64_t step,
+                            proto::Tier tier);
   // With a cluster key, checks `r`'s shard file (its manifest's seal and
   // checksums). A file refused is dropped from `r` when its slot is still
   // there; else the error names it (the restore looks elsewhere).

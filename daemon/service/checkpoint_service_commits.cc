@@ -122,14 +122,17 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
     if (commit.has_value()) return *commit;
     ASSIGN_OR_RETURN(std::vector<proto::ShardRecord> shards,
                      catalog_->ListShards(job));
+    bool kept = false;
     for (const proto::ShardRecord& r : shards) {
-      if (r.step() == step && r.state() == proto::SHARD_FAILED &&
-          tier == proto::TIER_LOCAL_DISK) {
+      if (r.step() != step) continue;
+      kept = true;
+      if (r.state() == proto::SHARD_FAILED && tier == proto::TIER_LOCAL_DISK) {
         return absl::Status(absl::StatusCode::kAborted,
                             absl::StrCat(Describe(job, step, r.rank()),
                                          " failed to persist: ", r.error()));
       }
     }
+    if (!kept) RETURN_IF_ERROR(NotWaitedFor(job, step, tier));
     // Another node's vote may commit the step (etcd): look again every
     // 100 ms even when nothing changed here.
     const absl::Time look_again =
@@ -140,6 +143,18 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
           TierName(tier), " after ", absl::FormatDuration(timeout)));
     }
   }
+}
+
+absl::Status CheckpointService::NotWaitedFor(const std::string& job,
+                                             uint64_t step, proto::Tier tier) {
+  ASSIGN_OR_RETURN(absl::optional<uint64_t> latest,
+                   coordinator_->LatestCommitted(job, tier));
+  if (!latest.has_value() || *latest <= step) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(
+      "job ", job, " step ", step, " has no commit at tier ", TierName(tier),
+      " and nothing of it is kept on this node, while step ", *latest,
+      " is committed there: retention dropped it after the newer step ",
+      "committed (see --keep-disk, --keep-memory), or it never completed"));
 }
 
 absl::StatusOr<absl::optional<uint64_t>> CheckpointService::LatestCommitted(

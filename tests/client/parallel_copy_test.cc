@@ -5,9 +5,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
+#include "snapshot/chunk_codec.h"
 #include "tests/test_util.h"
 
 namespace ckpt::client {
@@ -54,6 +57,57 @@ TEST(ParallelHostCopyTest, ThreadsFollowTheSizeAndTheEnvironment) {
   ::setenv("CKPT_COPY_THREADS", "3", 1);
   EXPECT_EQ(CopyThreadsFor(1 << 20), 3);
   ::unsetenv("CKPT_COPY_THREADS");
+}
+
+// Copy and hash in one pass gives what copying then hashing each chunk
+// gives, for random region sizes, alignments (offsets into the buffers),
+// chunk sizes (below, at and above the hash block) and thread counts.
+TEST(ParallelCopyAndHashTest, HashesEqualHashingAfterTheCopy) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> src(size_t{24} << 20), dst(src.size() + 4096);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  const std::vector<uint32_t> chunk_sizes = {
+      1, 4096, 100000, 256 << 10, (256 << 10) + 1, 1 << 20, 4 << 20};
+  for (int round = 0; round < 12; ++round) {
+    const uint32_t chunk = chunk_sizes[rng() % chunk_sizes.size()];
+    const int threads = 1 + static_cast<int>(rng() % 5);
+    std::vector<HashedCopyRegion> regions;
+    std::vector<std::vector<uint64_t>> hashes;
+    std::vector<std::pair<size_t, size_t>> placed;  // src offset, dst offset
+    size_t src_at = 0, dst_at = 0;
+    const int count = 1 + static_cast<int>(rng() % 4);
+    const size_t most = chunk == 1 ? 3000 : src.size() / count - 64;
+    hashes.reserve(count);
+    for (int r = 0; r < count; ++r) {
+      const size_t bytes = rng() % most;
+      const size_t skew_src = rng() % 64, skew_dst = rng() % 64;
+      src_at += skew_src;
+      dst_at += skew_dst;
+      hashes.emplace_back(bytes == 0 ? 0 : (bytes + chunk - 1) / chunk, 0);
+      regions.push_back({src.data() + src_at, dst.data() + dst_at, bytes,
+                         hashes.back().data()});
+      placed.emplace_back(src_at, dst_at);
+      src_at += bytes;
+      dst_at += bytes;
+    }
+    ParallelCopyAndHash(regions, chunk, threads);
+    for (size_t r = 0; r < regions.size(); ++r) {
+      const size_t bytes = regions[r].bytes;
+      ASSERT_EQ(0, std::memcmp(src.data() + placed[r].first,
+                               dst.data() + placed[r].second, bytes))
+          << "seed " << seed << " region " << r;
+      for (size_t k = 0; k < hashes[r].size(); ++k) {
+        const size_t off = k * chunk;
+        const uint64_t want = snapshot::Checksum(
+            absl::MakeConstSpan(dst.data() + placed[r].second + off,
+                                std::min<size_t>(chunk, bytes - off)));
+        ASSERT_EQ(hashes[r][k], want)
+            << "seed " << seed << " chunk size " << chunk << " region " << r
+            << " chunk " << k << ", " << threads << " threads";
+      }
+    }
+  }
 }
 
 }  // namespace

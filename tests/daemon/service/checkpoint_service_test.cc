@@ -52,6 +52,29 @@ TEST_F(CheckpointServiceTest, AStepMissingARankIsNeverCommitted) {
   EXPECT_FALSE(service->LatestCommitted("job", kMem)->has_value());
 }
 
+// A saver that waits for a step retention has dropped since (it saves every
+// step and waits later) is told so at once, not left waiting.
+TEST_F(CheckpointServiceTest, AWaitForAStepRetentionDroppedEndsAtOnce) {
+  ServiceOptions options = Options();
+  options.keep_disk_steps = 1;
+  options.keep_memory_steps = 1;
+  auto service = Start(io::DefaultFileSystem(), options);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(
+        RankState(step, 0).Stage(service.get(), "job", step, 0, 1).ok());
+    ASSERT_TRUE(
+        service->WaitCommitted("job", step, kDisk, absl::Seconds(30)).ok());
+  }
+  service->WaitIdle();
+  const absl::Time start = absl::Now();
+  auto dropped = service->WaitCommitted("job", 1, kDisk, absl::Seconds(30));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_EQ(dropped.status().code(), absl::StatusCode::kNotFound)
+      << dropped.status();
+  EXPECT_THAT(dropped.status().message(), HasSubstr("retention dropped it"));
+  EXPECT_TRUE(service->WaitCommitted("job", 3, kDisk, absl::Seconds(30)).ok());
+}
+
 TEST_F(CheckpointServiceTest, AnUncommittedStepIsReplacedByANewSaveOfIt) {
   // Rank 0 saved step 2, then the job died before rank 1 did; the restarted
   // job saves step 2 again, and this time its state differs.
