@@ -45,6 +45,18 @@ void ParallelHostCopy(const std::vector<CopyRegion>& regions, int threads) {
   });
 }
 
+uint64_t CopyAndChecksum(void* dst, const void* src, size_t bytes) {
+  auto* to = static_cast<uint8_t*>(dst);
+  const auto* from = static_cast<const uint8_t*>(src);
+  snapshot::ChecksumStream hash;
+  for (size_t at = 0; at < bytes; at += kHashBlock) {
+    const size_t n = std::min(kHashBlock, bytes - at);
+    std::memcpy(to + at, from + at, n);
+    hash.Update(absl::MakeConstSpan(to + at, n));
+  }
+  return hash.Digest();
+}
+
 void ParallelCopyAndHash(const std::vector<HashedCopyRegion>& regions,
                          uint32_t chunk_size, int threads) {
   struct Run {
@@ -62,14 +74,7 @@ void ParallelCopyAndHash(const std::vector<HashedCopyRegion>& regions,
     }
   }
   io::ParallelFor(runs.size(), threads, [&runs](size_t i) {
-    const Run& run = runs[i];
-    snapshot::ChecksumStream hash;
-    for (size_t at = 0; at < run.bytes; at += kHashBlock) {
-      const size_t n = std::min(kHashBlock, run.bytes - at);
-      std::memcpy(run.dst + at, run.src + at, n);
-      hash.Update(absl::MakeConstSpan(run.dst + at, n));
-    }
-    *run.xxh3 = hash.Digest();
+    *runs[i].xxh3 = CopyAndChecksum(runs[i].dst, runs[i].src, runs[i].bytes);
   });
 }
 

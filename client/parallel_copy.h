@@ -39,6 +39,11 @@ struct HashedCopyRegion {
   uint64_t* xxh3;
 };
 
+// Copies `bytes` from `src` to `dst` in blocks small enough to stay in the
+// core's cache, each hashed right after its copy; returns the
+// snapshot::Checksum of the bytes written (memory is read once).
+uint64_t CopyAndChecksum(void* dst, const void* src, size_t bytes);
+
 // Copies and hashes in one pass: each `chunk_size` run of every region on
 // one thread, in blocks small enough to stay in the core's cache, each block
 // hashed (snapshot::ChecksumStream, of the bytes written) right after its

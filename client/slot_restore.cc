@@ -104,14 +104,16 @@ bool Landed(const CopyUnit& unit, absl::Span<const uint8_t> landed) {
   return !unit.xxh3.has_value() || snapshot::Checksum(landed) == *unit.xxh3;
 }
 
-// Host units copied on `threads`, each hashed while it is in the cache.
+// Host units copied on `threads` and checked in one pass: each block hashed
+// right after its copy, while it is in the cache.
 absl::Status CopyOnHost(const std::vector<const CopyUnit*>& units, int threads,
                         const snapshot::ShardReader* reader) {
   std::vector<absl::Status> results(units.size());
   ParallelFor(units.size(), threads, [&](size_t i) {
     const CopyUnit& unit = *units[i];
-    std::memcpy(unit.dst, unit.src, unit.bytes);
-    if (!Landed(unit, absl::MakeConstSpan(unit.dst, unit.bytes))) {
+    if (!unit.xxh3.has_value()) {
+      std::memcpy(unit.dst, unit.src, unit.bytes);
+    } else if (CopyAndChecksum(unit.dst, unit.src, unit.bytes) != *unit.xxh3) {
       results[i] = Mismatch(unit, reader);
     }
   });
