@@ -13,6 +13,7 @@
 #include "daemon/common/grpc_status.h"
 #include "daemon/peer/parity_plan.h"
 #include "daemon/peer/peer_fetch.h"
+#include "io/background.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -273,6 +274,7 @@ size_t ParityTier::pending() const {
 }
 
 void ParityTier::Loop() {
+  io::EnterBackground();
   absl::Duration wait = options_.retry_interval;
   while (true) {
     std::vector<Pending> work;

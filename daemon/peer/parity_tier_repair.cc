@@ -10,6 +10,7 @@
 #include "daemon/common/describe.h"
 #include "daemon/peer/parity_plan.h"
 #include "daemon/peer/parity_tier.h"
+#include "io/background.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "proto/peer.grpc.pb.h"
@@ -27,6 +28,7 @@ void ParityTier::RepairLostData() {
 }
 
 void ParityTier::RepairLoop() {
+  io::EnterBackground();
   while (true) {
     Repair repair;
     {

@@ -18,6 +18,7 @@
 #include "daemon/peer/peer_fetch.h"
 #include "daemon/peer/replication_backlog.h"
 #include "daemon/persist/retention.h"
+#include "io/background.h"
 #include "io/bulk_transfer.h"
 #include "io/host.h"
 #include "io/kill_point.h"
@@ -148,6 +149,7 @@ size_t Replicator::pending() const {
 }
 
 void Replicator::Loop() {
+  io::EnterBackground();
   absl::Time last_publish = absl::InfinitePast();
   while (true) {
     std::vector<Pending> work;

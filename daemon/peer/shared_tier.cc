@@ -15,6 +15,7 @@
 #include "daemon/peer/replica_store.h"
 #include "daemon/persist/retention.h"
 #include "io/aligned_buffer.h"
+#include "io/background.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -119,6 +120,7 @@ void SharedTier::Enqueue(const proto::ShardRecord& shard) {
 }
 
 void SharedTier::Loop() {
+  io::EnterBackground();
   while (true) {
     proto::ShardRecord shard;
     {

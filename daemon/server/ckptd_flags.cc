@@ -160,6 +160,13 @@ void AddLocalOptions(CLI::App& app, CkptdFlags& f) {
                  "threads persisting shards")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--background-nice", f.background_nice,
+                 "how much lower the persist, codec, replication and copy "
+                 "threads are scheduled than the rest (nice increment; 0: "
+                 "the same), so that trainers copying their state get the "
+                 "cores first")
+      ->check(CLI::Range(0, 19))
+      ->capture_default_str();
   app.add_option("--zstd-level", f.zstd_level,
                  "zstd level of the persisted chunks")
       ->check(CLI::Range(-7, 19))

@@ -25,6 +25,7 @@
 #include "daemon/server/peer_service.h"
 #include "daemon/server/supervisor_notify.h"
 #include "daemon/service/checkpoint_service.h"
+#include "io/background.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -262,6 +263,7 @@ int main(int argc, char** argv) {
       ckpt::daemon::ServiceOptionsFrom(f);
   if (!made.ok()) return Fail(made.status(), 2);
   ckpt::daemon::ServiceOptions options = *std::move(made);
+  ckpt::io::SetBackgroundNice(f.background_nice);
   // Everything ckptd creates is its uid's alone: files 0600, directories
   // 0700 (trainers run as the same uid; see docs/security.md).
   ::umask(077);

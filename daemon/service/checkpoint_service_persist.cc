@@ -10,6 +10,7 @@
 #include "daemon/common/describe.h"
 #include "daemon/common/records.h"
 #include "daemon/service/checkpoint_service.h"
+#include "io/background.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
@@ -17,6 +18,8 @@
 namespace ckpt::daemon {
 
 void CheckpointService::PersistLoop() {
+  // Persists and their codec threads give way to the trainers' copies.
+  io::EnterBackground();
   while (std::optional<PersistQueue::Work> work = queue_.Next()) {
     RevoteIfRejoined();
     if (work->shard.has_value()) {
