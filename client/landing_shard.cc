@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "client/checkpointer_internal.h"
 #include "io/file_system_wrapper.h"
 #include "io/status_macros.h"
@@ -17,6 +18,8 @@ namespace {
 // Reads in flight per landing file: a restore's window of 4 MiB chunks.
 constexpr int kLandingReads = 16;
 constexpr size_t kLandingWindowBytes = 64 << 20;
+// Beyond the connection's timeout, for one range.
+constexpr absl::Duration kLandingTimeout = absl::Minutes(5);
 
 // The landed file, mapped; each read lands its range first.
 class LandingFile final : public io::ThreadedReadableFile {
@@ -41,8 +44,11 @@ class LandingFile final : public io::ThreadedReadableFile {
     request.set_offset(offset);
     request.set_length(dst.size());
     proto::LandRangeResponse response;
+    // ckptd retries a store that errs or stalls (capped backoff): a range
+    // may take longer than a local call.
     RETURN_IF_ERROR(rpc_.Call(&proto::CkptDaemon::Stub::LandRange, request,
-                              &response, "landing a range of the shard"));
+                              &response, "landing a range of the shard",
+                              kLandingTimeout));
     std::memcpy(dst.data(), file_->data() + offset, dst.size());
     return absl::OkStatus();
   }
