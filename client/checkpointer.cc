@@ -227,6 +227,16 @@ absl::StatusOr<std::vector<uint64_t>> Checkpointer::ListCommitted(
   return steps;
 }
 
+absl::StatusOr<std::vector<proto::ReplicaCheck>> Checkpointer::SuspectSteps() {
+  proto::ListCommitsRequest req;
+  req.set_job(options_.job);
+  proto::ListCommitsResponse resp;
+  RETURN_IF_ERROR(rpc_->Call(&proto::CkptDaemon::Stub::ListCommits, req, &resp,
+                             "listing suspect steps"));
+  return std::vector<proto::ReplicaCheck>(resp.suspects().begin(),
+                                          resp.suspects().end());
+}
+
 absl::StatusOr<proto::ShardRecord> Checkpointer::DescribeShard(uint64_t step) {
   proto::GetShardRequest req;
   req.mutable_shard()->set_job(options_.job);

@@ -249,6 +249,10 @@ class Checkpointer {
   // oldest first.
   absl::StatusOr<std::vector<uint64_t>> ListCommitted(
       proto::Tier tier = proto::TIER_LOCAL_DISK);
+  // The kept steps whose replicas disagree (silent data corruption
+  // suspected, daemon/health/replica_check.h): RestoreLatest skips them, a
+  // Restore of one reads the majority's bytes where there is a majority.
+  absl::StatusOr<std::vector<proto::ReplicaCheck>> SuspectSteps();
   // Restores every registered item from `step`, from the memory tier when the
   // slot is still there, else from the persisted shard (verified). Once the
   // shard is persisted, the slot's bytes are checked against the manifest's
@@ -297,6 +301,7 @@ class Checkpointer {
   // `restore_peer_wait`.
   absl::Status RestoreFrom(uint64_t step);
   absl::Status RestoreOnce(uint64_t step, const proto::CommitRecord& commit,
+                           const ReplicasAvoided& avoided,
                            const std::string& what);
   // What a restore's collaborators work on (the items, ckptd, the device,
   // the report).

@@ -12,6 +12,37 @@
 
 namespace ckpt::client {
 
+namespace {
+
+// The replicas of a suspect step that are outside their box's majority
+// (none when the step is not suspect): the restore reads the majority's.
+ReplicasAvoided AvoidedReplicas(const proto::ListCommitsResponse& commits,
+                                uint64_t step, const std::string& what) {
+  ReplicasAvoided avoided;
+  for (const proto::ReplicaCheck& check : commits.suspects()) {
+    if (check.step() != step) continue;
+    for (const proto::ReplicaMismatch& m : check.mismatches()) {
+      if (m.majority_ranks().empty()) {
+        CKPT_LOG_WARN(
+            "{}: the step is suspect, the replicas of \"{}\" "
+            "disagree with no majority; each rank's own are restored",
+            what, m.item());
+        continue;
+      }
+      for (uint32_t rank : m.minority_ranks()) avoided.insert({m.item(), rank});
+    }
+  }
+  if (!avoided.empty()) {
+    CKPT_LOG_WARN(
+        "{}: the step is suspect (its replicas disagree); the "
+        "majority's bytes are restored, {} replica(s) avoided",
+        what, avoided.size());
+  }
+  return avoided;
+}
+
+}  // namespace
+
 absl::Status Checkpointer::Restore(uint64_t step) {
   report_ = RestoreReport();
   absl::Status restored = RestoreFrom(step);
@@ -77,10 +108,11 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
     return absl::NotFoundError(
         absl::StrCat(what, ": step ", step, " is not committed at any tier"));
   }
+  const ReplicasAvoided avoided = AvoidedReplicas(commits, step, what);
   const absl::Time deadline = absl::Now() + options_.restore_peer_wait;
   absl::Duration pause = absl::Milliseconds(200);
   for (;;) {
-    absl::Status restored = RestoreOnce(step, *commit, what);
+    absl::Status restored = RestoreOnce(step, *commit, avoided, what);
     if (!absl::IsUnavailable(restored) || absl::Now() + pause > deadline) {
       return restored;
     }
@@ -94,9 +126,11 @@ absl::Status Checkpointer::RestoreFrom(uint64_t step) {
 
 absl::Status Checkpointer::RestoreOnce(uint64_t step,
                                        const proto::CommitRecord& commit,
+                                       const ReplicasAvoided& avoided,
                                        const std::string& what) {
-  if (commit.world_size() != options_.world_size) {
-    return Resharder(Restoring(), what).Restore(step, commit.world_size());
+  if (commit.world_size() != options_.world_size || !avoided.empty()) {
+    return Resharder(Restoring(), what, avoided)
+        .Restore(step, commit.world_size());
   }
   if (device_->host_resident()) {
     // A shard on no local tier streams straight from a peer into place.

@@ -34,8 +34,9 @@ snapshot::Box BoxOf(const proto::Item& item) {
 
 }  // namespace
 
-Resharder::Resharder(RestoreContext ctx, std::string what)
-    : ctx_(ctx), what_(std::move(what)) {}
+Resharder::Resharder(RestoreContext ctx, std::string what,
+                     ReplicasAvoided avoided)
+    : ctx_(ctx), what_(std::move(what)), avoided_(std::move(avoided)) {}
 
 absl::Status Resharder::Restore(uint64_t step, uint32_t saved_world) {
   RETURN_IF_ERROR(DescribeSavedRanks(step, saved_world));
@@ -190,6 +191,7 @@ absl::StatusOr<std::vector<Resharder::SavedBox>> Resharder::SavedBoxesOf(
     }
     snapshot::Box box = BoxOf(had);
     if (snapshot::Intersect(box, want).elements() == 0) continue;
+    if (avoided_.count({r.item.name(), src.shard.rank()}) != 0) continue;
     SavedBox& group = groups[{box.offset, box.length}];
     group.box = std::move(box);
     group.replicas.push_back({&src, staged});

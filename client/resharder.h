@@ -30,7 +30,9 @@ namespace ckpt::client {
 class Resharder {
  public:
   // `what` ("restoring job J step S rank R") starts every error.
-  Resharder(RestoreContext ctx, std::string what);
+  // Replicas in `avoided` are not read (the minority of a suspect step's
+  // replicas: the box's majority holds it too).
+  Resharder(RestoreContext ctx, std::string what, ReplicasAvoided avoided = {});
 
   // Restores every registered item from `step`, saved by `saved_world`
   // ranks.
@@ -89,6 +91,7 @@ class Resharder {
 
   const RestoreContext ctx_;
   const std::string what_;
+  const ReplicasAvoided avoided_;
   std::vector<SavedRank> saved_;           // by saved rank
   std::vector<uint8_t> scratch_;           // a saved item's bytes from a file
   std::unique_ptr<PinnedHalves> staging_;  // device tensors only

@@ -9,7 +9,9 @@
 #define CKPT_CLIENT_RESTORE_CONTEXT_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/manifest.pb.h"
@@ -38,6 +40,10 @@ struct RestoreReport {
   uint64_t memory_bytes = 0, disk_bytes = 0, peer_bytes = 0;
   uint32_t mismatches = 0, fallbacks = 0;
 };
+
+// Saved replicas a restore must not read, as (item name, saved rank): those
+// outside the majority of a suspect step's replicas.
+using ReplicasAvoided = std::set<std::pair<std::string, uint32_t>>;
 
 struct RestoreContext {
   const CheckpointerOptions& options;

@@ -98,6 +98,17 @@ std::string DaemonSocketOf(const std::string& data_dir);
 absl::StatusOr<std::optional<std::vector<proto::CommitRecord>>> DaemonCommits(
     const std::string& socket_path, const std::string& job);
 
+// The steps of `job` the running ckptd found suspect (their replicas
+// disagree: silent data corruption, daemon/health/replica_check.h); empty
+// when no ckptd answers at `socket_path`.
+absl::StatusOr<std::vector<proto::ReplicaCheck>> DaemonSuspects(
+    const std::string& socket_path, const std::string& job);
+// A suspect step as JSON ({step, replicated_boxes, checked_by, mismatches:
+// [{item, majority_ranks, minority_ranks, minority_nodes}]}), and as one
+// line naming the ranks and nodes outside each box's majority.
+nlohmann::json SuspectJson(const proto::ReplicaCheck& check);
+std::string SuspectLine(const proto::ReplicaCheck& check);
+
 // True when something accepts connections on the unix socket.
 bool Accepting(const std::string& socket_path);
 
@@ -113,8 +124,9 @@ bool IsShardFile(const std::string& arg);
 int Inspect(const std::string& path, bool json, io::FileSystem* fs = nullptr);
 
 // `ckpt inspect JOB STEP`: the step's tensors with how they are sharded.
-int InspectStep(const std::string& data_dir, const std::string& job,
-                const std::string& step_text, bool json);
+int InspectStep(const std::string& data_dir, const std::string& socket_path,
+                const std::string& job, const std::string& step_text,
+                bool json);
 
 // Shard files (through `fs`, the local file system unless given).
 int Verify(const std::vector<std::string>& paths, bool json,

@@ -167,7 +167,10 @@ std::string DaemonSocketOf(const std::string& data_dir) {
   return absl::StrCat("/tmp/ckpt-", ::getuid(), "/ckptd.sock");
 }
 
-absl::StatusOr<std::optional<std::vector<proto::CommitRecord>>> DaemonCommits(
+namespace {
+
+// What the running ckptd lists of `job`; nullopt when none answers.
+absl::StatusOr<std::optional<proto::ListCommitsResponse>> ListDaemonCommits(
     const std::string& socket_path, const std::string& job) {
   proto::ListCommitsRequest req;
   req.set_job(job);
@@ -177,8 +180,67 @@ absl::StatusOr<std::optional<std::vector<proto::CommitRecord>>> DaemonCommits(
       "listing the commits of job " + job, std::chrono::seconds(10));
   if (absl::IsUnavailable(resp.status())) return std::nullopt;
   if (!resp.ok()) return resp.status();
-  return std::vector<proto::CommitRecord>(resp->commits().begin(),
-                                          resp->commits().end());
+  return *std::move(resp);
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<std::vector<proto::CommitRecord>>> DaemonCommits(
+    const std::string& socket_path, const std::string& job) {
+  auto resp = ListDaemonCommits(socket_path, job);
+  if (!resp.ok()) return resp.status();
+  if (!resp->has_value()) return std::nullopt;
+  return std::vector<proto::CommitRecord>((*resp)->commits().begin(),
+                                          (*resp)->commits().end());
+}
+
+absl::StatusOr<std::vector<proto::ReplicaCheck>> DaemonSuspects(
+    const std::string& socket_path, const std::string& job) {
+  auto resp = ListDaemonCommits(socket_path, job);
+  if (!resp.ok()) return resp.status();
+  if (!resp->has_value()) return std::vector<proto::ReplicaCheck>();
+  return std::vector<proto::ReplicaCheck>((*resp)->suspects().begin(),
+                                          (*resp)->suspects().end());
+}
+
+nlohmann::json SuspectJson(const proto::ReplicaCheck& check) {
+  nlohmann::json j;
+  j["step"] = check.step();
+  j["replicated_boxes"] = check.replicated_boxes();
+  j["checked_by"] = check.checked_by();
+  j["mismatches"] = nlohmann::json::array();
+  for (const proto::ReplicaMismatch& m : check.mismatches()) {
+    nlohmann::json mj;
+    mj["item"] = m.item();
+    mj["majority_ranks"] = std::vector<uint32_t>(m.majority_ranks().begin(),
+                                                 m.majority_ranks().end());
+    mj["minority_ranks"] = std::vector<uint32_t>(m.minority_ranks().begin(),
+                                                 m.minority_ranks().end());
+    mj["minority_nodes"] = std::vector<std::string>(m.minority_nodes().begin(),
+                                                    m.minority_nodes().end());
+    j["mismatches"].push_back(std::move(mj));
+  }
+  return j;
+}
+
+std::string SuspectLine(const proto::ReplicaCheck& check) {
+  std::vector<std::string> parts;
+  for (const proto::ReplicaMismatch& m : check.mismatches()) {
+    std::vector<std::string> odd;
+    for (int i = 0; i < m.minority_ranks_size(); ++i) {
+      odd.push_back(absl::StrCat("rank ", m.minority_ranks(i), " (node ",
+                                 m.minority_nodes(i), ")"));
+    }
+    parts.push_back(absl::StrCat(
+        "\"", m.item(), "\" on ", absl::StrJoin(odd, ", "),
+        m.majority_ranks().empty()
+            ? " disagree, no majority"
+            : absl::StrCat(" outside the majority (ranks ",
+                           absl::StrJoin(m.majority_ranks(), ", "), ")")));
+  }
+  return absl::StrCat("step ", check.step(),
+                      " SUSPECT (replicas disagree, not resumed from): ",
+                      absl::StrJoin(parts, "; "));
 }
 
 bool Accepting(const std::string& socket_path) {

@@ -106,8 +106,9 @@ int Inspect(const std::string& path, bool json, io::FileSystem* fs) {
   return 0;
 }
 
-int InspectStep(const std::string& data_dir, const std::string& job,
-                const std::string& step_text, bool json) {
+int InspectStep(const std::string& data_dir, const std::string& socket_path,
+                const std::string& job, const std::string& step_text,
+                bool json) {
   auto step = ParseStep(step_text);
   if (!step.ok()) return UsageError("inspect", step.status());
   auto view = ckpt::tools::DataDirView::Open(data_dir);
@@ -118,6 +119,11 @@ int InspectStep(const std::string& data_dir, const std::string& job,
   j["job"] = job;
   j["step"] = *step;
   j["world_size"] = shards->front().world_size();
+  auto suspects = DaemonSuspects(socket_path, job);
+  if (!suspects.ok()) return Fail("inspect", suspects.status());
+  for (const proto::ReplicaCheck& c : *suspects) {
+    if (c.step() == *step) j["suspect"] = SuspectJson(c);
+  }
   j["ranks"] = nlohmann::json::array();
   for (const proto::ShardRecord& r : *shards) {
     nlohmann::json rj;
@@ -181,6 +187,9 @@ int InspectStep(const std::string& data_dir, const std::string& job,
                   HumanBytes(ij["stored_size"].get<uint64_t>()).c_str(),
                   ij["chunks"].get<int>(), ij["codecs"].dump().c_str());
     }
+  }
+  for (const proto::ReplicaCheck& c : *suspects) {
+    if (c.step() == *step) std::printf("  %s\n", SuspectLine(c).c_str());
   }
   std::printf("  items and their sharding:\n");
   for (const auto& [name, parts] : boxes) {

@@ -37,11 +37,20 @@ int Ls(const std::string& data_dir, const std::string& socket_path,
     from_daemon = commits->has_value();
     auto steps = (*view)->Steps(name, from_daemon ? &**commits : nullptr);
     if (!steps.ok()) return Fail("ls", steps.status());
+    auto suspects = from_daemon ? DaemonSuspects(socket_path, name)
+                                : std::vector<proto::ReplicaCheck>();
+    if (!suspects.ok()) return Fail("ls", suspects.status());
+    std::map<uint64_t, const proto::ReplicaCheck*> suspect;
+    for (const proto::ReplicaCheck& c : *suspects) suspect[c.step()] = &c;
     nlohmann::json j;
     j["job"] = name;
     j["commits_from"] = from_daemon ? "ckptd" : "data_dir";
     j["steps"] = nlohmann::json::array();
-    for (const auto& s : *steps) j["steps"].push_back(StepJson(s));
+    for (const auto& s : *steps) {
+      nlohmann::json sj = StepJson(s);
+      if (suspect.count(s.step)) sj["suspect"] = SuspectJson(*suspect[s.step]);
+      j["steps"].push_back(std::move(sj));
+    }
     if (json) {
       out.push_back(std::move(j));
       continue;
@@ -89,6 +98,8 @@ int Ls(const std::string& data_dir, const std::string& socket_path,
           s.ranks_on_disk ? HumanBytes(s.stored_bytes).c_str() : "-",
           Age(s.newest_unix_micros).c_str());
     }
+    for (const proto::ReplicaCheck& c : *suspects)
+      std::printf("  %s\n", SuspectLine(c).c_str());
   }
   if (!json && !jobs.empty()) {
     std::printf(

@@ -332,7 +332,8 @@ int Main(int argc, char** argv) {
       }
       return Inspect(inspect_args[0], json);
     }
-    return InspectStep(data_dir, inspect_args[0], inspect_args[1], json);
+    return InspectStep(data_dir, socket_path, inspect_args[0], inspect_args[1],
+                       json);
   }
   if (*verify) {
     if (!cluster_key.empty()) {

@@ -101,6 +101,21 @@ nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
   put("save_cost_s", get("ckpt_save_cost_seconds"));
   put("mtbf_s", get("ckpt_mtbf_seconds"));
   put("young_daly_interval_s", get("ckpt_young_daly_interval_seconds"));
+  put("save_lag_mean_s", mean("ckpt_save_lag_seconds"));
+  // Ranks flagged as stragglers (a mean lag while flagged, 0 after).
+  for (const ckpt::tools::Sample& s : m) {
+    if (s.name != "ckpt_straggler_lag_seconds" || s.value <= 0) continue;
+    auto label = [&s](const char* key) {
+      auto it = s.labels.find(key);
+      return it == s.labels.end() ? std::string() : it->second;
+    };
+    if (label("job") != job) continue;
+    nlohmann::json sj;
+    sj["rank"] = std::stoul(label("rank"));
+    sj["node"] = label("node");
+    sj["mean_lag_s"] = s.value;
+    f["stragglers"].push_back(std::move(sj));
+  }
   return f;
 }
 
@@ -118,6 +133,8 @@ int Status(const std::string& data_dir, const std::string& socket_path,
   uint64_t memory = 0, disk = 0;
   int staging = 0, staged = 0, failed = 0;
   j["jobs"] = nlohmann::json::array();
+  // Per job, its steps whose replicas disagree (from ckptd).
+  std::map<std::string, std::vector<proto::ReplicaCheck>> suspect_steps;
   for (const proto::JobRecord& job : *jobs) {
     auto shards = (*view)->Shards(job.job());
     auto commits = (*view)->Commits(job.job());
@@ -141,6 +158,13 @@ int Status(const std::string& data_dir, const std::string& socket_path,
       cj["step"] = c.step();
       cj["committed_unix_micros"] = c.committed_unix_micros();
       jj["latest"][ckpt::daemon::api::TierName(c.tier())] = cj;
+    }
+    if (j["daemon_accepting"].get<bool>()) {
+      auto suspects = DaemonSuspects(socket_path, job.job());
+      if (!suspects.ok()) return Fail("status", suspects.status());
+      for (const proto::ReplicaCheck& c : *suspects)
+        jj["suspect_steps"].push_back(SuspectJson(c));
+      suspect_steps[job.job()] = *std::move(suspects);
     }
     j["jobs"].push_back(std::move(jj));
   }
@@ -235,6 +259,8 @@ int Status(const std::string& data_dir, const std::string& socket_path,
                   jj["world_size"].get<uint32_t>(),
                   latest.empty() ? "none" : latest.c_str());
     }
+    for (const proto::ReplicaCheck& c : suspect_steps[jj["job"]])
+      std::printf("  sdc        %s\n", SuspectLine(c).c_str());
     if (!jj.contains("figures")) continue;
     const nlohmann::json& f = jj["figures"];
     auto num = [&f](const char* key) {
@@ -299,6 +325,17 @@ int Status(const std::string& data_dir, const std::string& socket_path,
         "%s, MTBF %s)\n",
         secs("save_interval_s").c_str(), secs("young_daly_interval_s").c_str(),
         secs("save_cost_s").c_str(), secs("mtbf_s").c_str());
+    if (f.contains("stragglers")) {
+      std::string named;
+      for (const nlohmann::json& sj : f["stragglers"]) {
+        absl::StrAppend(&named, named.empty() ? "" : ", ", "rank ",
+                        sj["rank"].get<uint32_t>(), " (node ",
+                        sj["node"].get<std::string>(), ") ",
+                        HumanSeconds(sj["mean_lag_s"].get<double>()),
+                        " behind");
+      }
+      std::printf("  stragglers %s\n", named.c_str());
+    }
     std::string evicted;
     for (const char* reason :
          {"idle_job", "older_step", "newest_step", "idle_ttl", "operator"}) {

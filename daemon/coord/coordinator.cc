@@ -220,7 +220,7 @@ absl::StatusOr<proto::EpochRecord> Coordinator::Rendezvous(
       record.set_unique_id(id);
       record.set_closed_unix_micros(NowMicros());
       ASSIGN_OR_RETURN(absl::optional<uint64_t> resume,
-                       LatestCommitted(job, resume_tier));
+                       LatestTrusted(job, resume_tier));
       record.set_resume_tier(resume_tier);
       record.set_has_resume_step(resume.has_value());
       if (resume.has_value()) record.set_resume_step(*resume);

@@ -153,6 +153,24 @@ class Coordinator {
   // with).
   absl::StatusOr<absl::optional<proto::ClusterKeyRecord>> GetClusterKey();
 
+  // Silent data corruption across replicas (health/replica_check.h): each
+  // rank's digests of a step under /ckpt/<job>/steps/<step>/digests/<rank>
+  // (a re-save replaces them), and the step's comparison under
+  // .../replicas, kept once (the first one kept is returned). All go with
+  // the step.
+  absl::Status PutReplicaDigests(const std::string& job, uint64_t step,
+                                 const proto::ReplicaDigests& digests);
+  absl::StatusOr<std::vector<proto::ReplicaDigests>> ListReplicaDigests(
+      const std::string& job, uint64_t step);
+  absl::StatusOr<proto::ReplicaCheck> SettleReplicaCheck(
+      const proto::ReplicaCheck& check);
+  absl::StatusOr<absl::optional<proto::ReplicaCheck>> GetReplicaCheck(
+      const std::string& job, uint64_t step);
+  // The newest step committed at `tier` whose replicas were not found to
+  // disagree: what a job resumes from unless asked for a suspect step
+  // (nullopt: none).
+  absl::StatusOr<absl::optional<uint64_t>> LatestTrusted(const std::string& job,
+                                                         proto::Tier tier);
   // Publication (publish.proto): a topic's versions, each created once under
   // /ckpt/@topics/<topic>/versions/<version> ('@' is in no job id), the
   // newest also under /ckpt/@topics/<topic>/newest; the newest

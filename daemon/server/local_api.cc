@@ -78,7 +78,8 @@ class DaemonService final : public proto::CkptDaemon::Service {
   grpc::Status LatestCommitted(grpc::ServerContext*,
                                const proto::LatestCommittedRequest* req,
                                proto::LatestCommittedResponse* resp) override {
-    auto latest = service_->LatestCommitted(req->job(), req->tier());
+    auto latest = service_->LatestCommitted(req->job(), req->tier(),
+                                            req->include_suspect());
     if (!latest.ok()) return ToGrpc(latest.status());
     resp->set_found(latest->has_value());
     if (latest->has_value()) resp->set_step(**latest);
@@ -92,7 +93,11 @@ class DaemonService final : public proto::CkptDaemon::Service {
                        ? service_->ListStepCommits(req->job(), req->step())
                        : service_->ListCommits(req->job());
     if (!commits.ok()) return ToGrpc(commits.status());
+    auto suspects = service_->SuspectSteps(req->job(), *commits);
+    if (!suspects.ok()) return ToGrpc(suspects.status());
     for (proto::CommitRecord& c : *commits) *resp->add_commits() = std::move(c);
+    for (proto::ReplicaCheck& c : *suspects)
+      *resp->add_suspects() = std::move(c);
     return grpc::Status::OK;
   }
 

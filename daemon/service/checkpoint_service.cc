@@ -145,6 +145,9 @@ absl::Status CheckpointService::OpenLocalState() {
                      ? o.coordinator
                      : std::make_shared<EmbeddedCoordinator>(store_.get());
   RETURN_IF_ERROR(InstallAgreedClusterKey());
+  audit_ = std::make_unique<ReplicaAudit>(
+      coordinator_.get(), &metrics_, o.node_id,
+      [this](const proto::ReplicaCheck& check) { stragglers_.Saw(check); });
   ASSIGN_OR_RETURN(arena_,
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
   ASSIGN_OR_RETURN(
@@ -477,6 +480,7 @@ absl::Status CheckpointService::StageComplete(
   CKPT_KILL_POINT("service.before_staged_record");
   RETURN_IF_ERROR(catalog_->PutShard(*record));
   CKPT_KILL_POINT("service.after_staged_record");
+  audit_->PostStaged(*record);
   // A trainer stages one step at a time, in order: a staging of this rank
   // begun before this one and never completed was abandoned (its trainer
   // died, or gave up on the call). Its slot goes back to the budget now

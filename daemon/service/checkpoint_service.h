@@ -48,6 +48,8 @@
 #include "daemon/coord/embedded_coordinator.h"
 #include "daemon/health/job_health.h"
 #include "daemon/health/liveness.h"
+#include "daemon/health/replica_audit.h"
+#include "daemon/health/stragglers.h"
 #include "daemon/memory/job_activity.h"
 #include "daemon/memory/memory_pressure.h"
 #include "daemon/memory/staging_arena.h"
@@ -159,8 +161,13 @@ class CheckpointService {
                                                     uint64_t step,
                                                     proto::Tier tier,
                                                     absl::Duration timeout);
+  // The newest step committed at `tier`; unless `include_suspect`, the
+  // newest whose replicas were not found to disagree.
   absl::StatusOr<absl::optional<uint64_t>> LatestCommitted(
-      const std::string& job, proto::Tier tier);
+      const std::string& job, proto::Tier tier, bool include_suspect = false);
+  // What is known of the steps of `commits` whose replicas disagree.
+  absl::StatusOr<std::vector<proto::ReplicaCheck>> SuspectSteps(
+      const std::string& job, const std::vector<proto::CommitRecord>& commits);
   // Every commit record of the job still kept, by step then tier; when the
   // coordinator knows none at the shared tier (a new cluster), those the
   // shared tier's commit markers hold.
@@ -454,6 +461,8 @@ class CheckpointService {
   std::unique_ptr<Publisher> publisher_;
   // After publisher_: stops before it.
   std::unique_ptr<Subscriptions> subscriptions_;
+  // Compares replicated state across ranks (made with coordinator_).
+  std::unique_ptr<ReplicaAudit> audit_;
 
   // The objects below own their state and their locks. Lock order (the
   // only nesting there is): gc_mu_, then the pin lock (an
@@ -471,6 +480,7 @@ class CheckpointService {
   int rejoins_seen_ ABSL_GUARDED_BY(revote_mu_) = 0;  // Coordinator::Rejoins()
   Metrics metrics_;
   JobHealth health_{&metrics_};
+  Stragglers stragglers_{&metrics_};
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;
   std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage

@@ -21,6 +21,7 @@ namespace ckpt::daemon {
 void CheckpointService::Committed(const std::string& job, uint64_t step,
                                   const std::vector<proto::Tier>& tiers) {
   health_.Committed(job, step, tiers, absl::Now());
+  if (!tiers.empty()) audit_->StepCommitted(job, step);
   changes_.Bump();
 }
 
@@ -158,8 +159,23 @@ absl::Status CheckpointService::NotWaitedFor(const std::string& job,
 }
 
 absl::StatusOr<absl::optional<uint64_t>> CheckpointService::LatestCommitted(
-    const std::string& job, proto::Tier tier) {
-  return coordinator_->LatestCommitted(job, tier);
+    const std::string& job, proto::Tier tier, bool include_suspect) {
+  return include_suspect ? coordinator_->LatestCommitted(job, tier)
+                         : coordinator_->LatestTrusted(job, tier);
+}
+
+absl::StatusOr<std::vector<proto::ReplicaCheck>>
+CheckpointService::SuspectSteps(
+    const std::string& job, const std::vector<proto::CommitRecord>& commits) {
+  std::set<uint64_t> steps;
+  for (const proto::CommitRecord& c : commits) steps.insert(c.step());
+  std::vector<proto::ReplicaCheck> out;
+  for (uint64_t step : steps) {
+    ASSIGN_OR_RETURN(absl::optional<proto::ReplicaCheck> check,
+                     coordinator_->GetReplicaCheck(job, step));
+    if (check.has_value() && check->suspect()) out.push_back(*check);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<proto::CommitRecord>> CheckpointService::ListCommits(

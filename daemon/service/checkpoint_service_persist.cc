@@ -127,6 +127,8 @@ absl::Status CheckpointService::Persist(proto::ShardRecord& r) {
   ASSIGN_OR_RETURN(WrittenShard written, WriteShard(r, *slot, path, base));
   const absl::Time written_at = absl::Now();
   CKPT_KILL_POINT("service.after_shard_commit");
+  // Before the disk vote, whose commit may compare them.
+  audit_->PostPersisted(r, written.manifest);
   const snapshot::ShardWriteStats chunks = written.stats;
   ASSIGN_OR_RETURN(ShardSizes sizes,
                    RecordPersisted(r, path, std::move(written)));
