@@ -14,6 +14,20 @@ DaemonSession::DaemonSession(std::shared_ptr<grpc::Channel> channel,
 }
 
 DaemonSession::~DaemonSession() {
+  // A clean end: the daemon must not take the closing session for a trainer
+  // that died. Short: a daemon that is down has no session to end.
+  {
+    proto::AttachRequest req;
+    req.set_job(job_);
+    req.set_rank(rank_);
+    req.set_pid(static_cast<uint32_t>(::getpid()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(2));
+    proto::AttachResponse resp;
+    (void)proto::CkptDaemon::NewStub(channel_)->EndSession(&context, req,
+                                                           &resp);
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;

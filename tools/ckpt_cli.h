@@ -109,6 +109,11 @@ absl::StatusOr<std::vector<proto::ReplicaCheck>> DaemonSuspects(
 nlohmann::json SuspectJson(const proto::ReplicaCheck& check);
 std::string SuspectLine(const proto::ReplicaCheck& check);
 
+// The failures the running ckptd saw of `job`, oldest first (empty when no
+// ckptd answers).
+absl::StatusOr<std::vector<proto::FailureRecord>> DaemonFailures(
+    const std::string& socket_path, const std::string& job);
+
 // True when something accepts connections on the unix socket.
 bool Accepting(const std::string& socket_path);
 

@@ -203,6 +203,21 @@ absl::StatusOr<std::vector<proto::ReplicaCheck>> DaemonSuspects(
                                           (*resp)->suspects().end());
 }
 
+absl::StatusOr<std::vector<proto::FailureRecord>> DaemonFailures(
+    const std::string& socket_path, const std::string& job) {
+  proto::ListFailuresRequest req;
+  req.set_job(job);
+  auto resp = ckpt::client::CallDaemon<proto::ListFailuresRequest,
+                                       proto::ListFailuresResponse>(
+      socket_path, &proto::CkptDaemon::Stub::ListFailures, req,
+      "listing the failures of job " + job, std::chrono::seconds(10));
+  if (absl::IsUnavailable(resp.status()))
+    return std::vector<proto::FailureRecord>();
+  if (!resp.ok()) return resp.status();
+  return std::vector<proto::FailureRecord>(resp->failures().begin(),
+                                           resp->failures().end());
+}
+
 nlohmann::json SuspectJson(const proto::ReplicaCheck& check) {
   nlohmann::json j;
   j["step"] = check.step();

@@ -102,6 +102,12 @@ nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
   put("mtbf_s", get("ckpt_mtbf_seconds"));
   put("young_daly_interval_s", get("ckpt_young_daly_interval_seconds"));
   put("save_lag_mean_s", mean("ckpt_save_lag_seconds"));
+  for (const char* cause : {"trainer_exited", "trainer_hung", "daemon_restart",
+                            "node_lost", "disk_error", "peer_unreachable",
+                            "sdc_suspected", "operator_rollback"}) {
+    auto n = get("ckpt_failures_total", {{"cause", cause}});
+    if (n.has_value() && *n > 0) f["failures_by_cause"][cause] = *n;
+  }
   // Ranks flagged as stragglers (a mean lag while flagged, 0 after).
   for (const ckpt::tools::Sample& s : m) {
     if (s.name != "ckpt_straggler_lag_seconds" || s.value <= 0) continue;
@@ -165,6 +171,20 @@ int Status(const std::string& data_dir, const std::string& socket_path,
       for (const proto::ReplicaCheck& c : *suspects)
         jj["suspect_steps"].push_back(SuspectJson(c));
       suspect_steps[job.job()] = *std::move(suspects);
+      auto failures = DaemonFailures(socket_path, job.job());
+      if (!failures.ok()) return Fail("status", failures.status());
+      for (const proto::FailureRecord& r : *failures) {
+        nlohmann::json fj;
+        fj["cause"] = r.cause();
+        fj["detail"] = r.detail();
+        fj["unix_micros"] = r.unix_micros();
+        fj["step"] = r.step();
+        if (r.recovered_unix_micros() != 0) {
+          fj["recovery_s"] =
+              (r.recovered_unix_micros() - r.unix_micros()) / 1e6;
+        }
+        jj["failure_timeline"].push_back(std::move(fj));
+      }
     }
     j["jobs"].push_back(std::move(jj));
   }
@@ -325,6 +345,26 @@ int Status(const std::string& data_dir, const std::string& socket_path,
         "%s, MTBF %s)\n",
         secs("save_interval_s").c_str(), secs("young_daly_interval_s").c_str(),
         secs("save_cost_s").c_str(), secs("mtbf_s").c_str());
+    if (f.contains("failures_by_cause")) {
+      std::string causes;
+      for (auto& [cause, n] : f["failures_by_cause"].items()) {
+        absl::StrAppend(&causes, causes.empty() ? "" : ", ", cause, " ",
+                        n.get<double>());
+      }
+      std::printf("  causes     %s\n", causes.c_str());
+    }
+    if (jj.contains("failure_timeline")) {
+      const nlohmann::json& t = jj["failure_timeline"];
+      for (size_t i = t.size() > 3 ? t.size() - 3 : 0; i < t.size(); ++i) {
+        std::printf(
+            "  failure    %s %s: %s; %s\n", Age(t[i]["unix_micros"]).c_str(),
+            t[i]["cause"].get<std::string>().c_str(),
+            t[i]["detail"].get<std::string>().c_str(),
+            t[i].contains("recovery_s")
+                ? ("recovered in " + HumanSeconds(t[i]["recovery_s"])).c_str()
+                : "not recovered yet");
+      }
+    }
     if (f.contains("stragglers")) {
       std::string named;
       for (const nlohmann::json& sj : f["stragglers"]) {

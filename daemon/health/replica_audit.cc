@@ -65,7 +65,7 @@ void ReplicaAudit::StepCommitted(const std::string& job, uint64_t step) {
       coordinator_->GetReplicaCheck(job, step);
   if (kept.ok() && kept->has_value()) {
     settled();
-    if (on_verdict_) on_verdict_(**kept);
+    if (on_verdict_) on_verdict_(**kept, false);
     return;
   }
   absl::StatusOr<std::vector<proto::ReplicaDigests>> digests =
@@ -92,11 +92,11 @@ void ReplicaAudit::StepCommitted(const std::string& job, uint64_t step) {
     return;
   }
   settled();
-  if (on_verdict_) on_verdict_(*verdict);
-  if (verdict->checked_by() == node_ &&
-      verdict->checked_unix_micros() == check.checked_unix_micros()) {
-    Report(*verdict);
-  }
+  const bool kept_here =
+      verdict->checked_by() == node_ &&
+      verdict->checked_unix_micros() == check.checked_unix_micros();
+  if (kept_here) Report(*verdict);
+  if (on_verdict_) on_verdict_(*verdict, kept_here);
 }
 
 void ReplicaAudit::Report(const proto::ReplicaCheck& check) {

@@ -30,8 +30,10 @@ namespace ckpt::daemon {
 
 class ReplicaAudit {
  public:
-  // Each verdict this node keeps or reads, once per step it asks about.
-  using VerdictCallback = std::function<void(const proto::ReplicaCheck&)>;
+  // Each verdict this node keeps or reads, once per step it asks about;
+  // `kept_here`: this node made it.
+  using VerdictCallback =
+      std::function<void(const proto::ReplicaCheck&, bool kept_here)>;
   // `coordinator` and `metrics` must outlive this object. `node` names this
   // node in the digests it posts.
   ReplicaAudit(Coordinator* coordinator, Metrics* metrics, std::string node,

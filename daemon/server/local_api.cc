@@ -13,9 +13,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/grpc_status.h"
+#include "daemon/health/failure_log.h"
 #include "daemon/publish/publish_service.h"
 #include "io/errno_status.h"
 #include "io/logging.h"
@@ -226,6 +229,22 @@ class DaemonService final : public proto::CkptDaemon::Service {
     activity->Detach(req->job());
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) detached", req->job(), req->rank(),
                    req->pid());
+    if (!TakeCleanEnd(*req)) NoteTrainerExit(*req, absl::Now());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status EndSession(grpc::ServerContext*, const proto::AttachRequest* req,
+                          proto::AttachResponse*) override {
+    absl::MutexLock lock(&ended_mu_);
+    ended_.insert({req->job(), req->pid()});
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListFailures(grpc::ServerContext*,
+                            const proto::ListFailuresRequest* req,
+                            proto::ListFailuresResponse* resp) override {
+    for (proto::FailureRecord& r : service_->failures()->Timeline(req->job()))
+      *resp->add_failures() = std::move(r);
     return grpc::Status::OK;
   }
 
@@ -278,8 +297,33 @@ class DaemonService final : public proto::CkptDaemon::Service {
   }
 
  private:
+  // The trainer ended this session itself (EndSession); forgotten now.
+  bool TakeCleanEnd(const proto::AttachRequest& req) {
+    absl::MutexLock lock(&ended_mu_);
+    return ended_.erase({req.job(), req.pid()}) > 0;
+  }
+  // A session closed without EndSession: a trainer whose process is gone
+  // (looked at for up to half a second: it may still be exiting) exited.
+  void NoteTrainerExit(const proto::AttachRequest& req, absl::Time closed) {
+    std::string how;
+    for (int i = 0; i < 10; ++i) {
+      how = TrainerExit(req.pid());
+      if (!how.empty()) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (how.empty()) return;
+    const std::string detail =
+        absl::StrCat("rank ", req.rank(), " (pid ", req.pid(), ") ", how);
+    CKPT_LOG_WARN("job {}: trainer {}", req.job(), detail);
+    service_->failures()->Failed(req.job(), "trainer_exited", detail,
+                                 /*incident=*/true, closed,
+                                 static_cast<int>(req.rank()));
+  }
+
   CheckpointService* const service_;
   io::FaultInjectionFs* const faults_;
+  absl::Mutex ended_mu_;
+  std::set<std::pair<std::string, uint32_t>> ended_ ABSL_GUARDED_BY(ended_mu_);
 };
 
 absl::Status Errno(absl::string_view what) {

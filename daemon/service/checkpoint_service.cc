@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/describe.h"
 #include "daemon/common/records.h"
+#include "daemon/health/replica_check.h"
 #include "io/kill_point.h"
 #include "io/logging.h"
 #include "io/secure_random.h"
@@ -147,7 +148,15 @@ absl::Status CheckpointService::OpenLocalState() {
   RETURN_IF_ERROR(InstallAgreedClusterKey());
   audit_ = std::make_unique<ReplicaAudit>(
       coordinator_.get(), &metrics_, o.node_id,
-      [this](const proto::ReplicaCheck& check) { stragglers_.Saw(check); });
+      [this](const proto::ReplicaCheck& check, bool kept_here) {
+        stragglers_.Saw(check);
+        if (kept_here && check.suspect()) {
+          failures_.Failed(check.job(), "sdc_suspected",
+                           absl::StrCat("step ", check.step(), ": ",
+                                        DescribeMismatches(check)),
+                           /*incident=*/false, absl::Now());
+        }
+      });
   ASSIGN_OR_RETURN(arena_,
                    StagingArena::Open(io::DefaultFileSystem(), o.staging));
   ASSIGN_OR_RETURN(
@@ -383,6 +392,7 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
   // The rank's next save of this size finds its slot ready.
   arena_->PrepareAhead(slot.bytes);
   health_.StagingBegun({job, step, rank}, begun);
+  failures_.Saved(job, step, rank, begun);
   proto::JobRecord job_record;
   job_record.set_job(job);
   job_record.set_world_size(world_size);

@@ -46,6 +46,7 @@
 #include "daemon/common/change_counter.h"
 #include "daemon/common/metrics.h"
 #include "daemon/coord/embedded_coordinator.h"
+#include "daemon/health/failure_log.h"
 #include "daemon/health/job_health.h"
 #include "daemon/health/liveness.h"
 #include "daemon/health/replica_audit.h"
@@ -239,6 +240,9 @@ class CheckpointService {
   absl::Status Liveness(absl::Duration stall) const;
   // Trainer sessions and saves per job (the local API's Attach).
   JobActivity* activity() { return &activity_; }
+  // Failures by cause and the recoveries (the local API's ListFailures and
+  // trainer exits).
+  FailureLog* failures() { return &failures_; }
 
   const ServiceOptions& options() const { return options_; }
   // What the /metrics endpoint serves.
@@ -481,6 +485,7 @@ class CheckpointService {
   Metrics metrics_;
   JobHealth health_{&metrics_};
   Stragglers stragglers_{&metrics_};
+  FailureLog failures_{&metrics_};
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;
   std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage

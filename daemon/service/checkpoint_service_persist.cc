@@ -75,6 +75,10 @@ void CheckpointService::PersistQueued(const SlotId& id) {
   CKPT_LOG_ERROR("{}: persist failed: {}", Describe(id.job, id.step, id.rank),
                  s.ToString());
   metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
+  failures_.Failed(id.job, "disk_error",
+                   absl::StrCat(Describe(id.job, id.step, id.rank),
+                                ": persist failed: ", s.message()),
+                   /*incident=*/false, absl::Now());
   // Out of space: the kept files give theirs back for the next try.
   if (s.code() == absl::StatusCode::kResourceExhausted) recycler_->Clear();
   r.set_state(proto::SHARD_FAILED);

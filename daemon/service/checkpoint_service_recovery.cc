@@ -60,6 +60,9 @@ absl::Status CheckpointService::Recover() {
       health_.DaemonRestarted(
           job, micros > 0 ? absl::FromUnixMicros(micros) : absl::InfinitePast(),
           absl::Now());
+      failures_.Failed(job, "daemon_restart",
+                       "ckptd started and found the job's shards",
+                       /*incident=*/true, absl::Now());
     }
   }
   ASSIGN_OR_RETURN(std::vector<SlotInfo> adopted,

@@ -104,6 +104,10 @@ absl::StatusOr<proto::RollbackRecord> CheckpointService::RollBack(
   // no commit names: a new save of such a step replaces them).
   RETURN_IF_ERROR(coordinator_->RollBack(job, step, record));
   RETURN_IF_ERROR(DropStepsAfter(job, step, shards));
+  failures_.Failed(job, "operator_rollback",
+                   absl::StrCat("rolled back to step ", step, ", ",
+                                newer.size(), " newer step(s) dropped"),
+                   /*incident=*/true, absl::Now());
   CKPT_LOG_WARN("{}: {} newer step(s) {}", what, newer.size(),
                 record.archived_as().empty()
                     ? std::string("discarded")

@@ -1,0 +1,86 @@
+// FailureLog counts every failure of a job this node sees by its cause, and
+// keeps a timeline of the last ones with the time the job took to recover
+// (until its next save). Causes (kCauses): a trainer process that exited
+// without closing its session (its signal or exit code when ckptd could
+// read it), ckptd restarting under a job, a persist that failed (the disk),
+// replicas found to disagree (silent data corruption), an operator's
+// rollback. Failures of one job before it saves again are one incident: the
+// first one names it (a killed rank, then its peers stopped by the launcher).
+//
+// Metrics: ckpt_failures_total{job,cause}.
+//
+// Thread-safety: thread-safe. It calls into Metrics under its lock; Metrics
+// never calls back.
+#ifndef CKPT_DAEMON_HEALTH_FAILURE_LOG_H_
+#define CKPT_DAEMON_HEALTH_FAILURE_LOG_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/common/metrics.h"
+#include "proto/catalog.pb.h"
+
+namespace ckpt::daemon {
+
+class FailureLog {
+ public:
+  static constexpr const char* kCauses[] = {
+      "trainer_exited", "trainer_hung",     "daemon_restart",
+      "node_lost",      "disk_error",       "peer_unreachable",
+      "sdc_suspected",  "operator_rollback"};
+  // Failures kept per job in the timeline.
+  static constexpr size_t kKept = 32;
+
+  // `metrics` must outlive this object.
+  explicit FailureLog(Metrics* metrics);
+  FailureLog(const FailureLog&) = delete;
+  FailureLog& operator=(const FailureLog&) = delete;
+
+  // A failure of `job`. `incident`: it stops the job (a trainer exited,
+  // ckptd restarted, a rollback), so that later ones before the job saves
+  // again are part of it; a failed save that the job trains through (disk,
+  // replicas) is not.
+  // `rank`: the rank that failed, whose next save ends the incident (-1: the
+  // next save of any rank).
+  void Failed(const std::string& job, const std::string& cause,
+              const std::string& detail, bool incident, absl::Time at,
+              int rank = -1) ABSL_LOCKS_EXCLUDED(mu_);
+  // `rank` of the job began saving `step`: an open incident it ends is
+  // recovered.
+  void Saved(const std::string& job, uint64_t step, uint32_t rank,
+             absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
+  // The last kKept failures of `job` (every job's when empty), oldest first.
+  std::vector<proto::FailureRecord> Timeline(const std::string& job) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Job {
+    std::deque<proto::FailureRecord> timeline;
+    bool open = false;  // the newest incident has not recovered yet
+    int rank = -1;      // the rank whose save ends it (-1: any)
+    uint64_t last_step = 0;
+  };
+
+  // The newest recovered failure of `j` spans `micros`.
+  static bool IncidentEndedAfter(const Job& j, int64_t micros);
+
+  Metrics* const metrics_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+// How a trainer's session ended, from its process: empty when the process
+// still runs (the Checkpointer went, not the trainer) or exited with 0;
+// else "exited with code N", "killed by signal N", or "exited" when its
+// status was reaped before ckptd could read it.
+std::string TrainerExit(uint32_t pid);
+
+}  // namespace ckpt::daemon
+
+#endif  // CKPT_DAEMON_HEALTH_FAILURE_LOG_H_

@@ -1,0 +1,96 @@
+// FailureLog: failures counted by cause, those of one incident counted
+// once, recoveries stamped at the job's next save, the timeline bounded;
+// TrainerExit reads how a real process ended (killed, exit code, still
+// running, reaped).
+#include "daemon/health/failure_log.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(FailureLogTest, CountsByCauseOneIncidentOnceAndStampsRecoveries) {
+  Metrics metrics;
+  FailureLog log(&metrics);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  log.Saved("j", 10, 0, t0);
+  log.Failed("j", "trainer_exited", "rank 1 (pid 7) killed by signal 9",
+             /*incident=*/true, t0 + absl::Seconds(1), /*rank=*/1);
+  log.Saved("j", 11, 0, t0 + absl::Seconds(1));  // rank 0 goes on alone
+  // Its peers stopped by the launcher: the same incident.
+  log.Failed("j", "trainer_exited", "rank 0 (pid 6) killed by signal 15",
+             /*incident=*/true, t0 + absl::Seconds(2));
+  // A failed save during the incident is its own failure.
+  log.Failed("j", "disk_error", "persist failed", /*incident=*/false,
+             t0 + absl::Seconds(3));
+  log.Saved("j", 8, 1, t0 + absl::Seconds(11));
+  // A peer's exit noticed late, but it closed its session during the
+  // incident: part of it.
+  log.Failed("j", "trainer_exited", "rank 0 (pid 6) exited", true,
+             t0 + absl::Seconds(5), 0);
+  log.Failed("j", "daemon_restart", "ckptd restarted", /*incident=*/true,
+             t0 + absl::Seconds(20));
+  std::vector<proto::FailureRecord> t = log.Timeline("j");
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].cause(), "trainer_exited");
+  EXPECT_EQ(t[0].detail(), "rank 1 (pid 7) killed by signal 9");
+  EXPECT_EQ(t[0].step(), 10u);
+  EXPECT_EQ(t[0].rank(), 1u);
+  EXPECT_EQ(t[0].recovered_unix_micros() - t[0].unix_micros(), 10'000'000);
+  EXPECT_EQ(t[1].cause(), "disk_error");
+  EXPECT_EQ(t[2].cause(), "daemon_restart");
+  EXPECT_EQ(t[2].step(), 11u) << "the newest step saved";
+  EXPECT_FALSE(t[2].has_rank());
+  EXPECT_EQ(t[2].recovered_unix_micros(), 0) << "not saved since";
+  const std::string text = metrics.Render();
+  EXPECT_THAT(
+      text,
+      HasSubstr("ckpt_failures_total{job=\"j\",cause=\"trainer_exited\"} 1"));
+  EXPECT_THAT(
+      text, HasSubstr("ckpt_failures_total{job=\"j\",cause=\"disk_error\"} 1"));
+  EXPECT_TRUE(log.Timeline("other").empty());
+  for (int i = 0; i < 40; ++i) {
+    log.Failed("k", "disk_error", "again", false, t0 + absl::Seconds(i));
+  }
+  EXPECT_EQ(log.Timeline("k").size(), FailureLog::kKept);
+  EXPECT_EQ(log.Timeline("").size(), FailureLog::kKept + 3);
+}
+
+TEST(FailureLogTest, TrainerExitReadsHowAProcessEnded) {
+  EXPECT_EQ(TrainerExit(static_cast<uint32_t>(::getpid())), "") << "running";
+  const pid_t killed = ::fork();
+  ASSERT_GE(killed, 0);
+  if (killed == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_EQ(::kill(killed, SIGKILL), 0);
+  siginfo_t info;
+  // Wait for it to end without reaping it: a zombie keeps its status.
+  ASSERT_EQ(::waitid(P_PID, killed, &info, WEXITED | WNOWAIT), 0);
+  EXPECT_EQ(TrainerExit(static_cast<uint32_t>(killed)), "killed by signal 9");
+  const pid_t failed = ::fork();
+  ASSERT_GE(failed, 0);
+  if (failed == 0) ::_exit(3);
+  ASSERT_EQ(::waitid(P_PID, failed, &info, WEXITED | WNOWAIT), 0);
+  EXPECT_EQ(TrainerExit(static_cast<uint32_t>(failed)), "exited with code 3");
+  const pid_t clean = ::fork();
+  ASSERT_GE(clean, 0);
+  if (clean == 0) ::_exit(0);
+  ASSERT_EQ(::waitid(P_PID, clean, &info, WEXITED | WNOWAIT), 0);
+  EXPECT_EQ(TrainerExit(static_cast<uint32_t>(clean)), "") << "a clean exit";
+  int status;
+  for (pid_t p : {killed, failed, clean}) ::waitpid(p, &status, 0);
+  EXPECT_EQ(TrainerExit(static_cast<uint32_t>(killed)), "exited")
+      << "reaped: gone, how unknown";
+}
+
+}  // namespace
+}  // namespace ckpt::daemon
