@@ -20,13 +20,13 @@ FailureLog::FailureLog(Metrics* metrics) : metrics_(metrics) {
 
 void FailureLog::Failed(const std::string& job, const std::string& cause,
                         const std::string& detail, bool incident, absl::Time at,
-                        int rank) {
+                        int rank, absl::Time since) {
   absl::MutexLock lock(&mu_);
   Job& j = jobs_[job];
   if (incident && j.open) return;  // part of the open incident
   // Part of an incident recovered since (seen late: a trainer's exit is
   // looked at after its session closed).
-  if (incident && IncidentEndedAfter(j, absl::ToUnixMicros(at))) return;
+  if (incident && PartOfLastIncident(j, at, since)) return;
   metrics_->Add("ckpt_failures_total", {{"job", job}, {"cause", cause}});
   proto::FailureRecord& r = j.timeline.emplace_back();
   r.set_job(job);
@@ -42,11 +42,15 @@ void FailureLog::Failed(const std::string& job, const std::string& cause,
   while (j.timeline.size() > kKept) j.timeline.pop_front();
 }
 
-bool FailureLog::IncidentEndedAfter(const Job& j, int64_t micros) {
+bool FailureLog::PartOfLastIncident(const Job& j, absl::Time at,
+                                    absl::Time since) {
   for (auto r = j.timeline.rbegin(); r != j.timeline.rend(); ++r) {
-    if (r->recovered_unix_micros() != 0) {
-      return r->unix_micros() <= micros && micros <= r->recovered_unix_micros();
-    }
+    if (r->recovered_unix_micros() == 0) continue;
+    const absl::Time began = absl::FromUnixMicros(r->unix_micros());
+    const absl::Time recovered =
+        absl::FromUnixMicros(r->recovered_unix_micros());
+    return (began <= at && at <= recovered) ||
+           (since <= began && at <= recovered + kLateExit);
   }
   return false;
 }

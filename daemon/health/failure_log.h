@@ -47,10 +47,15 @@ class FailureLog {
   // again are part of it; a failed save that the job trains through (disk,
   // replicas) is not.
   // `rank`: the rank that failed, whose next save ends the incident (-1: the
-  // next save of any rank).
+  // next save of any rank). `since`: when the failed trainer's session
+  // began; one that was there before the last incident and exits within
+  // kLateExit of its recovery went down with it (noticed late: a launcher
+  // restarting the job at once).
   void Failed(const std::string& job, const std::string& cause,
               const std::string& detail, bool incident, absl::Time at,
-              int rank = -1) ABSL_LOCKS_EXCLUDED(mu_);
+              int rank = -1, absl::Time since = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kLateExit = absl::Seconds(10);
   // `rank` of the job began saving `step`: an open incident it ends is
   // recovered.
   void Saved(const std::string& job, uint64_t step, uint32_t rank,
@@ -67,8 +72,9 @@ class FailureLog {
     uint64_t last_step = 0;
   };
 
-  // The newest recovered failure of `j` spans `micros`.
-  static bool IncidentEndedAfter(const Job& j, int64_t micros);
+  // A failure at `at` of a session begun `since` belongs to the newest
+  // recovered incident of `j`.
+  static bool PartOfLastIncident(const Job& j, absl::Time at, absl::Time since);
 
   Metrics* const metrics_;
   mutable absl::Mutex mu_;

@@ -220,6 +220,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
       return ToGrpc(valid);
     JobActivity* activity = service_->activity();
     activity->Attach(req->job());
+    const absl::Time attached = absl::Now();
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) attached", req->job(), req->rank(),
                    req->pid());
     // Held until the trainer's Checkpointer goes (or its process dies, which
@@ -229,7 +230,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
     activity->Detach(req->job());
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) detached", req->job(), req->rank(),
                    req->pid());
-    if (!TakeCleanEnd(*req)) NoteTrainerExit(*req, absl::Now());
+    if (!TakeCleanEnd(*req)) NoteTrainerExit(*req, attached, absl::Now());
     return grpc::Status::OK;
   }
 
@@ -304,7 +305,8 @@ class DaemonService final : public proto::CkptDaemon::Service {
   }
   // A session closed without EndSession: a trainer whose process is gone
   // (looked at for up to half a second: it may still be exiting) exited.
-  void NoteTrainerExit(const proto::AttachRequest& req, absl::Time closed) {
+  void NoteTrainerExit(const proto::AttachRequest& req, absl::Time attached,
+                       absl::Time closed) {
     std::string how;
     for (int i = 0; i < 10; ++i) {
       how = TrainerExit(req.pid());
@@ -317,7 +319,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
     CKPT_LOG_WARN("job {}: trainer {}", req.job(), detail);
     service_->failures()->Failed(req.job(), "trainer_exited", detail,
                                  /*incident=*/true, closed,
-                                 static_cast<int>(req.rank()));
+                                 static_cast<int>(req.rank()), attached);
   }
 
   CheckpointService* const service_;

@@ -46,7 +46,7 @@ nlohmann::json Status(const testing::DaemonProcess& d) {
   }
   std::string error;
   try {
-    (void)nlohmann::json::parse(r.out);
+    error = nlohmann::json::parse(r.out).dump();
   } catch (const std::exception& e) {
     error = e.what();
   }

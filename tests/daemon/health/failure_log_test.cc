@@ -35,6 +35,9 @@ TEST(FailureLogTest, CountsByCauseOneIncidentOnceAndStampsRecoveries) {
   // incident: part of it.
   log.Failed("j", "trainer_exited", "rank 0 (pid 6) exited", true,
              t0 + absl::Seconds(5), 0);
+  // Or noticed after the recovery, its session from before the incident.
+  log.Failed("j", "trainer_exited", "rank 2 (pid 8) exited", true,
+             t0 + absl::Seconds(12), 2, t0);
   log.Failed("j", "daemon_restart", "ckptd restarted", /*incident=*/true,
              t0 + absl::Seconds(20));
   std::vector<proto::FailureRecord> t = log.Timeline("j");
