@@ -191,6 +191,20 @@ absl::Status Checkpointer::RegisterBytes(const std::string& name,
   return absl::OkStatus();
 }
 
+absl::Status Checkpointer::MarkRankLocal(const std::string& name) {
+  for (RegisteredItem& r : items_) {
+    if (r.item.name() != name) continue;
+    if (!r.is_tensor()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", name, "\" is a byte item: those are never compared"));
+    }
+    r.rank_local = true;
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no tensor \"", name, "\" is registered"));
+}
+
 absl::Status Checkpointer::LastSaveError() { return failures_->Take(); }
 
 absl::StatusOr<std::shared_ptr<SaveHandle>> Checkpointer::SaveAsync(

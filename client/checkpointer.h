@@ -232,6 +232,11 @@ class Checkpointer {
                               void* data, std::vector<int64_t> global_shape,
                               std::vector<int64_t> box_offset,
                               std::vector<int64_t> box_length);
+  // The registered tensor `name` holds this rank's own values even where
+  // other ranks register the same box (a per-rank buffer saved whole): its
+  // saves are not compared with theirs for silent data corruption, which
+  // every tensor box saved by several ranks otherwise is.
+  absl::Status MarkRankLocal(const std::string& name);
   // Registers an opaque byte item (RNG state, data-loader position); read at
   // every save, replaced at restore.
   absl::Status RegisterBytes(const std::string& name, std::string* value);

@@ -31,6 +31,7 @@ struct RegisteredItem {
   proto::Item item;
   void* tensor = nullptr;        // tensors (null for an empty one)
   std::string* bytes = nullptr;  // byte items
+  bool rank_local = false;       // Checkpointer::MarkRankLocal
   bool is_tensor() const { return bytes == nullptr; }
 };
 

@@ -166,6 +166,7 @@ std::vector<proto::StagedItem> SaveStager::SlotLayout() {
   auto place = [&](size_t i) {
     const proto::Item& item = ctx_.items[i].item;
     *layout[i].mutable_item() = item;
+    layout[i].set_rank_local(ctx_.items[i].rank_local);
     offset = io::AlignUp(offset, ItemAlignment(item.raw_size()));
     layout[i].set_slot_offset(offset);
     offset = io::AlignUp(offset + item.raw_size(), kItemAlignment);

@@ -35,7 +35,12 @@ bool ReplicaAudit::PostStaged(const proto::ShardRecord& shard) {
 void ReplicaAudit::PostPersisted(const proto::ShardRecord& shard,
                                  const proto::ShardManifest& manifest) {
   if (DigestsOfStaged(shard, node_).has_value()) return;
-  proto::ReplicaDigests digests = DigestsOfManifest(manifest, node_);
+  std::set<std::string> rank_local;
+  for (const proto::StagedItem& s : shard.items()) {
+    if (s.rank_local()) rank_local.insert(s.item().name());
+  }
+  proto::ReplicaDigests digests =
+      DigestsOfManifest(manifest, node_, rank_local);
   digests.set_staged_unix_micros(shard.staged_unix_micros());
   Post(manifest.job(), manifest.step(), digests);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -53,7 +54,7 @@ absl::optional<proto::ReplicaDigests> DigestsOfStaged(
   out.set_staged_unix_micros(shard.staged_unix_micros());
   for (const proto::StagedItem& staged : shard.items()) {
     const proto::Item& item = staged.item();
-    if (item.kind() != proto::ITEM_KIND_TENSOR) continue;
+    if (item.kind() != proto::ITEM_KIND_TENSOR || staged.rank_local()) continue;
     if (staged.chunk_xxh3_size() == 0 && item.raw_size() > 0)
       return absl::nullopt;
     *out.add_boxes() =
@@ -64,13 +65,15 @@ absl::optional<proto::ReplicaDigests> DigestsOfStaged(
 }
 
 proto::ReplicaDigests DigestsOfManifest(const proto::ShardManifest& manifest,
-                                        const std::string& node) {
+                                        const std::string& node,
+                                        const std::set<std::string>& skip) {
   proto::ReplicaDigests out;
   out.set_rank(manifest.rank());
   out.set_world_size(manifest.world_size());
   out.set_node(node);
   for (const proto::Item& item : manifest.items()) {
-    if (item.kind() != proto::ITEM_KIND_TENSOR) continue;
+    if (item.kind() != proto::ITEM_KIND_TENSOR || skip.count(item.name()))
+      continue;
     std::vector<uint64_t> hashes;
     hashes.reserve(item.chunks_size());
     for (const proto::ChunkInfo& c : item.chunks())

@@ -14,6 +14,7 @@
 #define CKPT_DAEMON_HEALTH_REPLICA_CHECK_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,14 +26,16 @@ namespace ckpt::daemon {
 
 // The digests of a staged shard's tensor boxes, from the chunk hashes its
 // trainer took (StagedItem.chunk_xxh3); nullopt when a tensor was not hashed
-// (the persist's manifest gives them then).
+// (the persist's manifest gives them then). Rank-local tensors
+// (StagedItem.rank_local) have none.
 absl::optional<proto::ReplicaDigests> DigestsOfStaged(
     const proto::ShardRecord& shard, const std::string& node);
 
 // The digests of a persisted shard's tensor boxes, from its manifest's chunk
-// checksums.
+// checksums, but for the items `skip` names (rank-local ones).
 proto::ReplicaDigests DigestsOfManifest(const proto::ShardManifest& manifest,
-                                        const std::string& node);
+                                        const std::string& node,
+                                        const std::set<std::string>& skip = {});
 
 // Compares the replicas among `ranks` (one record per rank of the step).
 proto::ReplicaCheck CompareReplicas(

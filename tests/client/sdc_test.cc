@@ -242,5 +242,34 @@ TEST(SdcTest, AFlippedReplicaIsNamedSkippedAndOutvoted) {
   }
 }
 
+TEST(SdcTest, ARankLocalTensorIsNotCompared) {
+  testing::DaemonProcess d;
+  ASSERT_TRUE(d.Start()) << d.log();
+  DpRank r0(d.socket(), "local", 0, 2), r1(d.socket(), "local", 1, 2);
+  ASSERT_TRUE(r0.ckpt && r1.ckpt);
+  // "model/w" of this job is each rank's own: rank 1's differs, by design.
+  ASSERT_TRUE(r0.ckpt->MarkRankLocal("model/w").ok());
+  ASSERT_TRUE(r1.ckpt->MarkRankLocal("model/w").ok());
+  EXPECT_EQ(r0.ckpt->MarkRankLocal("rng").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r0.ckpt->MarkRankLocal("nope").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(SaveStep({&r0, &r1}, 1, /*corrupt=*/1).ok()) << d.log();
+  // The step's check is made (clean), and nothing is suspect.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (Summed({&d}, "ckpt_replica_checks_total", {{"job", "local"}}) < 1 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(Summed({&d}, "ckpt_replica_checks_total",
+                   {{"job", "local"}, {"verdict", "clean"}}),
+            1);
+  auto suspects = r0.ckpt->SuspectSteps();
+  ASSERT_TRUE(suspects.ok()) << suspects.status();
+  EXPECT_TRUE(suspects->empty());
+  auto latest = r1.ckpt->LatestCommitted(kDisk);
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  EXPECT_EQ(**latest, 1u);
+}
+
 }  // namespace
 }  // namespace ckpt::client

@@ -107,6 +107,24 @@ TEST(ReplicaCheckTest, WithoutAMajorityEveryReplicaIsNamed) {
   EXPECT_EQ(tie.mismatches(0).minority_ranks_size(), 4);
 }
 
+TEST(ReplicaCheckTest, RankLocalTensorsAreNotCompared) {
+  std::vector<proto::ReplicaDigests> ranks;
+  proto::ShardManifest manifest;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    proto::ShardRecord shard = Shard(rank, rank == 0 ? kGood : kFlipped);
+    shard.mutable_items(0)->set_rank_local(true);
+    auto d = DigestsOfStaged(shard, "n");
+    ASSERT_TRUE(d.has_value());
+    ranks.push_back(*d);
+  }
+  EXPECT_FALSE(CompareReplicas("j", 7, ranks).suspect());
+  // From a manifest: the shard record names them.
+  *manifest.add_items() = Shard(0, kGood).items(0).item();
+  manifest.mutable_items(0)->add_chunks()->set_raw_xxh3(1);
+  EXPECT_EQ(DigestsOfManifest(manifest, "n").boxes_size(), 1);
+  EXPECT_EQ(DigestsOfManifest(manifest, "n", {"w"}).boxes_size(), 0);
+}
+
 TEST(ReplicaCheckTest, AManifestGivesTheDigestsTheStagedHashesGive) {
   const proto::ShardRecord staged = Shard(1, kGood);
   proto::ShardManifest manifest;
