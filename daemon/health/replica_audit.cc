@@ -111,13 +111,16 @@ void ReplicaAudit::Report(const proto::ReplicaCheck& check) {
                  {"verdict", check.suspect() ? "suspect" : "clean"}});
   if (!check.suspect()) return;
   metrics_->Add("ckpt_sdc_suspect_steps_total", job);
+  // Each shard once, however many of its boxes disagree.
+  std::set<std::pair<uint32_t, std::string>> shards;
   for (const proto::ReplicaMismatch& m : check.mismatches()) {
-    for (int i = 0; i < m.minority_ranks_size(); ++i) {
-      metrics_->Add("ckpt_sdc_suspect_shards_total",
-                    {{"job", check.job()},
-                     {"node", m.minority_nodes(i)},
-                     {"rank", absl::StrCat(m.minority_ranks(i))}});
-    }
+    for (int i = 0; i < m.minority_ranks_size(); ++i)
+      shards.insert({m.minority_ranks(i), m.minority_nodes(i)});
+  }
+  for (const auto& [rank, node] : shards) {
+    metrics_->Add(
+        "ckpt_sdc_suspect_shards_total",
+        {{"job", check.job()}, {"node", node}, {"rank", absl::StrCat(rank)}});
   }
   CKPT_LOG_ERROR(
       "job {} step {}: silent data corruption suspected, its replicas "

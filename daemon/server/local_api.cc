@@ -237,6 +237,9 @@ class DaemonService final : public proto::CkptDaemon::Service {
   grpc::Status EndSession(grpc::ServerContext*, const proto::AttachRequest* req,
                           proto::AttachResponse*) override {
     absl::MutexLock lock(&ended_mu_);
+    // A Checkpointer whose session never reached this daemon leaves its
+    // mark behind: bounded.
+    if (ended_.size() >= kEndedKept) ended_.clear();
     ended_.insert({req->job(), req->pid()});
     return grpc::Status::OK;
   }
@@ -324,6 +327,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
 
   CheckpointService* const service_;
   io::FaultInjectionFs* const faults_;
+  static constexpr size_t kEndedKept = 4096;
   absl::Mutex ended_mu_;
   std::set<std::pair<std::string, uint32_t>> ended_ ABSL_GUARDED_BY(ended_mu_);
 };
