@@ -173,6 +173,8 @@ absl::Status Checkpointer::RegisterTensor(const std::string& name,
 }
 
 void Checkpointer::Attach() {
+  // A reader (a tool, an evaluation) is not one of the job's trainers.
+  if (options_.read_only) return;
   if (session_ == nullptr) {
     session_ =
         std::make_unique<DaemonSession>(channel_, options_.job, options_.rank);

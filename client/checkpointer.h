@@ -111,7 +111,9 @@ struct CheckpointerOptions {
   // A checkpointer that only reads (a probe of a tool or a library reading a
   // step's items): its restores leave the rank's newer shards alone. A
   // trainer's restore (the default) is where it resumes, and withdraws the
-  // rank's shards of newer, uncommitted steps (see Restore).
+  // rank's shards of newer, uncommitted steps (see Restore). It opens no
+  // session with ckptd: it is not one of the job's trainers (whose sessions
+  // tell ckptd when a trainer died, and time the job's goodput).
   bool read_only = false;
   // How long a restore waits for a node that may hold the only copy of the
   // rank's shard while it restarts (ckptd names it: a peer registered but not

@@ -263,6 +263,42 @@ class PyCheckpointer {
   }
   std::vector<std::string> LostNodes() { return Live()->LostNodes(); }
 
+  void MarkRankLocal(const std::string& name) {
+    RaiseIfError(Live()->MarkRankLocal(name));
+  }
+
+  // The job's committed steps whose replicas disagree: for each, the
+  // tensors and the ranks (and nodes) outside the majority.
+  py::list SuspectSteps() {
+    client::Checkpointer* impl = Live();
+    absl::StatusOr<std::vector<proto::ReplicaCheck>> checks;
+    {
+      py::gil_scoped_release release;
+      checks = impl->SuspectSteps();
+    }
+    py::list out;
+    for (const proto::ReplicaCheck& c : ValueOrRaise(std::move(checks))) {
+      py::list mismatches;
+      for (const proto::ReplicaMismatch& m : c.mismatches()) {
+        py::dict d;
+        d["item"] = m.item();
+        d["majority_ranks"] = std::vector<uint32_t>(m.majority_ranks().begin(),
+                                                    m.majority_ranks().end());
+        d["minority_ranks"] = std::vector<uint32_t>(m.minority_ranks().begin(),
+                                                    m.minority_ranks().end());
+        d["minority_nodes"] = std::vector<std::string>(
+            m.minority_nodes().begin(), m.minority_nodes().end());
+        mismatches.append(d);
+      }
+      py::dict step;
+      step["step"] = c.step();
+      step["checked_by"] = c.checked_by();
+      step["mismatches"] = mismatches;
+      out.append(step);
+    }
+    return out;
+  }
+
   ~PyCheckpointer() {
     // The watcher thread may be waiting for the GIL to run a callback.
     py::gil_scoped_release release;
@@ -424,6 +460,12 @@ PYBIND11_MODULE(_ckpt, m) {
            "Calls callback(lost_nodes) when nodes leave the job's cluster.")
       .def("lost_nodes", &PyCheckpointer::LostNodes,
            "Every node lost since watch_failures started.")
+      .def("mark_rank_local", &PyCheckpointer::MarkRankLocal, py::arg("name"),
+           "The registered tensor holds this rank's own values even where "
+           "other ranks save the same box: never compared across replicas.")
+      .def("suspect_steps", &PyCheckpointer::SuspectSteps,
+           "Committed steps whose replicas disagree (silent data corruption "
+           "suspected), with the ranks and nodes outside the majority.")
       .def("close", &PyCheckpointer::Close)
       .def_property_readonly("closed", &PyCheckpointer::closed);
 }

@@ -89,6 +89,7 @@ int Chaos::Run() {
   for (Node& n : nodes_) {
     if (!StartDaemon(n, "")) return Print();
   }
+  job_started_ = Clock::now();
   StartRanks(proto::TIER_MEMORY);
   const Clock::time_point begin = Clock::now();
   for (int i = 0; o_.faults == 0 || i < o_.faults; ++i) {

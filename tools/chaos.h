@@ -11,7 +11,10 @@
 //     meanwhile, restores exactly);
 //   - the latest committed step, per tier, never goes backward;
 //   - the newest committed step at each tier is always restorable;
-//   - the job ends with the state of an uninterrupted run.
+//   - the job ends with the state of an uninterrupted run;
+//   - ckptd counted the failures the faults make (ckpt_failures_total by
+//     cause), and each node's goodput adds up to the job's wall time within
+//     1%.
 // Faults: SIGKILL of a rank (the job restarts), of a daemon, of a whole node
 // (daemon and ranks); SIGSTOP of a daemon, then SIGCONT; disk faults switched
 // on and off (ENOSPC and EIO on writes, EIO on fsync); a daemon killed in the
@@ -28,6 +31,7 @@
 // The harness is one class, Chaos, whose parts live in: chaos.cc (the run),
 // chaos_cluster.cc (daemons, ranks, etcd and what they are asked),
 // chaos_faults.cc (the faults), chaos_invariants.cc (the checks),
+// chaos_health.cc (ckptd's counts and goodput against the faults),
 // chaos_report.cc (the report) and chaos_main.cc (the command line). One
 // thread runs it all.
 #ifndef CKPT_TOOLS_CHAOS_H_
@@ -41,12 +45,14 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "client/checkpointer.h"
+#include "proto/daemon.grpc.pb.h"
 #include "proto/daemon.pb.h"
 #include "tools/demo_model.h"
 #include "tools/fault_proxy.h"
@@ -72,6 +78,11 @@ void SleepMs(int64_t ms);
 // True once `pid` has exited (reaped); `status` gets its wait status.
 bool Exited(pid_t pid, int* status);
 void KillAndReap(pid_t pid);
+
+struct Node;
+// A stub for `node`'s ckptd, the call's deadline (10 s) set in `context`.
+std::unique_ptr<proto::CkptDaemon::Stub> DaemonStub(
+    const Node& node, grpc::ClientContext* context);
 
 // The state the harness expects of each rank after each step: the demo model
 // run from scratch, outside the system.
@@ -120,6 +131,15 @@ struct Report {
   uint64_t bytes_staged = 0;
   uint64_t final_step = 0;
   std::vector<std::string> violations;
+  // What ckptd counted (ckpt_failures_total, summed over the nodes) and
+  // expected from the faults injected, by cause: "n" or "lo..hi" (several
+  // nodes: the causes a node sees alone).
+  std::map<std::string, double> failures_counted;
+  std::map<std::string, std::string> failures_expected;
+  // Each node's goodput split of the job (seconds; "ettr") beside the wall
+  // time the harness measured from its ranks' start to their end.
+  std::map<std::string, std::map<std::string, double>> goodput;
+  double wall_s = 0;
 };
 
 // One node of the cluster: a ckptd with its directories (and, with several
@@ -247,6 +267,9 @@ class Chaos {
   // --- the end ------------------------------------------------------------
 
   void Finish();
+  // ckptd's failure counts and goodput (tools/chaos_health.cc) against the
+  // faults injected and the job's wall time: a violation when they disagree.
+  void CheckHealth();
   // Why rank `rank` ended with another state than the reference: the first
   // of its resumes whose logged state differs from the reference's, if any.
   std::string ExplainResumes(uint32_t rank);
@@ -267,6 +290,8 @@ class Chaos {
   std::unique_ptr<ckpt::tools::LocalS3> s3_;      // --object-store
   std::unique_ptr<ckpt::tools::FaultProxy> proxy_;
   std::vector<pid_t> ranks_;
+  Clock::time_point job_started_, job_ended_;  // the first ranks to the last
+  std::set<std::string> lost_nodes_;  // lose_node: their figures began anew
   std::map<proto::Tier, uint64_t> newest_seen_;
   uint64_t checked_steps_ = 0;
   Report report_;

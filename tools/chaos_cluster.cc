@@ -242,16 +242,21 @@ bool Chaos::NewestAbove(proto::Tier tier, size_t n, uint64_t after) {
          (*listed)[listed->size() - n] > after;
 }
 
+std::unique_ptr<proto::CkptDaemon::Stub> DaemonStub(
+    const Node& node, grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(10));
+  return proto::CkptDaemon::NewStub(
+      grpc::CreateChannel(ckpt::io::UnixSocketTarget(node.socket()),
+                          grpc::InsecureChannelCredentials()));
+}
+
 namespace {
 
 absl::Status InjectFaults(const Node& node,
                           const proto::InjectFaultsRequest& req) {
-  auto stub = proto::CkptDaemon::NewStub(
-      grpc::CreateChannel(ckpt::io::UnixSocketTarget(node.socket()),
-                          grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
+  auto stub = DaemonStub(node, &context);
   proto::InjectFaultsResponse resp;
   grpc::Status s = stub->InjectFaults(&context, req, &resp);
   return s.ok() ? absl::OkStatus()

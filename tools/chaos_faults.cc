@@ -75,6 +75,7 @@ void Chaos::InjectOne() {
     // The machine is replaced: nothing of what it had comes back, and its
     // replacement takes its id, sooner or later than its lease expires.
     computed = KillNode(node);
+    lost_nodes_.insert(node.id);
     // Steps the node voted for before it died may still get committed (the
     // other ranks' votes complete them) with its shards gone: committed at
     // the memory and disk tiers only, they are lost with it, as those tiers

@@ -149,7 +149,7 @@ void Chaos::Finish() {
     int status = 0;
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(180);
     while (!Exited(ranks_[r], &status) && Clock::now() < deadline) {
-      SleepMs(50);
+      SleepMs(10);
     }
     if (Clock::now() >= deadline) {
       KillAndReap(ranks_[r]);
@@ -160,6 +160,8 @@ void Chaos::Finish() {
     }
     ranks_[r] = -1;
   }
+  job_ended_ = Clock::now();
+  CheckHealth();
   for (uint32_t r = 0; r < o_.ranks; ++r) {
     std::ifstream in(absl::StrCat(o_.dir, "/out/final-rank-", r, ".bin"),
                      std::ios::binary);

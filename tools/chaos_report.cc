@@ -48,6 +48,10 @@ int Chaos::Print() {
   j["committed_steps_checked"] = checked_steps_;
   j["final_step"] = report_.final_step;
   j["bytes_staged"] = report_.bytes_staged;
+  j["failures_counted"] = report_.failures_counted;
+  j["failures_expected"] = report_.failures_expected;
+  j["goodput"] = report_.goodput;
+  j["wall_s"] = report_.wall_s;
   j["violations"] = report_.violations.size();
   j["violation_details"] = report_.violations;
   if (o_.json) {
@@ -74,6 +78,22 @@ int Chaos::Print() {
         static_cast<unsigned long>(checked_steps_),
         static_cast<unsigned long>(report_.final_step),
         report_.bytes_staged / 1048576.0, report_.violations.size());
+    std::printf("  ckptd counted (expected from the faults):");
+    for (const auto& [cause, n] : report_.failures_counted) {
+      auto e = report_.failures_expected.find(cause);
+      if (n == 0 && e == report_.failures_expected.end()) continue;
+      std::printf(
+          " %s %.0f (%s)", cause.c_str(), n,
+          e == report_.failures_expected.end() ? "-" : e->second.c_str());
+    }
+    std::printf("\n");
+    for (const auto& [node, g] : report_.goodput) {
+      std::printf(
+          "  goodput %s: %.1f s of the job's %.1f s, ETTR %.3f (training "
+          "%.1f, stall %.1f, recovery %.1f, lost %.1f)\n",
+          node.c_str(), g.at("wall"), report_.wall_s, g.at("ettr"),
+          g.at("training"), g.at("stall"), g.at("recovery"), g.at("lost"));
+    }
     for (const std::string& v : report_.violations) {
       std::printf("  VIOLATION: %s\n", v.c_str());
     }

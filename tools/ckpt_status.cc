@@ -102,6 +102,18 @@ nlohmann::json JobFigures(const std::vector<ckpt::tools::Sample>& m,
   put("mtbf_s", get("ckpt_mtbf_seconds"));
   put("young_daly_interval_s", get("ckpt_young_daly_interval_seconds"));
   put("save_lag_mean_s", mean("ckpt_save_lag_seconds"));
+  // The job's wall time split (daemon/health/goodput.h), beside the interval.
+  double wall = 0;
+  for (const char* kind : {"training", "stall", "recovery", "lost"}) {
+    auto v = get("ckpt_goodput_seconds", {{"kind", kind}});
+    if (!v.has_value()) continue;
+    f["goodput"][absl::StrCat(kind, "_s")] = *v;
+    wall += *v;
+  }
+  if (f.contains("goodput")) {
+    f["goodput"]["wall_s"] = wall;
+    put("ettr", get("ckpt_ettr"));
+  }
   for (const char* cause : {"trainer_exited", "trainer_hung", "daemon_restart",
                             "node_lost", "disk_error", "peer_unreachable",
                             "sdc_suspected", "operator_rollback"}) {
@@ -345,6 +357,18 @@ int Status(const std::string& data_dir, const std::string& socket_path,
         "%s, MTBF %s)\n",
         secs("save_interval_s").c_str(), secs("young_daly_interval_s").c_str(),
         secs("save_cost_s").c_str(), secs("mtbf_s").c_str());
+    if (f.contains("goodput")) {
+      const nlohmann::json& g = f["goodput"];
+      auto part = [&g](const char* key) {
+        return HumanSeconds(g.value(key, 0.0));
+      };
+      std::printf(
+          "  goodput    ETTR %.3f of %s: training %s, stall %s, recovery %s, "
+          "lost work %s\n",
+          num("ettr"), part("wall_s").c_str(), part("training_s").c_str(),
+          part("stall_s").c_str(), part("recovery_s").c_str(),
+          part("lost_s").c_str());
+    }
     if (f.contains("failures_by_cause")) {
       std::string causes;
       for (auto& [cause, n] : f["failures_by_cause"].items()) {

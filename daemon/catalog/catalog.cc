@@ -52,6 +52,25 @@ absl::StatusOr<std::vector<proto::JobRecord>> Catalog::ListJobs() {
   return ScanAll<proto::JobRecord>(store_, "/catalog/jobs/");
 }
 
+absl::Status Catalog::PutFailureHistory(const proto::FailureHistory& history) {
+  return store_->Put(absl::StrCat("/catalog/health/failures/", history.job()),
+                     history.SerializeAsString(), /*sync=*/false);
+}
+
+absl::StatusOr<std::vector<proto::FailureHistory>>
+Catalog::ListFailureHistories() {
+  return ScanAll<proto::FailureHistory>(store_, "/catalog/health/failures/");
+}
+
+absl::Status Catalog::PutGoodput(const proto::GoodputRecord& record) {
+  return store_->Put(absl::StrCat("/catalog/health/goodput/", record.job()),
+                     record.SerializeAsString(), /*sync=*/false);
+}
+
+absl::StatusOr<std::vector<proto::GoodputRecord>> Catalog::ListGoodput() {
+  return ScanAll<proto::GoodputRecord>(store_, "/catalog/health/goodput/");
+}
+
 absl::Status Catalog::PutShard(const proto::ShardRecord& shard, bool sync) {
   return store_->Put(ShardKey(shard.job(), shard.step(), shard.rank()),
                      shard.SerializeAsString(), sync);

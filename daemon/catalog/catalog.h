@@ -3,6 +3,8 @@
 // over these keys:
 //   /catalog/jobs/<job>                              JobRecord
 //   /catalog/shards/<job>/<step:020>/<rank:010>      ShardRecord
+//   /catalog/health/failures/<job>                   FailureHistory
+//   /catalog/health/goodput/<job>                    GoodputRecord
 //
 // Thread-safety: thread-safe; callers serialize read-modify-write of one shard.
 #ifndef CKPT_DAEMON_CATALOG_CATALOG_H_
@@ -38,6 +40,13 @@ class Catalog {
       const std::string& job = "");
   absl::Status DeleteShard(const std::string& job, uint64_t step,
                            uint32_t rank);
+  // What ckptd saw of a job's health (daemon/health), kept unsynced: a
+  // crash may lose the last change.
+  absl::Status PutFailureHistory(const proto::FailureHistory& history);
+  absl::StatusOr<std::vector<proto::FailureHistory>> ListFailureHistories();
+  absl::Status PutGoodput(const proto::GoodputRecord& record);
+  absl::StatusOr<std::vector<proto::GoodputRecord>> ListGoodput();
+
   // Rewrites `put` and deletes `forget`, atomically, with one sync.
   absl::Status UpdateShards(const std::vector<proto::ShardRecord>& put,
                             const std::vector<proto::ShardRecord>& forget);

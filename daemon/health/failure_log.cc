@@ -1,6 +1,7 @@
 #include "daemon/health/failure_log.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -10,7 +11,11 @@
 
 namespace ckpt::daemon {
 
-FailureLog::FailureLog(Metrics* metrics) : metrics_(metrics) {
+FailureLog::FailureLog(Metrics* metrics, Persist persist,
+                       OnIncident on_incident)
+    : metrics_(metrics),
+      persist_(std::move(persist)),
+      on_incident_(std::move(on_incident)) {
   metrics_->Declare(
       "ckpt_failures_total", Metrics::Type::kCounter,
       "failures seen, by cause: trainer_exited, trainer_hung, daemon_restart, "
@@ -21,13 +26,62 @@ FailureLog::FailureLog(Metrics* metrics) : metrics_(metrics) {
 void FailureLog::Failed(const std::string& job, const std::string& cause,
                         const std::string& detail, bool incident, absl::Time at,
                         int rank, absl::Time since) {
-  absl::MutexLock lock(&mu_);
-  Job& j = jobs_[job];
-  if (incident && j.open) return;  // part of the open incident
-  // Part of an incident recovered since (seen late: a trainer's exit is
-  // looked at after its session closed).
-  if (incident && PartOfLastIncident(j, at, since)) return;
+  std::optional<proto::FailureHistory> history;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& j = jobs_[job];
+    if (incident && j.open) return;  // part of the open incident
+    // Part of an incident recovered since (seen late: a trainer's exit is
+    // looked at after its session closed).
+    if (incident && PartOfLastIncident(j, at, since)) return;
+    Record(job, j, cause, detail, at, rank);
+    if (incident) {
+      j.open = true;
+      j.rank = rank;
+    }
+    history = HistoryOf(job, j);
+  }
+  Keep(history);
+  if (incident && on_incident_) on_incident_(job, at);
+}
+
+void FailureLog::FailedEpisode(const std::string& job, const std::string& cause,
+                               const std::string& detail, absl::Time at) {
+  std::optional<proto::FailureHistory> history;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& j = jobs_[job];
+    if (!j.failing.insert(cause).second) return;  // the same episode
+    Record(job, j, cause, detail, at, -1);
+    history = HistoryOf(job, j);
+  }
+  Keep(history);
+}
+
+void FailureLog::Healed(const std::string& job, const std::string& cause,
+                        absl::Time at) {
+  std::optional<proto::FailureHistory> history;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end() || it->second.failing.erase(cause) == 0) return;
+    auto& timeline = it->second.timeline;
+    for (auto r = timeline.rbegin(); r != timeline.rend(); ++r) {
+      if (r->cause() != cause) continue;
+      if (r->recovered_unix_micros() == 0)
+        r->set_recovered_unix_micros(absl::ToUnixMicros(at));
+      break;
+    }
+    history = HistoryOf(job, it->second);
+  }
+  Keep(history);
+}
+
+void FailureLog::Record(const std::string& job, Job& j,
+                        const std::string& cause, const std::string& detail,
+                        absl::Time at, int rank) {
   metrics_->Add("ckpt_failures_total", {{"job", job}, {"cause", cause}});
+  ++j.counts[cause];
   proto::FailureRecord& r = j.timeline.emplace_back();
   r.set_job(job);
   r.set_cause(cause);
@@ -35,11 +89,40 @@ void FailureLog::Failed(const std::string& job, const std::string& cause,
   r.set_unix_micros(absl::ToUnixMicros(at));
   r.set_step(j.last_step);
   if (rank >= 0) r.set_rank(static_cast<uint32_t>(rank));
-  if (incident) {
-    j.open = true;
-    j.rank = rank;
-  }
   while (j.timeline.size() > kKept) j.timeline.pop_front();
+}
+
+proto::FailureHistory FailureLog::HistoryOf(const std::string& job,
+                                            const Job& j) {
+  proto::FailureHistory h;
+  h.set_job(job);
+  for (const proto::FailureRecord& r : j.timeline) *h.add_timeline() = r;
+  for (const auto& [cause, n] : j.counts) (*h.mutable_counts())[cause] = n;
+  h.set_open(j.open);
+  h.set_open_rank(j.rank);
+  h.set_last_step(j.last_step);
+  for (const std::string& cause : j.failing) h.add_failing(cause);
+  return h;
+}
+
+void FailureLog::Keep(const std::optional<proto::FailureHistory>& history) {
+  if (history.has_value() && persist_) persist_(*history);
+}
+
+void FailureLog::Restore(const proto::FailureHistory& history) {
+  absl::MutexLock lock(&mu_);
+  Job& j = jobs_[history.job()];
+  j.timeline.assign(history.timeline().begin(), history.timeline().end());
+  j.open = history.open();
+  j.rank = history.open_rank();
+  j.last_step = history.last_step();
+  j.failing = {history.failing().begin(), history.failing().end()};
+  for (const auto& [cause, n] : history.counts()) {
+    j.counts[cause] = n;
+    metrics_->Add("ckpt_failures_total",
+                  {{"job", history.job()}, {"cause", cause}},
+                  static_cast<double>(n));
+  }
 }
 
 bool FailureLog::PartOfLastIncident(const Job& j, absl::Time at,
@@ -57,15 +140,21 @@ bool FailureLog::PartOfLastIncident(const Job& j, absl::Time at,
 
 void FailureLog::Saved(const std::string& job, uint64_t step, uint32_t rank,
                        absl::Time at) {
-  absl::MutexLock lock(&mu_);
-  Job& j = jobs_[job];
-  j.last_step = std::max(j.last_step, step);
-  if (!j.open || (j.rank >= 0 && static_cast<uint32_t>(j.rank) != rank)) return;
-  j.open = false;
-  for (auto r = j.timeline.rbegin(); r != j.timeline.rend(); ++r) {
-    if (r->recovered_unix_micros() != 0) break;
-    r->set_recovered_unix_micros(absl::ToUnixMicros(at));
+  std::optional<proto::FailureHistory> history;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& j = jobs_[job];
+    j.last_step = std::max(j.last_step, step);
+    if (!j.open || (j.rank >= 0 && static_cast<uint32_t>(j.rank) != rank))
+      return;
+    j.open = false;
+    for (auto r = j.timeline.rbegin(); r != j.timeline.rend(); ++r) {
+      if (r->recovered_unix_micros() != 0) break;
+      r->set_recovered_unix_micros(absl::ToUnixMicros(at));
+    }
+    history = HistoryOf(job, j);
   }
+  Keep(history);
 }
 
 std::vector<proto::FailureRecord> FailureLog::Timeline(
@@ -82,18 +171,42 @@ std::vector<proto::FailureRecord> FailureLog::Timeline(
   return out;
 }
 
-std::string TrainerExit(uint32_t pid) {
+namespace {
+
+// The fields of /proc/<pid>/stat after the command (which may hold spaces):
+// the state is the first.
+std::vector<std::string> StatFields(uint32_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
   std::string stat;
-  if (!in || !std::getline(in, stat)) return "exited";  // reaped: gone
-  // Fields after the command (which may hold spaces): state is the first,
-  // exit_code (Linux 3.5+) the 50th.
+  if (!in || !std::getline(in, stat)) return {};
   const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return "exited";
+  if (close == std::string::npos || close + 2 > stat.size()) return {};
   std::istringstream fields(stat.substr(close + 2));
   std::vector<std::string> f;
   for (std::string s; fields >> s;) f.push_back(s);
-  if (f.empty() || f[0] != "Z") return "";  // still running
+  return f;
+}
+
+}  // namespace
+
+std::optional<absl::Time> ProcessStart(uint32_t pid) {
+  const std::vector<std::string> f = StatFields(pid);
+  std::ifstream uptime_file("/proc/uptime");
+  double uptime = 0;
+  // starttime, in clock ticks after boot, is the 20th field after the
+  // command.
+  if (f.size() < 20 || !(uptime_file >> uptime)) return std::nullopt;
+  const double started = std::atof(f[19].c_str()) / ::sysconf(_SC_CLK_TCK);
+  if (started > uptime) return std::nullopt;
+  return absl::Now() - absl::Seconds(uptime - started);
+}
+
+std::string TrainerExit(uint32_t pid) {
+  // Gone (reaped) when there is nothing to read; exit_code (Linux 3.5+) is
+  // the 50th field after the command.
+  const std::vector<std::string> f = StatFields(pid);
+  if (f.empty()) return "exited";
+  if (f[0] != "Z") return "";  // still running
   if (f.size() < 50) return "exited";
   const int status = std::atoi(f[49].c_str());
   if (WIFSIGNALED(status))

@@ -7,16 +7,23 @@
 // rollback. Failures of one job before it saves again are one incident: the
 // first one names it (a killed rank, then its peers stopped by the launcher).
 //
+// A failure that lasts (a disk that fails every persist) is one episode,
+// counted once until it heals. The counts and the timeline survive ckptd's
+// restarts through the history it hands to its persist callback.
+//
 // Metrics: ckpt_failures_total{job,cause}.
 //
-// Thread-safety: thread-safe. It calls into Metrics under its lock; Metrics
-// never calls back.
+// Thread-safety: thread-safe. It calls into Metrics under its lock (Metrics
+// never calls back); its callbacks run without its lock.
 #ifndef CKPT_DAEMON_HEALTH_FAILURE_LOG_H_
 #define CKPT_DAEMON_HEALTH_FAILURE_LOG_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,8 +44,14 @@ class FailureLog {
   // Failures kept per job in the timeline.
   static constexpr size_t kKept = 32;
 
+  // Called with a job's history after each change, to keep it.
+  using Persist = std::function<void(const proto::FailureHistory&)>;
+  // Called when an incident begins (the job stopped at `at`).
+  using OnIncident = std::function<void(const std::string& job, absl::Time)>;
+
   // `metrics` must outlive this object.
-  explicit FailureLog(Metrics* metrics);
+  FailureLog(Metrics* metrics, Persist persist = nullptr,
+             OnIncident on_incident = nullptr);
   FailureLog(const FailureLog&) = delete;
   FailureLog& operator=(const FailureLog&) = delete;
 
@@ -56,6 +69,16 @@ class FailureLog {
               int rank = -1, absl::Time since = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kLateExit = absl::Seconds(10);
+  // A failure of `cause` that repeats until Healed (every persist to a
+  // failing disk): counted once per episode.
+  void FailedEpisode(const std::string& job, const std::string& cause,
+                     const std::string& detail, absl::Time at)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The episode of `cause` is over (a persist succeeded): recovered at `at`.
+  void Healed(const std::string& job, const std::string& cause, absl::Time at)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // ckptd restarted and found this history: counts and timeline go on.
+  void Restore(const proto::FailureHistory& history) ABSL_LOCKS_EXCLUDED(mu_);
   // `rank` of the job began saving `step`: an open incident it ends is
   // recovered.
   void Saved(const std::string& job, uint64_t step, uint32_t rank,
@@ -70,13 +93,24 @@ class FailureLog {
     bool open = false;  // the newest incident has not recovered yet
     int rank = -1;      // the rank whose save ends it (-1: any)
     uint64_t last_step = 0;
+    std::map<std::string, uint64_t> counts;  // by cause
+    std::set<std::string> failing;           // episodes not healed
   };
+
+  // Counts a failure and adds it to the timeline.
+  void Record(const std::string& job, Job& j, const std::string& cause,
+              const std::string& detail, absl::Time at, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static proto::FailureHistory HistoryOf(const std::string& job, const Job& j);
+  void Keep(const std::optional<proto::FailureHistory>& history);
 
   // A failure at `at` of a session begun `since` belongs to the newest
   // recovered incident of `j`.
   static bool PartOfLastIncident(const Job& j, absl::Time at, absl::Time since);
 
   Metrics* const metrics_;
+  const Persist persist_;
+  const OnIncident on_incident_;
   mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
 };
@@ -86,6 +120,10 @@ class FailureLog {
 // else "exited with code N", "killed by signal N", or "exited" when its
 // status was reaped before ckptd could read it.
 std::string TrainerExit(uint32_t pid);
+
+// When process `pid` started (from /proc, to 10 ms); nullopt when it is not
+// there to read (gone, or in another pid namespace).
+std::optional<absl::Time> ProcessStart(uint32_t pid);
 
 }  // namespace ckpt::daemon
 

@@ -221,6 +221,9 @@ class DaemonService final : public proto::CkptDaemon::Service {
     JobActivity* activity = service_->activity();
     activity->Attach(req->job());
     const absl::Time attached = absl::Now();
+    service_->goodput()->SessionBegun(
+        req->job(), req->pid(), attached,
+        ProcessStart(req->pid()).value_or(attached));
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) attached", req->job(), req->rank(),
                    req->pid());
     // Held until the trainer's Checkpointer goes (or its process dies, which
@@ -230,17 +233,28 @@ class DaemonService final : public proto::CkptDaemon::Service {
     activity->Detach(req->job());
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) detached", req->job(), req->rank(),
                    req->pid());
-    if (!TakeCleanEnd(*req)) NoteTrainerExit(*req, attached, absl::Now());
+    const absl::Time closed = absl::Now();
+    if (!TakeCleanEnd(*req)) {
+      NoteTrainerExit(*req, attached, closed);
+      service_->goodput()->SessionEnded(req->job(), req->pid(), closed,
+                                        /*clean=*/false);
+    }
     return grpc::Status::OK;
   }
 
   grpc::Status EndSession(grpc::ServerContext*, const proto::AttachRequest* req,
                           proto::AttachResponse*) override {
-    absl::MutexLock lock(&ended_mu_);
-    // A Checkpointer whose session never reached this daemon leaves its
-    // mark behind: bounded.
-    if (ended_.size() >= kEndedKept) ended_.clear();
-    ended_.insert({req->job(), req->pid()});
+    {
+      absl::MutexLock lock(&ended_mu_);
+      // A Checkpointer whose session never reached this daemon leaves its
+      // mark behind: bounded.
+      if (ended_.size() >= kEndedKept) ended_.clear();
+      ended_.insert({req->job(), req->pid()});
+    }
+    // Its session may have been with an earlier ckptd (this one restarted
+    // since): the job's clock learns of the end here.
+    service_->goodput()->SessionEnded(req->job(), req->pid(), absl::Now(),
+                                      /*clean=*/true);
     return grpc::Status::OK;
   }
 

@@ -393,6 +393,7 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
   arena_->PrepareAhead(slot.bytes);
   health_.StagingBegun({job, step, rank}, begun);
   failures_.Saved(job, step, rank, begun);
+  goodput_.StagingBegun(job, step, rank, begun);
   proto::JobRecord job_record;
   job_record.set_job(job);
   job_record.set_world_size(world_size);
@@ -495,8 +496,10 @@ absl::Status CheckpointService::StageComplete(
   // begun before this one and never completed was abandoned (its trainer
   // died, or gave up on the call). Its slot goes back to the budget now
   // rather than at the next restart.
+  const absl::Time staged = absl::Now();
+  goodput_.Staged(job, rank, staged);
   const std::vector<uint64_t> abandoned =
-      health_.Staged({job, step, rank}, absl::Now());
+      health_.Staged({job, step, rank}, staged);
   for (uint64_t old_step : abandoned) {
     if (AbortStage(job, old_step, rank).ok()) {
       CKPT_LOG_INFO("{}: abandoned while staging; its slot is freed",

@@ -47,6 +47,7 @@
 #include "daemon/common/metrics.h"
 #include "daemon/coord/embedded_coordinator.h"
 #include "daemon/health/failure_log.h"
+#include "daemon/health/goodput.h"
 #include "daemon/health/job_health.h"
 #include "daemon/health/liveness.h"
 #include "daemon/health/replica_audit.h"
@@ -243,6 +244,9 @@ class CheckpointService {
   // Failures by cause and the recoveries (the local API's ListFailures and
   // trainer exits).
   FailureLog* failures() { return &failures_; }
+  // Each job's wall time split into training, stall, recovery and lost work
+  // (the local API's sessions).
+  Goodput* goodput() { return &goodput_; }
 
   const ServiceOptions& options() const { return options_; }
   // What the /metrics endpoint serves.
@@ -273,6 +277,11 @@ class CheckpointService {
   absl::Status SealedForRestore(proto::ShardRecord& r) const;
   explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
   absl::Status Recover();
+  // Loads the health records a previous run kept (RestoreHealth) and keeps
+  // new ones (KeepHealth) in the catalog; an error is logged, not returned.
+  void RestoreHealth();
+  void KeepHealth(const proto::FailureHistory& history);
+  void KeepHealth(const proto::GoodputRecord& record);
   // With options_.agree_cluster_key: the cluster's key, made or read through
   // the coordinator, installed for the process.
   absl::Status InstallAgreedClusterKey();
@@ -485,7 +494,13 @@ class CheckpointService {
   Metrics metrics_;
   JobHealth health_{&metrics_};
   Stragglers stragglers_{&metrics_};
-  FailureLog failures_{&metrics_};
+  Goodput goodput_{&metrics_,
+                   [this](const proto::GoodputRecord& r) { KeepHealth(r); }};
+  FailureLog failures_{
+      &metrics_, [this](const proto::FailureHistory& h) { KeepHealth(h); },
+      [this](const std::string& job, absl::Time at) {
+        goodput_.Failed(job, at);
+      }};
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;
   std::set<SlotId> beginning_ ABSL_GUARDED_BY(begin_mu_);  // in BeginStage

@@ -45,6 +45,7 @@ absl::Status CheckpointService::ReportRestore(
   metrics_.Add("ckpt_restore_fallbacks_total", {{"job", job}},
                report.fallbacks());
   if (!report.resume()) return absl::OkStatus();
+  goodput_.Resumed(job, report.shard().step(), absl::Now());
   return WithdrawNewer(job, report.shard().rank(), report.shard().step());
 }
 

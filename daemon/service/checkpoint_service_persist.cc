@@ -65,7 +65,10 @@ void CheckpointService::PersistQueued(const SlotId& id) {
   if (!record->has_value() || (*record)->state() != proto::SHARD_STAGED) return;
   proto::ShardRecord& r = **record;
   absl::Status s = Persist(r);
-  if (s.ok()) return;
+  if (s.ok()) {
+    failures_.Healed(id.job, "disk_error", absl::Now());
+    return;
+  }
   if (s.code() == absl::StatusCode::kCancelled) {
     // The daemon is stopping: the shard stays staged for the next start.
     CKPT_LOG_WARN("{}: persist stopped, the shard stays staged: {}",
@@ -75,10 +78,10 @@ void CheckpointService::PersistQueued(const SlotId& id) {
   CKPT_LOG_ERROR("{}: persist failed: {}", Describe(id.job, id.step, id.rank),
                  s.ToString());
   metrics_.Add("ckpt_persist_failures_total", {{"job", id.job}});
-  failures_.Failed(id.job, "disk_error",
-                   absl::StrCat(Describe(id.job, id.step, id.rank),
-                                ": persist failed: ", s.message()),
-                   /*incident=*/false, absl::Now());
+  failures_.FailedEpisode(id.job, "disk_error",
+                          absl::StrCat(Describe(id.job, id.step, id.rank),
+                                       ": persist failed: ", s.message()),
+                          absl::Now());
   // Out of space: the kept files give theirs back for the next try.
   if (s.code() == absl::StatusCode::kResourceExhausted) recycler_->Clear();
   r.set_state(proto::SHARD_FAILED);

@@ -56,7 +56,9 @@ absl::Status CheckpointService::Recover() {
       int64_t& last = last_micros[r.job()];
       last = std::max(last, r.staged_unix_micros());
     }
+    RestoreHealth();
     for (const auto& [job, micros] : last_micros) {
+      if (goodput_.WasRunning(job) == false) continue;  // it had ended cleanly
       health_.DaemonRestarted(
           job, micros > 0 ? absl::FromUnixMicros(micros) : absl::InfinitePast(),
           absl::Now());
@@ -107,6 +109,38 @@ absl::Status CheckpointService::Recover() {
     }
   }
   return absl::OkStatus();
+}
+
+void CheckpointService::RestoreHealth() {
+  absl::StatusOr<std::vector<proto::FailureHistory>> histories =
+      catalog_->ListFailureHistories();
+  if (histories.ok()) {
+    for (const proto::FailureHistory& h : *histories) failures_.Restore(h);
+  } else {
+    CKPT_LOG_ERROR("recovery: the failures kept: {}",
+                   histories.status().ToString());
+  }
+  absl::StatusOr<std::vector<proto::GoodputRecord>> goodput =
+      catalog_->ListGoodput();
+  if (goodput.ok()) {
+    for (const proto::GoodputRecord& r : *goodput)
+      goodput_.Restore(r, absl::Now());
+  } else {
+    CKPT_LOG_ERROR("recovery: the goodput kept: {}",
+                   goodput.status().ToString());
+  }
+}
+
+void CheckpointService::KeepHealth(const proto::FailureHistory& history) {
+  if (catalog_ == nullptr) return;
+  absl::Status s = catalog_->PutFailureHistory(history);
+  if (!s.ok()) CKPT_LOG_ERROR("keeping the failures: {}", s.ToString());
+}
+
+void CheckpointService::KeepHealth(const proto::GoodputRecord& record) {
+  if (catalog_ == nullptr) return;
+  absl::Status s = catalog_->PutGoodput(record);
+  if (!s.ok()) CKPT_LOG_ERROR("keeping the goodput: {}", s.ToString());
 }
 
 }  // namespace ckpt::daemon

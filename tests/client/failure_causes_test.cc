@@ -2,7 +2,8 @@
 // rank SIGKILLed (its peer then stopped, as a launcher does) is one failure,
 // trainer_exited, named with the rank and the signal, recovered when the job
 // saves again; trainers that finish (their Checkpointer closed) are none.
-// Shown by `ckpt status --json` (counts by cause, the timeline).
+// Shown by `ckpt status --json` (counts by cause, the timeline), with the
+// job's goodput: its wall time from launch to end, a recovery in it.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@ TEST(FailureCausesTest, AKilledTrainerIsOneFailureNamedWithItsSignal) {
   o.read_only = true;
   auto probe = Checkpointer::Connect(o);
   ASSERT_TRUE(probe.ok()) << probe.status();
+  const absl::Time launched = absl::Now();
   pid_t r0 = StartRank(d.socket(), 0, 1'000'000),
         r1 = StartRank(d.socket(), 1, 1'000'000);
   // Until a few steps are committed.
@@ -90,6 +92,7 @@ TEST(FailureCausesTest, AKilledTrainerIsOneFailureNamedWithItsSignal) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   ::waitpid(r1, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const double ran = absl::ToDoubleSeconds(absl::Now() - launched);
   probe->reset();
   absl::SleepFor(absl::Seconds(1));  // sessions closing are looked at
   job = Status(d);
@@ -103,8 +106,25 @@ TEST(FailureCausesTest, AKilledTrainerIsOneFailureNamedWithItsSignal) {
   EXPECT_EQ(job["figures"]["failures_by_cause"],
             nlohmann::json({{"trainer_exited", 1}}))
       << job.dump(2);
+  // Goodput: the job's wall time, from its first trainers' launch to its
+  // last ones' end (the clock stopped then), split into parts; the kill cost
+  // a recovery.
+  const nlohmann::json& g = job["figures"]["goodput"];
+  EXPECT_NEAR(g.value("wall_s", 0.0), ran, 0.25) << job.dump(2);
+  EXPECT_GT(g.value("recovery_s", 0.0), 0) << job.dump(2);
+  EXPECT_GT(g.value("training_s", 0.0), 0) << job.dump(2);
+  EXPECT_GE(g.value("lost_s", -1.0), 0) << job.dump(2);
+  EXPECT_NEAR(g.value("training_s", 0.0) + g.value("stall_s", 0.0) +
+                  g.value("recovery_s", 0.0) + g.value("lost_s", 0.0),
+              g.value("wall_s", 0.0), 1e-6);
+  const double ettr = job["figures"].value("ettr", 0.0);
+  EXPECT_GT(ettr, 0);
+  EXPECT_LT(ettr, 1);
+  EXPECT_EQ(Status(d)["figures"]["goodput"]["wall_s"], g["wall_s"])
+      << "the job ended: its clock stopped";
   Result human = RunCli("--data-dir " + d.data_dir() + " --socket " +
                         d.socket() + " status");
+  EXPECT_THAT(human.out, ::testing::HasSubstr("goodput    ETTR 0."));
   EXPECT_THAT(human.out, ::testing::HasSubstr("causes     trainer_exited 1"));
   EXPECT_THAT(human.out, ::testing::HasSubstr("trainer_exited: rank 1"));
 }

@@ -5,6 +5,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 import ckpt
@@ -118,6 +119,46 @@ class BindingTest(DaemonTestCase):
             self.assertIn("ckptd", str(e.exception))
             with self.assertRaises(ckpt.UnavailableError):
                 c.latest_committed()
+
+    def test_replicas_that_disagree_make_a_suspect_step(self):
+        # Two ranks save the same box of "w" (a replicated tensor) with one
+        # value flipped on rank 1; "own" is per rank, marked so.
+        job = "binding-sdc"
+        datas, owns, ranks = [], [], []
+        for rank in range(2):
+            data = (ctypes.c_float * 256)(*range(256))
+            own = (ctypes.c_float * 16)(*([float(rank)] * 16))
+            c = ckpt.Checkpointer(job, rank=rank, world_size=2, socket=self.daemon.socket)
+            c.register_tensor("w", "float32", ctypes.addressof(data), [256])
+            c.register_tensor("own", "float32", ctypes.addressof(own), [16])
+            c.mark_rank_local("own")
+            datas.append(data)
+            owns.append(own)
+            ranks.append(c)
+        with self.assertRaises(ckpt.NotFoundError) as e:
+            ranks[0].mark_rank_local("nothing")
+        self.assertIn('no tensor "nothing"', str(e.exception))
+        for h in [c.save_async(1) for c in ranks]:
+            h.wait_committed("disk", 60)
+        self.assertEqual(ranks[0].suspect_steps(), [])
+        datas[1][7] = -1.0
+        for h in [c.save_async(2) for c in ranks]:
+            h.wait_committed("disk", 60)
+        suspects = []
+        for _ in range(100):  # compared once every rank's record is in
+            suspects = ranks[0].suspect_steps()
+            if suspects:
+                break
+            time.sleep(0.1)
+        self.assertEqual(len(suspects), 1, suspects)
+        self.assertEqual(suspects[0]["step"], 2)
+        [m] = suspects[0]["mismatches"]
+        self.assertEqual(m["item"], "w")
+        self.assertEqual(m["majority_ranks"], [])  # two replicas: no majority
+        self.assertEqual(sorted(m["minority_ranks"]), [0, 1])
+        self.assertEqual(ranks[1].latest_committed("disk"), 1)  # not resumed from
+        for c in ranks:
+            c.close()
 
     def test_dtypes_lists_what_tensors_may_be(self):
         self.assertIn("bfloat16", ckpt.dtypes())

@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import tempfile
+import time
 import unittest
 
 import numpy
@@ -144,6 +145,36 @@ class TorchCheckpointerTest(DaemonTestCase):
             self.assertEqual(c.restore(), 1)
             c.close()
         self.assertTrue(torch.equal(torch.cat(thirds), full))
+
+    def test_replicas_that_disagree_are_suspect_and_rank_local_state_is_not(self):
+        # "w" is a data-parallel replica on both ranks; "noise" holds each
+        # rank's own values (rank_local). One element of rank 1's "w" flips
+        # before step 2: step 2 is suspect for "w" alone.
+        ws = [torch.arange(64, dtype=torch.float32) for _ in range(2)]
+        noise = [torch.full((8,), float(rank)) for rank in range(2)]
+        ranks = [
+            self.checkpointer({"w": ws[r], "noise": noise[r]}, "torch-sdc", rank=r,
+                              world_size=2, rng=False, rank_local=["noise"]) for r in range(2)
+        ]
+        with self.assertRaises(ckpt.errors.InvalidArgumentError) as e:
+            self.checkpointer({"w": ws[0]}, "torch-sdc", rank_local=["nope"])
+        self.assertIn("'nope'", str(e.exception))
+        for h in [c.save_async(1) for c in ranks]:
+            h.wait_committed("disk", 60)
+        ws[1][5] = -1.0
+        for h in [c.save_async(2) for c in ranks]:
+            h.wait_committed("disk", 60)
+        suspects = []
+        for _ in range(100):  # compared once both ranks' records are in
+            suspects = ranks[0].suspect_steps()
+            if suspects:
+                break
+            time.sleep(0.1)
+        self.assertEqual([s["step"] for s in suspects], [2], suspects)
+        self.assertEqual([m["item"] for m in suspects[0]["mismatches"]], ["w"])
+        self.assertEqual(ranks[0].latest_committed(), 1)  # not resumed from
+        for c in ranks:
+            c.close()
 
     def test_shape_change_since_registration_raises(self):
         model, optim = model_and_optimizer()

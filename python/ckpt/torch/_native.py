@@ -15,12 +15,13 @@ class NativeBinding:
 
     def __init__(self, job, rank, world_size, socket, rpc_timeout,
                  host_snapshot, device=None, read_only=False,
-                 restore_peer_wait=60.0):
+                 restore_peer_wait=60.0, rank_local=()):
         self.job, self.rank, self.world_size = job, rank, world_size
         self.socket, self.rpc_timeout = socket, rpc_timeout
         self.restore_peer_wait = restore_peer_wait
         self.host_snapshot, self.device = host_snapshot, device
         self.read_only = read_only  # restores never withdraw newer shards
+        self.rank_local = tuple(rank_local)  # state keys never compared
         self.native = None
         self.failure_callback = None
         self._registered = None  # the signature the native object holds
@@ -79,6 +80,8 @@ class NativeBinding:
                                        list(offset),
                                        list(tensor.shape),
                                        owner=tensor)
+                if self._is_rank_local(name):
+                    native.mark_rank_local(name)
             for name in layout.bytes:
                 native.register_bytes(name)
             if self.failure_callback is not None:
@@ -88,6 +91,10 @@ class NativeBinding:
         for name, value in layout.bytes.items():
             self.native.set_bytes(name, value)
         return self.native
+
+    def _is_rank_local(self, name):
+        return any(name == key or name.startswith(key + "/")
+                   for key in self.rank_local)
 
     def device_for(self, layout):
         if self.device is not None:

@@ -37,7 +37,11 @@ class Checkpointer:
     unsafe_pickle=True trusts the checkpoint with everything.
     restore_peer_wait: seconds a restore waits while the node that may hold
     the only copy of this rank's shard restarts (ckptd names it), asking
-    again, before it raises ckptd's UNAVAILABLE."""
+    again, before it raises ckptd's UNAVAILABLE. rank_local: state keys whose
+    plain tensors hold each rank's own values (not data-parallel replicas):
+    ckptd compares the replicas of every other tensor across ranks after each
+    step and marks a step whose replicas disagree suspect (silent data
+    corruption, see suspect_steps()); these are never compared."""
 
     def __init__(self,
                  state,
@@ -51,7 +55,8 @@ class Checkpointer:
                  host_snapshot="copy",
                  trusted_globals=(),
                  unsafe_pickle=False,
-                 restore_peer_wait=60.0):
+                 restore_peer_wait=60.0,
+                 rank_local=()):
         if not isinstance(state, dict):
             raise errors.InvalidArgumentError(
                 f"state must be a dict of tensors, modules, optimizers and "
@@ -66,10 +71,18 @@ class Checkpointer:
         self.rng = rng
         self._unpickle = _unpickle.Policy(trusted_globals, unsafe_pickle)
         self._resume = None  # the epoch of the last rejoin(), until restore()
+        rank_local = (rank_local,) if isinstance(rank_local, str) else tuple(
+            rank_local)
+        for key in rank_local:
+            if key not in state:
+                raise errors.InvalidArgumentError(
+                    f"rank_local names {key!r}, which is not a key of the "
+                    f"state ({sorted(map(str, state))})", "INVALID_ARGUMENT")
         self._binding = NativeBinding(job, self.rank, self.world_size,
                                       self.socket, rpc_timeout, host_snapshot,
                                       device,
-                                      restore_peer_wait=restore_peer_wait)
+                                      restore_peer_wait=restore_peer_wait,
+                                      rank_local=rank_local)
         self._binding.sync(self._flatten())
 
     # --- the public API ---------------------------------------------------
@@ -98,6 +111,13 @@ class Checkpointer:
 
     def list_committed(self, tier="disk"):
         return self._native().list_committed(tier)
+
+    def suspect_steps(self):
+        """The job's committed steps whose replicas disagree (silent data
+        corruption suspected; never resumed from by default): a list of
+        {"step", "checked_by", "mismatches": [{"item", "majority_ranks",
+        "minority_ranks", "minority_nodes"}]}."""
+        return self._native().suspect_steps()
 
     def restore(self, step=None, tier="disk", strict=True):
         """Loads step `step` (default: the latest committed at `tier`; right

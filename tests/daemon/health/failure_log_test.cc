@@ -66,6 +66,54 @@ TEST(FailureLogTest, CountsByCauseOneIncidentOnceAndStampsRecoveries) {
   EXPECT_EQ(log.Timeline("").size(), FailureLog::kKept + 3);
 }
 
+TEST(FailureLogTest, EpisodesCountOnceAndTheHistorySurvivesARestart) {
+  Metrics metrics;
+  proto::FailureHistory kept;
+  std::vector<std::string> incidents;
+  FailureLog log(
+      &metrics, [&](const proto::FailureHistory& h) { kept = h; },
+      [&](const std::string& job, absl::Time) { incidents.push_back(job); });
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  // A failing disk: every persist fails until one succeeds.
+  for (int i = 0; i < 5; ++i) {
+    log.FailedEpisode("j", "disk_error", "ENOSPC", t0 + absl::Seconds(i));
+  }
+  log.Healed("j", "disk_error", t0 + absl::Seconds(6));
+  log.FailedEpisode("j", "disk_error", "EIO", t0 + absl::Seconds(8));
+  log.Failed("j", "trainer_exited", "rank 0 (pid 5) exited with code 3",
+             /*incident=*/true, t0 + absl::Seconds(9), 0);
+  EXPECT_EQ(incidents, std::vector<std::string>{"j"});
+  EXPECT_EQ(kept.counts().at("disk_error"), 2u);
+  EXPECT_EQ(kept.counts().at("trainer_exited"), 1u);
+  ASSERT_EQ(kept.timeline_size(), 3);
+  EXPECT_EQ(kept.timeline(0).recovered_unix_micros(),
+            absl::ToUnixMicros(t0 + absl::Seconds(6)));
+  EXPECT_TRUE(kept.open());
+
+  // ckptd restarts: the counts go on, the open incident and the failing
+  // disk too.
+  Metrics metrics2;
+  FailureLog again(&metrics2, nullptr, [&](const std::string& job, absl::Time) {
+    incidents.push_back(job);
+  });
+  again.Restore(kept);
+  again.Failed("j", "daemon_restart", "ckptd restarted", /*incident=*/true,
+               t0 + absl::Seconds(10));
+  again.FailedEpisode("j", "disk_error", "EIO", t0 + absl::Seconds(11));
+  EXPECT_EQ(incidents.size(), 1u) << "part of the open incident";
+  EXPECT_EQ(again.Timeline("j").size(), 3u);
+  EXPECT_THAT(metrics2.Render(),
+              HasSubstr("ckpt_failures_total{job=\"j\",cause=\"disk_error\"} "
+                        "2"));
+  again.Saved("j", 12, 0, t0 + absl::Seconds(12));
+  again.Failed("j", "daemon_restart", "ckptd restarted", true,
+               t0 + absl::Seconds(30));
+  EXPECT_EQ(incidents.size(), 2u);
+  EXPECT_THAT(
+      metrics2.Render(),
+      HasSubstr("ckpt_failures_total{job=\"j\",cause=\"daemon_restart\"} 1"));
+}
+
 TEST(FailureLogTest, TrainerExitReadsHowAProcessEnded) {
   EXPECT_EQ(TrainerExit(static_cast<uint32_t>(::getpid())), "") << "running";
   const pid_t killed = ::fork();
@@ -93,6 +141,27 @@ TEST(FailureLogTest, TrainerExitReadsHowAProcessEnded) {
   for (pid_t p : {killed, failed, clean}) ::waitpid(p, &status, 0);
   EXPECT_EQ(TrainerExit(static_cast<uint32_t>(killed)), "exited")
       << "reaped: gone, how unknown";
+}
+
+TEST(FailureLogTest, ProcessStartReadsWhenAProcessWasLaunched) {
+  const absl::Time before = absl::Now();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  absl::SleepFor(absl::Milliseconds(1200));
+  std::optional<absl::Time> started =
+      ProcessStart(static_cast<uint32_t>(child));
+  ASSERT_TRUE(started.has_value());
+  // To the kernel's clock tick (10 ms), and /proc/uptime's.
+  EXPECT_GE(*started, before - absl::Milliseconds(30));
+  EXPECT_LE(*started, before + absl::Milliseconds(500))
+      << "not when it was read, 1.2 s later";
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(ProcessStart(static_cast<uint32_t>(child)), std::nullopt);
 }
 
 }  // namespace

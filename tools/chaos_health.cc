@@ -1,0 +1,158 @@
+// Part of ckpt-chaos: see tools/chaos.h. What ckptd counted of the run's
+// failures, and the goodput it measured, against what the harness did: the
+// faults it injected and the wall time of its job.
+#include <cmath>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/daemon.grpc.pb.h"
+#include "tools/chaos.h"
+#include "tools/metrics_text.h"
+
+namespace ckpt::chaos {
+namespace {
+
+using ckpt::tools::Sample;
+
+absl::StatusOr<std::vector<Sample>> Scrape(const Node& node) {
+  grpc::ClientContext context;
+  auto stub = DaemonStub(node, &context);
+  proto::GetMetricsRequest req;
+  proto::GetMetricsResponse resp;
+  grpc::Status s = stub->GetMetrics(&context, req, &resp);
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(node.id, ": GetMetrics: ", s.error_message()));
+  }
+  return ckpt::tools::ParseMetricsText(resp.text());
+}
+
+// A count against the bounds [lo, hi] the faults allow; hi < 0: no upper
+// bound.
+struct Bounds {
+  double lo = 0, hi = -1;
+  std::string Text() const {
+    if (hi == lo) return absl::StrCat(lo);
+    return hi < 0 ? absl::StrCat(">=", lo) : absl::StrCat(lo, "..", hi);
+  }
+  bool Holds(double n) const { return n >= lo && (hi < 0 || n <= hi); }
+};
+
+// The job's goodput split on one node, its wall time and ETTR.
+std::map<std::string, double> GoodputOf(const std::vector<Sample>& samples) {
+  std::map<std::string, double> g;
+  double wall = 0;
+  for (const char* kind : {"training", "stall", "recovery", "lost"}) {
+    g[kind] = ckpt::tools::SumOf(samples, "ckpt_goodput_seconds",
+                                 {{"job", kJob}, {"kind", kind}})
+                  .value_or(0);
+    wall += g[kind];
+  }
+  g["wall"] = wall;
+  g["ettr"] = wall > 0 ? g["training"] / wall : 0;
+  return g;
+}
+
+}  // namespace
+
+void Chaos::CheckHealth() {
+  report_.wall_s =
+      std::chrono::duration<double>(job_ended_ - job_started_).count();
+  // The daemons notice the ranks' sessions end (they poll every 50 ms).
+  SleepMs(300);
+  for (uint32_t n = 0; n < nodes_.size(); ++n) {
+    const Node& node = nodes_[n];
+    absl::StatusOr<std::vector<Sample>> samples = Scrape(node);
+    if (!samples.ok()) {
+      Violation(std::string(samples.status().message()));
+      continue;
+    }
+    for (const char* cause :
+         {"trainer_exited", "trainer_hung", "daemon_restart", "node_lost",
+          "disk_error", "peer_unreachable", "sdc_suspected",
+          "operator_rollback"}) {
+      report_.failures_counted[cause] +=
+          ckpt::tools::SumOf(*samples, "ckpt_failures_total",
+                             {{"job", kJob}, {"cause", cause}})
+              .value_or(0);
+    }
+    if (n >= o_.ranks) continue;  // no rank of the job there
+    std::map<std::string, double>& g = report_.goodput[node.id];
+    g = GoodputOf(*samples);
+    const double wall = g["wall"];
+    // The job ended cleanly: its clock has stopped.
+    SleepMs(200);
+    absl::StatusOr<std::vector<Sample>> later = Scrape(node);
+    if (later.ok() && GoodputOf(*later)["wall"] != wall) {
+      Violation(absl::StrFormat(
+          "%s's goodput clock still runs after the job ended (%.3f s, then "
+          "%.3f s)",
+          node.id, wall, GoodputOf(*later)["wall"]));
+    }
+    // A node lost and replaced began its figures anew.
+    if (lost_nodes_.count(node.id) > 0) continue;
+    if (std::abs(wall - report_.wall_s) > 0.01 * report_.wall_s) {
+      Violation(absl::StrFormat(
+          "%s's goodput adds up to %.2f s, the job ran %.2f s (more than 1%% "
+          "apart): training %.2f, stall %.2f, recovery %.2f, lost %.2f",
+          node.id, wall, report_.wall_s, g["training"], g["stall"],
+          g["recovery"], g["lost"]));
+    }
+  }
+  // What the faults must have produced. A rank killed: its trainer exited
+  // (its peers, stopped with it, are the same incident). A daemon killed, on
+  // its own, with its node, at a kill point (it may die there once more) or
+  // by a power loss: ckptd restarted under the job. A disk that failed (or
+  // lost its power) while persists ran: one disk error per episode.
+  auto faults = [&](std::initializer_list<const char*> kinds) {
+    double n = 0;
+    for (const char* k : kinds) {
+      auto it = report_.faults.find(k);
+      if (it != report_.faults.end()) n += it->second;
+    }
+    return n;
+  };
+  const double killed_rank = faults({"kill_trainer"});
+  const double restarts = faults({"kill_daemon", "kill_node", "power_loss",
+                                  "kill_during_gc", "kill_during_replication"});
+  const double twice = faults({"kill_during_gc", "kill_during_replication"});
+  const double disk = faults({"disk_enospc", "disk_eio", "fsync_eio"});
+  std::map<std::string, Bounds> expected;
+  expected["trainer_exited"] = {killed_rank};
+  expected["daemon_restart"] = {restarts};
+  expected["disk_error"] = {disk > 0 ? 1.0 : 0.0,
+                            disk + faults({"power_loss"})};
+  expected["sdc_suspected"] = {0, 0};
+  expected["operator_rollback"] = {0, 0};
+  if (!multi()) {
+    // One node sees every failure once.
+    expected["trainer_exited"].hi = killed_rank + restarts + twice;
+    expected["daemon_restart"].hi = restarts + twice;
+  } else {
+    // Several nodes: each counts what it saw (a rank killed is a trainer
+    // exit on every node; a node lost with its data restarts nothing).
+    expected.erase("daemon_restart");
+    expected["disk_error"].lo = 0;
+  }
+  const double incidents = report_.failures_counted["trainer_exited"] +
+                           report_.failures_counted["daemon_restart"];
+  for (const auto& [cause, bounds] : expected) {
+    report_.failures_expected[cause] = bounds.Text();
+    const double n = report_.failures_counted[cause];
+    if (!bounds.Holds(n)) {
+      Violation(absl::StrCat("ckptd counted ", n, " ", cause,
+                             " failure(s); the faults injected make ",
+                             bounds.Text()));
+    }
+  }
+  if (!multi() && incidents > killed_rank + restarts + twice) {
+    Violation(absl::StrCat("ckptd counted ", incidents,
+                           " trainer exits and daemon restarts; the faults "
+                           "injected stopped the job at most ",
+                           killed_rank + restarts + twice, " times"));
+  }
+}
+
+}  // namespace ckpt::chaos
