@@ -58,8 +58,10 @@ void DaemonSession::Run() {
     (void)reader->Finish();  // the daemon went away or we are stopping
     absl::MutexLock lock(&mu_);
     call_ = nullptr;
-    // Attach again once the daemon is back (a restart); a second apart.
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1)))
+    // Attach again once the daemon is back (a restart), soon: until then
+    // this trainer's exit or hang goes unseen there.
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(200)))
       return;
   }
 }

@@ -16,10 +16,11 @@
 //     cause), and each node's goodput adds up to the job's wall time within
 //     1%.
 // Faults: SIGKILL of a rank (the job restarts), of a daemon, of a whole node
-// (daemon and ranks); SIGSTOP of a daemon, then SIGCONT; disk faults switched
-// on and off (ENOSPC and EIO on writes, EIO on fsync); a daemon killed in the
-// middle of garbage collection; a power loss of a node (its processes and
-// memory gone, its disks keeping only what was fsynced). With several nodes
+// (daemon and ranks); SIGSTOP of a daemon, then SIGCONT; SIGSTOP of a rank
+// past ckptd's --trainer-hung-after (a hung trainer), then SIGCONT; disk faults
+// switched on and off (ENOSPC and EIO on writes, EIO on fsync); a daemon killed
+// in the middle of garbage collection; a power loss of a node (its processes
+// and memory gone, its disks keeping only what was fsynced). With several nodes
 // also: a node lost with its directories and replaced under its id (the job
 // resumes from the peer tier), a daemon stopped past its etcd lease (fenced,
 // then it rejoins), etcd killed and restarted, a daemon killed while it sends
@@ -57,6 +58,7 @@
 #include "tools/demo_model.h"
 #include "tools/fault_proxy.h"
 #include "tools/local_s3.h"
+#include "tools/metrics_text.h"
 #include "tools/process.h"
 
 namespace ckpt::chaos {
@@ -83,6 +85,8 @@ struct Node;
 // A stub for `node`'s ckptd, the call's deadline (10 s) set in `context`.
 std::unique_ptr<proto::CkptDaemon::Stub> DaemonStub(
     const Node& node, grpc::ClientContext* context);
+// `node`'s ckptd's metrics.
+absl::StatusOr<std::vector<ckpt::tools::Sample>> Scrape(const Node& node);
 
 // The state the harness expects of each rank after each step: the demo model
 // run from scratch, outside the system.
@@ -169,6 +173,8 @@ class Chaos {
  private:
   // The lease of each ckptd on etcd: a daemon stopped longer is fenced.
   static constexpr int kLeaseTtlS = 2;
+  // ckptd's --trainer-hung-after: a rank stopped longer hangs.
+  static constexpr int kHungAfterS = 2;
   // Every this many steps also go to the shared tier (several nodes).
   static constexpr int kSharedEvery = 4;
 
@@ -270,6 +276,10 @@ class Chaos {
   // ckptd's failure counts and goodput (tools/chaos_health.cc) against the
   // faults injected and the job's wall time: a violation when they disagree.
   void CheckHealth();
+  // Waits (up to 15 s) until every rank on `node` has its session with the
+  // node's ckptd (after a restart they attach again): a trainer fault
+  // ckptd cannot see is not one it can count.
+  void AwaitSessions(const Node& node, uint32_t victim);
   // Why rank `rank` ended with another state than the reference: the first
   // of its resumes whose logged state differs from the reference's, if any.
   std::string ExplainResumes(uint32_t rank);

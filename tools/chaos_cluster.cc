@@ -32,6 +32,8 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
                                    std::to_string(kKeepMemory),
                                    "--keep-disk",
                                    std::to_string(kKeepDisk),
+                                   "--trainer-hung-after",
+                                   std::to_string(kHungAfterS),
                                    "--fault-injection"};
   if (multi()) {
     for (const std::string& a : etcd_->DaemonArgs()) args.push_back(a);

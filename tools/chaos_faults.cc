@@ -20,9 +20,9 @@ namespace ckpt::chaos {
 
 std::vector<std::string> Chaos::Kinds(bool several_nodes, bool object_store) {
   std::vector<std::string> kinds = {
-      "kill_trainer", "kill_daemon",    "kill_node",
-      "stop_daemon",  "disk_enospc",    "disk_eio",
-      "fsync_eio",    "kill_during_gc", "power_loss"};
+      "kill_trainer", "kill_daemon", "kill_node", "stop_daemon",
+      "disk_enospc",  "disk_eio",    "fsync_eio", "kill_during_gc",
+      "power_loss",   "hang_trainer"};
   if (several_nodes) {
     for (const char* k : {"lose_node", "stop_past_lease", "kill_etcd",
                           "kill_during_replication"}) {
@@ -56,6 +56,7 @@ void Chaos::InjectOne() {
   if (kind == "kill_trainer") {
     const uint32_t victim =
         std::uniform_int_distribution<uint32_t>(0, o_.ranks - 1)(rng_);
+    AwaitSessions(NodeOf(victim), victim);
     KillAndReap(std::exchange(ranks_[victim], -1));
     KillRanks();  // the job restarts, as under torchrun
     computed = Progress();
@@ -91,6 +92,15 @@ void Chaos::InjectOne() {
     // which the other nodes' replicas keep.
     resumed = Latest(proto::TIER_PEER).value_or(0);
     StartRanks(proto::TIER_PEER);
+  } else if (kind == "hang_trainer") {
+    // The rank's process lives on but makes no progress (a collective that
+    // never returns): ckptd sees its session open and no save.
+    const uint32_t victim =
+        std::uniform_int_distribution<uint32_t>(0, o_.ranks - 1)(rng_);
+    AwaitSessions(NodeOf(victim), victim);
+    ::kill(ranks_[victim], SIGSTOP);
+    pause(1000 * kHungAfterS + 1500, 1000 * kHungAfterS + 3000);
+    ::kill(ranks_[victim], SIGCONT);
   } else if (kind == "stop_daemon") {
     ::kill(node.pid, SIGSTOP);
     pause(300, multi() ? 1000 * kLeaseTtlS - 500 : 1500);

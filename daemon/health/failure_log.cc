@@ -42,7 +42,7 @@ void FailureLog::Failed(const std::string& job, const std::string& cause,
     history = HistoryOf(job, j);
   }
   Keep(history);
-  if (incident && on_incident_) on_incident_(job, at);
+  if (incident && on_incident_) on_incident_(job, at, rank);
 }
 
 void FailureLog::FailedEpisode(const std::string& job, const std::string& cause,
@@ -113,8 +113,10 @@ void FailureLog::Restore(const proto::FailureHistory& history) {
   absl::MutexLock lock(&mu_);
   Job& j = jobs_[history.job()];
   j.timeline.assign(history.timeline().begin(), history.timeline().end());
-  j.open = history.open();
-  j.rank = history.open_rank();
+  // An incident open when ckptd went down ends with it: the restart is
+  // another (and the kept state may be older than the last change).
+  j.open = false;
+  j.rank = -1;
   j.last_step = history.last_step();
   j.failing = {history.failing().begin(), history.failing().end()};
   for (const auto& [cause, n] : history.counts()) {
@@ -129,11 +131,22 @@ bool FailureLog::PartOfLastIncident(const Job& j, absl::Time at,
                                     absl::Time since) {
   for (auto r = j.timeline.rbegin(); r != j.timeline.rend(); ++r) {
     if (r->recovered_unix_micros() == 0) continue;
-    const absl::Time began = absl::FromUnixMicros(r->unix_micros());
+    // The newest recovered incident: the records recovered at that moment.
     const absl::Time recovered =
         absl::FromUnixMicros(r->recovered_unix_micros());
+    absl::Time began = absl::FromUnixMicros(r->unix_micros());
+    bool exits = false;
+    for (auto q = r; q != j.timeline.rend() &&
+                     q->recovered_unix_micros() == r->recovered_unix_micros();
+         ++q) {
+      began = std::min(began, absl::FromUnixMicros(q->unix_micros()));
+      exits = exits || q->cause() == "trainer_exited";
+    }
+    // A trainer that went down with a job that restarted (its peers' exits
+    // opened the incident), noticed late; not one that lived through a hang
+    // or a daemon restart.
     return (began <= at && at <= recovered) ||
-           (since <= began && at <= recovered + kLateExit);
+           (exits && since <= began && at <= recovered + kLateExit);
   }
   return false;
 }

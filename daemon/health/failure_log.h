@@ -46,8 +46,10 @@ class FailureLog {
 
   // Called with a job's history after each change, to keep it.
   using Persist = std::function<void(const proto::FailureHistory&)>;
-  // Called when an incident begins (the job stopped at `at`).
-  using OnIncident = std::function<void(const std::string& job, absl::Time)>;
+  // Called when an incident begins (the job stopped at `at`; `rank`: the
+  // rank that failed, whose save ends it, or -1).
+  using OnIncident =
+      std::function<void(const std::string& job, absl::Time at, int rank)>;
 
   // `metrics` must outlive this object.
   FailureLog(Metrics* metrics, Persist persist = nullptr,
@@ -77,7 +79,8 @@ class FailureLog {
   // The episode of `cause` is over (a persist succeeded): recovered at `at`.
   void Healed(const std::string& job, const std::string& cause, absl::Time at)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // ckptd restarted and found this history: counts and timeline go on.
+  // ckptd restarted and found this history: counts, timeline and failing
+  // episodes go on; an incident left open ended with the daemon.
   void Restore(const proto::FailureHistory& history) ABSL_LOCKS_EXCLUDED(mu_);
   // `rank` of the job began saving `step`: an open incident it ends is
   // recovered.

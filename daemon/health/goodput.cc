@@ -70,6 +70,7 @@ void Goodput::EndRecovery(Job& j, absl::Time at) {
   }
   r.set_recovering(false);
   r.set_daemon_down(false);
+  j.failed_rank = -1;
   j.resumed_at = absl::InfinitePast();
   j.resumed_step = UINT64_MAX;
 }
@@ -172,7 +173,9 @@ void Goodput::StagingBegun(const std::string& job, uint64_t step, uint32_t rank,
     absl::MutexLock lock(&mu_);
     Job& j = jobs_[job];
     Advance(j, at);
-    const bool recovered = j.record.recovering();
+    const bool recovered =
+        j.record.recovering() &&
+        (j.failed_rank < 0 || static_cast<uint32_t>(j.failed_rank) == rank);
     if (recovered) EndRecovery(j, at);
     if (!j.record.running()) {  // a save outside a session (an old client)
       j.record.set_job(job);
@@ -183,10 +186,13 @@ void Goodput::StagingBegun(const std::string& job, uint64_t step, uint32_t rank,
     j.staging[rank] = at;
     auto& steps = *j.record.mutable_training_at_step();
     steps.insert({step, j.record.training_s()});  // the first rank's
-    while (steps.size() > kStepsKept) {
-      steps.erase(std::min_element(
-          steps.begin(), steps.end(),
-          [](const auto& a, const auto& b) { return a.first < b.first; }));
+    if (steps.size() > kStepsKept) {
+      // Every other step goes: the history spans twice as long, coarser (a
+      // resume from a step between two kept ones counts from the older).
+      std::vector<uint64_t> kept;
+      for (const auto& entry : steps) kept.push_back(entry.first);
+      std::sort(kept.begin(), kept.end());
+      for (size_t i = 1; i + 1 < kept.size(); i += 2) steps.erase(kept[i]);
     }
     due = Due(j, at, recovered);
   }
@@ -205,7 +211,7 @@ void Goodput::Staged(const std::string& job, uint32_t rank, absl::Time at) {
   Publish(due);
 }
 
-void Goodput::Failed(const std::string& job, absl::Time at) {
+void Goodput::Failed(const std::string& job, absl::Time at, int rank) {
   std::optional<proto::GoodputRecord> due;
   {
     absl::MutexLock lock(&mu_);
@@ -219,6 +225,7 @@ void Goodput::Failed(const std::string& job, absl::Time at) {
       j.record.set_recovery_at_failure_s(j.record.recovery_s());
       j.resumed_at = absl::InfinitePast();
       j.resumed_step = UINT64_MAX;
+      j.failed_rank = rank;
     }
     if (!j.record.running()) {
       j.record.set_running(true);

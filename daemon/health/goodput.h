@@ -42,7 +42,8 @@ namespace ckpt::daemon {
 class Goodput {
  public:
   using Persist = std::function<void(const proto::GoodputRecord&)>;
-  // Steps whose training time is kept, per job, to measure lost work.
+  // Steps whose training time is kept, per job, to measure lost work (then
+  // every other one is dropped).
   static constexpr size_t kStepsKept = 256;
   // A running job's record is handed to `persist` at most this often (and at
   // every failure, resume and stop).
@@ -81,8 +82,10 @@ class Goodput {
                     absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
   void Staged(const std::string& job, uint32_t rank, absl::Time at)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A failure stopped the job (an incident): recovery from `at`.
-  void Failed(const std::string& job, absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
+  // A failure stopped the job (an incident): recovery from `at` until
+  // `rank` (-1: any rank) begins a save.
+  void Failed(const std::string& job, absl::Time at, int rank = -1)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A rank restored `step` and resumes training from it.
   void Resumed(const std::string& job, uint64_t step, absl::Time at)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -103,6 +106,7 @@ class Goodput {
     std::map<uint32_t, absl::Time> staging;  // rank -> since
     absl::Time resumed_at = absl::InfinitePast();
     uint64_t resumed_step = UINT64_MAX;
+    int failed_rank = -1;  // whose save ends the recovery (-1: any)
     absl::Time persisted = absl::InfinitePast();
     std::optional<bool> was_running;  // in the record ckptd restarted with
   };

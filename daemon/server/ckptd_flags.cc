@@ -139,6 +139,13 @@ void AddLocalOptions(CLI::App& app, CkptdFlags& f) {
                  "safe on disk or at peers; 0: never")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--trainer-hung-after", f.trainer_hung_after_s,
+                 "seconds a rank's session may stay open without a save (and "
+                 "at least ten of the job's save intervals) before it counts "
+                 "as a hung trainer (ckpt_failures_total{cause=\"trainer_hung"
+                 "\"}); 0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--xor-deltas", f.xor_deltas,
                  "incremental saves: a changed float chunk is stored as the "
                  "XOR with the same chunk of the rank's previous save when "
@@ -499,6 +506,9 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   options.node_id = f.node_id;
   options.idle_job_memory_ttl =
       f.idle_ttl_s > 0 ? absl::Seconds(f.idle_ttl_s) : absl::InfiniteDuration();
+  options.trainer_hung_after = f.trainer_hung_after_s > 0
+                                   ? absl::Seconds(f.trainer_hung_after_s)
+                                   : absl::InfiniteDuration();
   options.persist_threads = f.persist_threads;
   options.recycle_files = f.recycle_files;
   options.writer.xor_deltas = f.xor_deltas;

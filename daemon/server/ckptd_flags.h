@@ -31,6 +31,7 @@ struct CkptdFlags {
   std::string metrics_address;
   bool metrics_allow_remote = false;
   double idle_ttl_s = 600;
+  double trainer_hung_after_s = 600;
   std::string codec = "adaptive";
   int zstd_max_level = 1;
   // The shard format persists write (snapshot/FORMAT.md).

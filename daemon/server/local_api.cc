@@ -106,6 +106,10 @@ class DaemonService final : public proto::CkptDaemon::Service {
 
   grpc::Status GetShard(grpc::ServerContext*, const proto::GetShardRequest* req,
                         proto::GetShardResponse* resp) override {
+    // A rank that asks about its shards (a restore, a wait for its last
+    // step) is not hung.
+    service_->hangs()->Alive(req->shard().job(), req->shard().rank(),
+                             absl::Now());
     auto shard = service_->GetShard(req->shard().job(), req->shard().step(),
                                     req->shard().rank(), req->on_demand());
     if (!shard.ok()) return ToGrpc(shard.status());
@@ -224,6 +228,8 @@ class DaemonService final : public proto::CkptDaemon::Service {
     service_->goodput()->SessionBegun(
         req->job(), req->pid(), attached,
         ProcessStart(req->pid()).value_or(attached));
+    service_->hangs()->SessionBegun(req->job(), req->rank(), req->pid(),
+                                    attached);
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) attached", req->job(), req->rank(),
                    req->pid());
     // Held until the trainer's Checkpointer goes (or its process dies, which
@@ -234,6 +240,7 @@ class DaemonService final : public proto::CkptDaemon::Service {
     CKPT_LOG_DEBUG("job {} rank {} (pid {}) detached", req->job(), req->rank(),
                    req->pid());
     const absl::Time closed = absl::Now();
+    service_->hangs()->SessionEnded(req->job(), req->rank(), req->pid());
     if (!TakeCleanEnd(*req)) {
       NoteTrainerExit(*req, attached, closed);
       service_->goodput()->SessionEnded(req->job(), req->pid(), closed,

@@ -134,6 +134,12 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
   }
   service->housekeeper_ =
       std::thread([s = service.get()] { s->Housekeeping(); });
+  // Its own thread: a housekeeping round held up by a collection must not
+  // look like ckptd stopped (HangWatch restarts its clocks then).
+  service->hang_watcher_ = std::thread([s = service.get()] {
+    while (!s->queue_.WaitForStop(absl::Milliseconds(250)))
+      s->NoteHungTrainers();
+  });
   return service;
 }
 
@@ -315,6 +321,7 @@ CheckpointService::~CheckpointService() {
   queue_.Stop();
   for (std::thread& t : workers_) t.join();
   if (housekeeper_.joinable()) housekeeper_.join();
+  if (hang_watcher_.joinable()) hang_watcher_.join();
   subscriptions_.reset();  // fetches through the replicator's channels
   // The parity tier's callbacks use the replicator and the catalog.
   if (replicator_ != nullptr) replicator_->SetRebuilder(nullptr);
@@ -336,6 +343,8 @@ absl::StatusOr<SlotInfo> CheckpointService::BeginStage(
   }
   if (rank == 0) health_.SawSave(job, step, absl::Now());
   activity_.Saved(job);
+  hangs_.Saved(job, rank, step, absl::Now());  // one that tries to save lives
+  absl::Cleanup saved = [&] { hangs_.Done(job, rank, absl::Now()); };
   // One BeginStage per shard at a time: the record is read, a predecessor
   // superseded and the slot allocated (which may wait for memory) before the
   // new record is written, and a call still running for a trainer that died

@@ -48,6 +48,7 @@
 #include "daemon/coord/embedded_coordinator.h"
 #include "daemon/health/failure_log.h"
 #include "daemon/health/goodput.h"
+#include "daemon/health/hang_watch.h"
 #include "daemon/health/job_health.h"
 #include "daemon/health/liveness.h"
 #include "daemon/health/replica_audit.h"
@@ -108,6 +109,10 @@ struct ServiceOptions {
   // A job with no trainer attached for this long gives up its memory-tier
   // copies once they are safe at a durable tier; InfiniteDuration: never.
   absl::Duration idle_job_memory_ttl = absl::Minutes(10);
+  // A rank whose session is open but that began no save for this long (and
+  // for ten of the job's save intervals) hangs: a trainer_hung failure
+  // (health/hang_watch.h). InfiniteDuration: never.
+  absl::Duration trainer_hung_after = absl::Minutes(10);
   // Incremental saves: a rank's shard stores only the chunks that changed
   // since its previous persisted shard (the rest stay where that one stores
   // them), and every `full_every`-th save of a rank stores every chunk; 1:
@@ -247,6 +252,9 @@ class CheckpointService {
   // Each job's wall time split into training, stall, recovery and lost work
   // (the local API's sessions).
   Goodput* goodput() { return &goodput_; }
+  // Trainers whose sessions are open but whose saves stopped (the local
+  // API's sessions).
+  HangWatch* hangs() { return &hangs_; }
 
   const ServiceOptions& options() const { return options_; }
   // What the /metrics endpoint serves.
@@ -277,9 +285,10 @@ class CheckpointService {
   absl::Status SealedForRestore(proto::ShardRecord& r) const;
   explicit CheckpointService(io::FileSystem* fs, ServiceOptions options);
   absl::Status Recover();
-  // Loads the health records a previous run kept (RestoreHealth) and keeps
-  // new ones (KeepHealth) in the catalog; an error is logged, not returned.
-  void RestoreHealth();
+  // Loads the health records a previous run kept (RestoreHealth: returns
+  // the jobs that were running) and keeps new ones (KeepHealth) in the
+  // catalog; an error is logged, not returned.
+  std::vector<std::string> RestoreHealth();
   void KeepHealth(const proto::FailureHistory& history);
   void KeepHealth(const proto::GoodputRecord& record);
   // With options_.agree_cluster_key: the cluster's key, made or read through
@@ -455,6 +464,8 @@ class CheckpointService {
   void DropIdleJobsMemory();
   // The housekeeper thread: saves waiting for memory, idle jobs.
   void Housekeeping();
+  // Each rank HangWatch finds hung is a trainer_hung failure.
+  void NoteHungTrainers();
   // When idle, housekeeping comes round this often.
   static constexpr absl::Duration kHousekeepingTick = absl::Milliseconds(500);
   // What holds the memory budget, for the error a save gets when it found
@@ -494,12 +505,13 @@ class CheckpointService {
   Metrics metrics_;
   JobHealth health_{&metrics_};
   Stragglers stragglers_{&metrics_};
+  HangWatch hangs_{options_.trainer_hung_after};
   Goodput goodput_{&metrics_,
                    [this](const proto::GoodputRecord& r) { KeepHealth(r); }};
   FailureLog failures_{
       &metrics_, [this](const proto::FailureHistory& h) { KeepHealth(h); },
-      [this](const std::string& job, absl::Time at) {
-        goodput_.Failed(job, at);
+      [this](const std::string& job, absl::Time at, int rank) {
+        goodput_.Failed(job, at, rank);
       }};
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;
@@ -510,7 +522,8 @@ class CheckpointService {
   // The housekeeping loop's rounds and the persists' chunks.
   daemon::Liveness liveness_{kHousekeepingTick};
   std::vector<std::thread> workers_;
-  std::thread housekeeper_;  // Housekeeping
+  std::thread housekeeper_;   // Housekeeping
+  std::thread hang_watcher_;  // NoteHungTrainers, four times a second
 };
 
 }  // namespace ckpt::daemon

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/describe.h"
 #include "daemon/common/records.h"
@@ -114,6 +115,8 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
     const std::string& job, uint64_t step, proto::Tier tier,
     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  hangs_.WaitBegun(job, step);  // its rank waits for peers, it does not hang
+  absl::Cleanup waited = [&] { hangs_.WaitEnded(job, step, absl::Now()); };
   while (true) {
     // A waiter must not depend on other saves to get the votes refused while
     // this node was fenced made again.

@@ -203,6 +203,25 @@ void CheckpointService::Housekeeping() {
   }
 }
 
+void CheckpointService::NoteHungTrainers() {
+  const absl::Time now = absl::Now();
+  for (const HangWatch::Hung& h : hangs_.Check(now)) {
+    std::string detail = absl::StrCat(
+        "rank ", h.rank, " (pid ", h.pid, ") began no save for ",
+        absl::FormatDuration(absl::Trunc(h.silent, absl::Milliseconds(100))),
+        " with its session open");
+    if (h.interval > absl::ZeroDuration()) {
+      absl::StrAppend(
+          &detail, " (saves every ",
+          absl::FormatDuration(absl::Trunc(h.interval, absl::Milliseconds(1))),
+          ")");
+    }
+    CKPT_LOG_WARN("job {}: trainer {}", h.job, detail);
+    failures_.Failed(h.job, "trainer_hung", detail, /*incident=*/true, now,
+                     static_cast<int>(h.rank));
+  }
+}
+
 absl::StatusOr<CheckpointService::MemoryDrop>
 CheckpointService::DropMemoryCopies(const std::string& job, bool dry_run) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(job));

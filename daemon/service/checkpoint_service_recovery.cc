@@ -49,21 +49,24 @@ absl::Status CheckpointService::Recover() {
     }
   }
   {
-    // Jobs with shards when ckptd starts: it went down under them. The
-    // newest shard's staging time stands for the last save before that.
+    // Jobs with shards when ckptd starts, or running by their goodput
+    // record (a power loss may have taken every shard): it went down under
+    // them. The newest shard's staging time stands for the last save before
+    // that.
     std::map<std::string, int64_t> last_micros;
     for (const proto::ShardRecord& r : shards) {
       int64_t& last = last_micros[r.job()];
       last = std::max(last, r.staged_unix_micros());
     }
-    RestoreHealth();
+    for (const std::string& job : RestoreHealth()) last_micros.emplace(job, 0);
     for (const auto& [job, micros] : last_micros) {
       if (goodput_.WasRunning(job) == false) continue;  // it had ended cleanly
       health_.DaemonRestarted(
           job, micros > 0 ? absl::FromUnixMicros(micros) : absl::InfinitePast(),
           absl::Now());
       failures_.Failed(job, "daemon_restart",
-                       "ckptd started and found the job's shards",
+                       "ckptd started under the job (its shards, or its "
+                       "trainers' sessions, were there)",
                        /*incident=*/true, absl::Now());
     }
   }
@@ -111,7 +114,8 @@ absl::Status CheckpointService::Recover() {
   return absl::OkStatus();
 }
 
-void CheckpointService::RestoreHealth() {
+std::vector<std::string> CheckpointService::RestoreHealth() {
+  std::vector<std::string> running;
   absl::StatusOr<std::vector<proto::FailureHistory>> histories =
       catalog_->ListFailureHistories();
   if (histories.ok()) {
@@ -123,12 +127,15 @@ void CheckpointService::RestoreHealth() {
   absl::StatusOr<std::vector<proto::GoodputRecord>> goodput =
       catalog_->ListGoodput();
   if (goodput.ok()) {
-    for (const proto::GoodputRecord& r : *goodput)
+    for (const proto::GoodputRecord& r : *goodput) {
       goodput_.Restore(r, absl::Now());
+      if (r.running()) running.push_back(r.job());
+    }
   } else {
     CKPT_LOG_ERROR("recovery: the goodput kept: {}",
                    goodput.status().ToString());
   }
+  return running;
 }
 
 void CheckpointService::KeepHealth(const proto::FailureHistory& history) {

@@ -154,16 +154,22 @@ TEST(MetricsEndpointTest, DaemonRestartIsARecoveryAndStatusShowsTheFigures) {
   testing::DaemonProcess daemon({"--metrics-address", "127.0.0.1:0"});
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   std::vector<float> w(1 << 12, 2.5f);
+  // The trainer lives on while ckptd restarts under it (a job that ended
+  // cleanly before a restart had no failure).
+  auto c = client::Checkpointer::Connect({"r", 0, 1, daemon.socket()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32, w.data(),
+                                   {static_cast<int64_t>(w.size())}, {0},
+                                   {static_cast<int64_t>(w.size())})
+                  .ok());
   auto save = [&](uint64_t step) {
-    auto c = client::Checkpointer::Connect({"r", 0, 1, daemon.socket()});
-    ASSERT_TRUE(c.ok()) << c.status();
-    ASSERT_TRUE((*c)->RegisterTensor("w", proto::DTYPE_FLOAT32, w.data(),
-                                     {static_cast<int64_t>(w.size())}, {0},
-                                     {static_cast<int64_t>(w.size())})
-                    .ok());
-    auto s = (*c)->SaveAsync(step);
-    ASSERT_TRUE(s.ok()) << s.status();
-    ASSERT_TRUE((*s)->WaitCommitted(proto::TIER_LOCAL_DISK).ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (;;) {  // until the restarted daemon answers
+      auto s = (*c)->SaveAsync(step);
+      if (s.ok() && (*s)->WaitCommitted(proto::TIER_LOCAL_DISK).ok()) return;
+      ASSERT_LT(absl::Now(), deadline) << daemon.log();
+      absl::SleepFor(absl::Milliseconds(100));
+    }
   };
   save(1);
   daemon.Kill();

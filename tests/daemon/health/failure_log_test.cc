@@ -72,7 +72,9 @@ TEST(FailureLogTest, EpisodesCountOnceAndTheHistorySurvivesARestart) {
   std::vector<std::string> incidents;
   FailureLog log(
       &metrics, [&](const proto::FailureHistory& h) { kept = h; },
-      [&](const std::string& job, absl::Time) { incidents.push_back(job); });
+      [&](const std::string& job, absl::Time, int) {
+        incidents.push_back(job);
+      });
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   // A failing disk: every persist fails until one succeeds.
   for (int i = 0; i < 5; ++i) {
@@ -90,28 +92,29 @@ TEST(FailureLogTest, EpisodesCountOnceAndTheHistorySurvivesARestart) {
             absl::ToUnixMicros(t0 + absl::Seconds(6)));
   EXPECT_TRUE(kept.open());
 
-  // ckptd restarts: the counts go on, the open incident and the failing
-  // disk too.
+  // ckptd restarts: the counts go on, and the failing disk; the restart is
+  // an incident of its own.
   Metrics metrics2;
-  FailureLog again(&metrics2, nullptr, [&](const std::string& job, absl::Time) {
-    incidents.push_back(job);
-  });
+  FailureLog again(&metrics2, nullptr,
+                   [&](const std::string& job, absl::Time, int) {
+                     incidents.push_back(job);
+                   });
   again.Restore(kept);
   again.Failed("j", "daemon_restart", "ckptd restarted", /*incident=*/true,
                t0 + absl::Seconds(10));
   again.FailedEpisode("j", "disk_error", "EIO", t0 + absl::Seconds(11));
-  EXPECT_EQ(incidents.size(), 1u) << "part of the open incident";
-  EXPECT_EQ(again.Timeline("j").size(), 3u);
+  EXPECT_EQ(incidents.size(), 2u) << "a new incident";
+  EXPECT_EQ(again.Timeline("j").size(), 4u);
   EXPECT_THAT(metrics2.Render(),
               HasSubstr("ckpt_failures_total{job=\"j\",cause=\"disk_error\"} "
                         "2"));
   again.Saved("j", 12, 0, t0 + absl::Seconds(12));
   again.Failed("j", "daemon_restart", "ckptd restarted", true,
                t0 + absl::Seconds(30));
-  EXPECT_EQ(incidents.size(), 2u);
+  EXPECT_EQ(incidents.size(), 3u);
   EXPECT_THAT(
       metrics2.Render(),
-      HasSubstr("ckpt_failures_total{job=\"j\",cause=\"daemon_restart\"} 1"));
+      HasSubstr("ckpt_failures_total{job=\"j\",cause=\"daemon_restart\"} 2"));
 }
 
 TEST(FailureLogTest, TrainerExitReadsHowAProcessEnded) {

@@ -140,6 +140,22 @@ TEST(GoodputTest, ARestartedDaemonCountsItsDowntimeAsRecovery) {
       DoubleNear(last.training_s() + last.stall_s() + last.recovery_s(), 1e-9));
 }
 
+TEST(GoodputTest, ARanksFailureLastsUntilThatRankSavesAgain) {
+  Metrics metrics;
+  Goodput g(&metrics, nullptr);
+  g.SessionBegun("j", 101, T(0), T(0));
+  g.SessionBegun("j", 102, T(0), T(0));
+  g.Failed("j", T(10), /*rank=*/1);  // rank 1 hangs; rank 0 goes on
+  g.StagingBegun("j", 1, 0, T(11));
+  g.Staged("j", 0, T(11.5));
+  g.StagingBegun("j", 1, 1, T(14));  // rank 1 is back
+  g.Staged("j", 1, T(14.5));
+  const Goodput::Split s = g.Of("j", T(20));
+  EXPECT_THAT(s.recovery, DoubleNear(4, 1e-9));
+  EXPECT_THAT(s.stall, DoubleNear(0.5, 1e-9));
+  EXPECT_THAT(s.training, DoubleNear(15.5, 1e-9));
+}
+
 TEST(GoodputTest, RandomEventsAlwaysAddUpToTheRunningClock) {
   const uint64_t seed = std::random_device{}();
   std::printf("GoodputTest seed %llu\n", static_cast<unsigned long long>(seed));
