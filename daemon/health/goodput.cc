@@ -194,7 +194,9 @@ void Goodput::StagingBegun(const std::string& job, uint64_t step, uint32_t rank,
       std::sort(kept.begin(), kept.end());
       for (size_t i = 1; i + 1 < kept.size(); i += 2) steps.erase(kept[i]);
     }
-    due = Due(j, at, recovered);
+    // Kept at the end of a recovery only: the periodic record is made at
+    // Staged, off the path that starts a trainer's copy.
+    if (recovered) due = Due(j, at, /*force=*/true);
   }
   Publish(due);
 }
