@@ -139,6 +139,9 @@ struct Report {
   // expected from the faults injected, by cause: "n" or "lo..hi" (several
   // nodes: the causes a node sees alone).
   std::map<std::string, double> failures_counted;
+  // Faults that left a node serving ranks of the job without its etcd lease
+  // (stop_past_lease seen to end in a rejoin): each a node_lost.
+  int leases_expired = 0;
   std::map<std::string, std::string> failures_expected;
   // Each node's goodput split of the job (seconds; "ettr") beside the wall
   // time the harness measured from its ranks' start to their end.
@@ -280,6 +283,9 @@ class Chaos {
   // node's ckptd (after a restart they attach again): a trainer fault
   // ckptd cannot see is not one it can count.
   void AwaitSessions(const Node& node, uint32_t victim);
+  // The times `node`'s ckptd rejoined etcd after its lease expired (0 when
+  // it cannot be asked).
+  double Rejoins(const Node& node);
   // Why rank `rank` ended with another state than the reference: the first
   // of its resumes whose logged state differs from the reference's, if any.
   std::string ExplainResumes(uint32_t rank);

@@ -48,6 +48,7 @@ void Chaos::InjectOne() {
   const Clock::time_point t0 = Clock::now();
   std::optional<uint64_t> resumed;
   uint64_t computed = 0;  // the furthest step the killed job had computed
+  std::optional<double> rejoins_before;  // stop_past_lease on a rank's node
   auto pause = [&](int lo, int hi) {
     SleepMs(std::uniform_int_distribution<int>(lo, hi)(rng_));
   };
@@ -106,10 +107,30 @@ void Chaos::InjectOne() {
     pause(300, multi() ? 1000 * kLeaseTtlS - 500 : 1500);
     ::kill(node.pid, SIGCONT);
   } else if (kind == "stop_past_lease") {
-    // Fenced: it can neither commit nor collect until it rejoined.
+    // Fenced: it can neither commit nor collect until it rejoined. With
+    // ranks of the job there (their sessions open and kept with its
+    // membership: NodeWatch's rounds are 500 ms), its loss is the job's.
+    const uint32_t index = static_cast<uint32_t>(&node - nodes_.data());
+    if (index < o_.ranks) {
+      AwaitSessions(node, index);
+      SleepMs(1100);
+      rejoins_before = Rejoins(node);
+    }
     ::kill(node.pid, SIGSTOP);
     pause(1000 * kLeaseTtlS + 500, 1000 * kLeaseTtlS + 2500);
     ::kill(node.pid, SIGCONT);
+    if (rejoins_before.has_value()) {
+      // Its next keep-alive finds the lease gone and it takes a new one.
+      const Clock::time_point until = Clock::now() + std::chrono::seconds(3);
+      double rejoins = *rejoins_before;
+      while (rejoins <= *rejoins_before && Clock::now() < until) {
+        SleepMs(100);
+        rejoins = Rejoins(node);
+      }
+      Log(absl::StrCat(node.id, " rejoined etcd ", rejoins, " time(s) (",
+                       *rejoins_before, " before the fault)"));
+      if (rejoins > *rejoins_before) report_.leases_expired++;
+    }
   } else if (kind == "kill_etcd") {
     etcd_->Kill();
     pause(100, 2000);
@@ -183,6 +204,7 @@ void Chaos::InjectOne() {
   }
   report_.recoveries++;
   report_.recover_s.push_back(SecondsSince(t0));
+
   const Clock::time_point checked = Clock::now();
   const size_t steps_before = checked_steps_;
   CheckInvariants(kind);

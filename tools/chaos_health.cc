@@ -31,6 +31,13 @@ absl::StatusOr<std::vector<Sample>> Scrape(const Node& node) {
   return ckpt::tools::ParseMetricsText(resp.text());
 }
 
+double Chaos::Rejoins(const Node& node) {
+  absl::StatusOr<std::vector<Sample>> samples = Scrape(node);
+  if (!samples.ok()) return 0;
+  return ckpt::tools::SumOf(*samples, "ckpt_coordinator_rejoins", {})
+      .value_or(0);
+}
+
 void Chaos::AwaitSessions(const Node& node, uint32_t victim) {
   uint32_t there = 0;
   for (uint32_t r = 0; r < o_.ranks; ++r) there += &NodeOf(r) == &node;
@@ -164,6 +171,17 @@ void Chaos::CheckHealth() {
     expected.erase("daemon_restart");
     expected["disk_error"].lo = 0;
   }
+  // A node serving ranks whose lease expired: once in the cluster. Each
+  // fault that took a daemon down may have let its lease expire (a restart
+  // slower than the TTL); etcd killed, every node's.
+  const double down = restarts + twice +
+                      faults({"lose_node", "stop_past_lease", "stop_daemon"}) +
+                      faults({"kill_etcd"}) * o_.nodes;
+  expected["node_lost"] = {static_cast<double>(report_.leases_expired),
+                           multi() ? down : 0.0};
+  // A replica's push that found its peer down: seen only when a push was
+  // under way, as often as the peers went down.
+  if (!multi()) expected["peer_unreachable"] = {0, 0};
   const double incidents = report_.failures_counted["trainer_exited"] +
                            report_.failures_counted["daemon_restart"];
   for (const auto& [cause, bounds] : expected) {

@@ -191,6 +191,8 @@ int Status(const std::string& data_dir, const std::string& socket_path,
         fj["detail"] = r.detail();
         fj["unix_micros"] = r.unix_micros();
         fj["step"] = r.step();
+        if (r.has_rank()) fj["rank"] = r.rank();
+        if (!r.node().empty()) fj["node"] = r.node();
         if (r.recovered_unix_micros() != 0) {
           fj["recovery_s"] =
               (r.recovered_unix_micros() - r.unix_micros()) / 1e6;

@@ -265,6 +265,40 @@ namespace {
 constexpr char kPeersPrefix[] = "/ckpt/peers/";
 }  // namespace
 
+absl::StatusOr<std::vector<Coordinator::MemberChange>>
+Coordinator::WatchMemberChanges(int64_t* /*revision*/,
+                                absl::Duration /*timeout*/) {
+  return absl::UnimplementedError(
+      "this coordinator has one node: no membership changes to watch");
+}
+
+absl::Status Coordinator::SetServedJobs(
+    const std::vector<std::string>& /*jobs*/) {
+  return absl::OkStatus();
+}
+
+namespace {
+constexpr char kDeparturesPrefix[] = "/ckpt/cluster/departures/";
+}  // namespace
+
+absl::StatusOr<bool> Coordinator::ClaimDeparture(const std::string& node,
+                                                 int64_t lease,
+                                                 const std::string& claimer) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(node));
+  return StoreCreate(absl::StrCat(kDeparturesPrefix, node, "/",
+                                  absl::Hex(lease, absl::kZeroPad16)),
+                     claimer);
+}
+
+absl::Status Coordinator::ForgetDepartures(const std::string& node) {
+  RETURN_IF_ERROR(snapshot::ValidateJobId(node));
+  const std::string prefix = absl::StrCat(kDeparturesPrefix, node, "/");
+  ASSIGN_OR_RETURN(std::vector<std::string> keys, StoreKeys(prefix));
+  for (const std::string& key : keys)
+    RETURN_IF_ERROR(StoreDelete(prefix + key));
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::PublishPeer(const proto::PeerInfo& info) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(info.node_id()));
   if (info.address().empty()) {

@@ -95,6 +95,34 @@ class Coordinator {
   virtual absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
                                                   absl::Duration timeout) = 0;
 
+  // A node that joined (registered, or took a new lease) or left (its
+  // membership key went: its lease expired, or it stopped and revoked it),
+  // with the jobs it served then (SetServedJobs).
+  struct MemberChange {
+    std::string node;
+    bool joined = false;
+    int64_t lease = 0;  // of the membership that began or ended
+    std::vector<std::string> jobs;
+  };
+  // The membership changes after `*revision` (0: from now on), waiting up
+  // to `timeout` for the first; advances `*revision` past those returned.
+  // Unimplemented for the embedded backend (one node: none ever leaves).
+  virtual absl::StatusOr<std::vector<MemberChange>> WatchMemberChanges(
+      int64_t* revision, absl::Duration timeout);
+  // The jobs whose trainers this node serves now, kept with its membership
+  // (etcd) for the nodes that see it leave. The embedded backend keeps
+  // nothing.
+  virtual absl::Status SetServedJobs(const std::vector<std::string>& jobs);
+  // Claims the end of `node`'s membership under `lease` for `claimer`,
+  // under /ckpt/cluster/departures/<node>/<lease>: true for the first claim
+  // only, so that a departure is counted once in the cluster. A node that
+  // stops cleanly claims its own first (it was not lost).
+  absl::StatusOr<bool> ClaimDeparture(const std::string& node, int64_t lease,
+                                      const std::string& claimer);
+  // Drops the departure claims of `node` (a node starting: its earlier
+  // departures were seen by then).
+  absl::Status ForgetDepartures(const std::string& node);
+
   // Elastic restart: `participant` joins the job's next epoch. The epoch
   // closes once `max_members` joined, or once at least `min_members` joined
   // and nobody else did for `settle`; the closer writes the members (sorted:

@@ -152,6 +152,10 @@ absl::StatusOr<std::unique_ptr<EtcdCoordinator>> EtcdCoordinator::Connect(
     }
     return s;
   }
+  if (absl::Status s = c->ForgetDepartures(options.node_id); !s.ok()) {
+    CKPT_LOG_WARN("ckptd: dropping node {}'s earlier departures: {}",
+                  options.node_id, s.ToString());
+  }
   c->keep_alive_ = std::thread([p = c.get()] { p->KeepAliveLoop(); });
   CKPT_LOG_INFO("ckptd: node {} joined etcd at {} (lease {:x}, TTL {} s)",
                 options.node_id, target, c->lease_id(),
@@ -168,6 +172,13 @@ EtcdCoordinator::~EtcdCoordinator() {
   }
   if (keep_alive_.joinable()) keep_alive_.join();
   if (lease != 0) {
+    // Stopping is no loss: the departure is claimed before anyone counts it.
+    absl::StatusOr<bool> claimed =
+        ClaimDeparture(options_.node_id, lease, options_.node_id + " stopped");
+    if (!claimed.ok()) {
+      CKPT_LOG_WARN("ckptd: claiming node {}'s own departure: {}",
+                    options_.node_id, claimed.status().ToString());
+    }
     grpc::ClientContext context;
     Authorize(&context);
     context.set_deadline(std::chrono::system_clock::now() +
@@ -177,10 +188,6 @@ EtcdCoordinator::~EtcdCoordinator() {
     etcdserverpb::LeaseRevokeResponse resp;
     (void)lease_stub_->LeaseRevoke(&context, req, &resp);
   }
-}
-
-std::string EtcdCoordinator::MemberKey() const {
-  return absl::StrCat("/ckpt/nodes/", options_.node_id);
 }
 
 void EtcdCoordinator::PauseKeepAliveForTesting(bool paused) {
@@ -273,7 +280,7 @@ absl::Status EtcdCoordinator::Register() {
   }
   etcdserverpb::PutRequest put;
   put.set_key(MemberKey());
-  put.set_value(options_.node_id);
+  put.set_value(MemberValue());
   put.set_lease(granted.id());
   etcdserverpb::PutResponse put_resp;
   grpc::ClientContext c2;
@@ -390,33 +397,9 @@ absl::StatusOr<etcdserverpb::TxnResponse> EtcdCoordinator::Txn(
   return resp;
 }
 
-absl::StatusOr<std::vector<std::string>> EtcdCoordinator::LiveNodes() {
-  const std::string prefix = "/ckpt/nodes/";
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(prefix, true));
-  std::vector<std::string> nodes;
-  for (const etcdserverpb::KeyValue& kv : r.kvs()) {
-    nodes.push_back(kv.key().substr(prefix.size()));
-  }
-  return nodes;
-}
-
-absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
-    int64_t after_revision, absl::Duration timeout) {
-  const std::string prefix = "/ckpt/nodes/";
-  // Any event (a node joining or leaving) ends the wait.
-  if (after_revision > 0) WaitForChange(prefix, true, after_revision, timeout);
-  ASSIGN_OR_RETURN(etcdserverpb::RangeResponse r, Range(prefix, true));
-  Membership m;
-  m.revision = r.header().revision();
-  for (const etcdserverpb::KeyValue& kv : r.kvs()) {
-    m.nodes.push_back(kv.key().substr(prefix.size()));
-  }
-  return m;
-}
-
-void EtcdCoordinator::WaitForChange(const std::string& key, bool prefix,
-                                    int64_t after_revision,
-                                    absl::Duration timeout) {
+etcdserverpb::WatchResponse EtcdCoordinator::WaitForChange(
+    const std::string& key, bool prefix, int64_t after_revision,
+    absl::Duration timeout, bool prev_kv) {
   grpc::ClientContext context;
   Authorize(&context);
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -426,14 +409,16 @@ void EtcdCoordinator::WaitForChange(const std::string& key, bool prefix,
   create->set_key(key);
   if (prefix) create->set_range_end(PrefixEnd(key));
   create->set_start_revision(after_revision + 1);
+  create->set_prev_kv(prev_kv);
+  etcdserverpb::WatchResponse resp;
   if (stream->Write(req)) {
-    etcdserverpb::WatchResponse resp;
     while (stream->Read(&resp)) {
       if (!resp.events().empty() || resp.canceled()) break;
     }
   }
   context.TryCancel();
   (void)stream->Finish();
+  return resp;
 }
 
 absl::Status EtcdCoordinator::WaitForVersionAfter(const std::string& topic,

@@ -57,10 +57,12 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdUrl(absl::string_view url);
 
 class EtcdCoordinator final : public Coordinator {
  public:
-  // Connects, takes a lease and registers this node.
+  // Connects, takes a lease and registers this node (its earlier
+  // departures' claims go).
   static absl::StatusOr<std::unique_ptr<EtcdCoordinator>> Connect(
       const EtcdOptions& options);
-  // Stops the keep-alives and revokes the lease (peers see the node leave).
+  // Stops the keep-alives and revokes the lease (peers see the node leave,
+  // its departure claimed by itself: it was not lost).
   ~EtcdCoordinator() override;
 
   // Votes cast while another of the same step, world size and tiers is in
@@ -95,6 +97,13 @@ class EtcdCoordinator final : public Coordinator {
   // etcd expires it (within the TTL), and a joining node appears.
   absl::StatusOr<Membership> WatchMembers(int64_t after_revision,
                                           absl::Duration timeout) override;
+  // Watches /ckpt/nodes/ from `*revision` + 1, with the values deleted
+  // keys had (a lapsed lease's record names the jobs the node served).
+  absl::StatusOr<std::vector<MemberChange>> WatchMemberChanges(
+      int64_t* revision, absl::Duration timeout) override;
+  // Rewrites this node's membership record (and Register writes them with
+  // each new lease).
+  absl::Status SetServedJobs(const std::vector<std::string>& jobs) override;
 
  protected:
   absl::StatusOr<absl::optional<std::string>> StoreGet(
@@ -127,6 +136,8 @@ class EtcdCoordinator final : public Coordinator {
   explicit EtcdCoordinator(const EtcdOptions& options);
   // Takes a fresh lease and puts the membership key on it.
   absl::Status Register();
+  // The membership key's value: a NodeRecord naming served_jobs_.
+  std::string MemberValue() const ABSL_LOCKS_EXCLUDED(mu_);
   void KeepAliveLoop();
   // Takes a token for options_.user (no-op without a user).
   absl::Status Authenticate();
@@ -147,9 +158,13 @@ class EtcdCoordinator final : public Coordinator {
   absl::StatusOr<etcdserverpb::RangeResponse> Range(const std::string& key,
                                                     bool prefix);
   // Waits until `key` (or with `prefix`, a key under it) changes after
-  // `after_revision`, or `timeout` passes.
-  void WaitForChange(const std::string& key, bool prefix,
-                     int64_t after_revision, absl::Duration timeout);
+  // `after_revision`, or `timeout` passes; returns the watch's response
+  // with the first events (with `prev_kv`, the values changed keys had), or
+  // the one that canceled it, or an empty one.
+  etcdserverpb::WatchResponse WaitForChange(const std::string& key, bool prefix,
+                                            int64_t after_revision,
+                                            absl::Duration timeout,
+                                            bool prev_kv = false);
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(
       const etcdserverpb::TxnRequest& request, const std::string& what);
   // VoteMany's steps (etcd_coordinator_steps.cc): the votes of up to
@@ -184,6 +199,7 @@ class EtcdCoordinator final : public Coordinator {
   std::string token_ ABSL_GUARDED_BY(mu_);
   absl::Time token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> served_jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   // Votes waiting for the transaction in flight of their kind (Vote).

@@ -20,7 +20,8 @@ FailureLog::FailureLog(Metrics* metrics, Persist persist,
       "ckpt_failures_total", Metrics::Type::kCounter,
       "failures seen, by cause: trainer_exited, trainer_hung, daemon_restart, "
       "node_lost, disk_error, peer_unreachable, sdc_suspected, "
-      "operator_rollback (a job's failures before it saves again are one)");
+      "operator_rollback (a job's failures before it saves again are one; "
+      "a node's loss is counted by one node of the cluster)");
 }
 
 void FailureLog::Failed(const std::string& job, const std::string& cause,
@@ -46,40 +47,53 @@ void FailureLog::Failed(const std::string& job, const std::string& cause,
 }
 
 void FailureLog::FailedEpisode(const std::string& job, const std::string& cause,
-                               const std::string& detail, absl::Time at) {
+                               const std::string& detail, absl::Time at,
+                               const std::string& node) {
   std::optional<proto::FailureHistory> history;
   {
     absl::MutexLock lock(&mu_);
     Job& j = jobs_[job];
-    if (!j.failing.insert(cause).second) return;  // the same episode
-    Record(job, j, cause, detail, at, -1);
+    if (!j.failing.insert(EpisodeOf(cause, node)).second) return;  // the same
+    Record(job, j, cause, detail, at, -1).set_node(node);
     history = HistoryOf(job, j);
   }
   Keep(history);
 }
 
 void FailureLog::Healed(const std::string& job, const std::string& cause,
-                        absl::Time at) {
-  std::optional<proto::FailureHistory> history;
+                        absl::Time at, const std::string& node) {
+  std::vector<proto::FailureHistory> histories;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job);
-    if (it == jobs_.end() || it->second.failing.erase(cause) == 0) return;
-    auto& timeline = it->second.timeline;
-    for (auto r = timeline.rbegin(); r != timeline.rend(); ++r) {
-      if (r->cause() != cause) continue;
-      if (r->recovered_unix_micros() == 0)
-        r->set_recovered_unix_micros(absl::ToUnixMicros(at));
-      break;
+    for (auto& [name, j] : jobs_) {
+      if (!job.empty() && name != job) continue;
+      if (Heal(j, cause, node, at)) histories.push_back(HistoryOf(name, j));
     }
-    history = HistoryOf(job, it->second);
   }
-  Keep(history);
+  for (const proto::FailureHistory& h : histories) Keep(h);
 }
 
-void FailureLog::Record(const std::string& job, Job& j,
-                        const std::string& cause, const std::string& detail,
-                        absl::Time at, int rank) {
+std::string FailureLog::EpisodeOf(const std::string& cause,
+                                  const std::string& node) {
+  return node.empty() ? cause : absl::StrCat(cause, "@", node);
+}
+
+bool FailureLog::Heal(Job& j, const std::string& cause, const std::string& node,
+                      absl::Time at) {
+  if (j.failing.erase(EpisodeOf(cause, node)) == 0) return false;
+  for (auto r = j.timeline.rbegin(); r != j.timeline.rend(); ++r) {
+    if (r->cause() != cause || r->node() != node) continue;
+    if (r->recovered_unix_micros() == 0)
+      r->set_recovered_unix_micros(absl::ToUnixMicros(at));
+    break;
+  }
+  return true;
+}
+
+proto::FailureRecord& FailureLog::Record(const std::string& job, Job& j,
+                                         const std::string& cause,
+                                         const std::string& detail,
+                                         absl::Time at, int rank) {
   metrics_->Add("ckpt_failures_total", {{"job", job}, {"cause", cause}});
   ++j.counts[cause];
   proto::FailureRecord& r = j.timeline.emplace_back();
@@ -90,6 +104,7 @@ void FailureLog::Record(const std::string& job, Job& j,
   r.set_step(j.last_step);
   if (rank >= 0) r.set_rank(static_cast<uint32_t>(rank));
   while (j.timeline.size() > kKept) j.timeline.pop_front();
+  return j.timeline.back();
 }
 
 proto::FailureHistory FailureLog::HistoryOf(const std::string& job,

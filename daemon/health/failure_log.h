@@ -2,14 +2,16 @@
 // keeps a timeline of the last ones with the time the job took to recover
 // (until its next save). Causes (kCauses): a trainer process that exited
 // without closing its session (its signal or exit code when ckptd could
-// read it), ckptd restarting under a job, a persist that failed (the disk),
-// replicas found to disagree (silent data corruption), an operator's
-// rollback. Failures of one job before it saves again are one incident: the
-// first one names it (a killed rank, then its peers stopped by the launcher).
+// read it), ckptd restarting under a job, a node of the job whose lease
+// expired (health/node_watch.h), a persist that failed (the disk), a peer
+// that a replica could not reach, replicas found to disagree (silent data
+// corruption), an operator's rollback. Failures of one job before it saves
+// again are one incident: the first one names it (a killed rank, then its peers
+// stopped by the launcher).
 //
-// A failure that lasts (a disk that fails every persist) is one episode,
-// counted once until it heals. The counts and the timeline survive ckptd's
-// restarts through the history it hands to its persist callback.
+// A failure that lasts (a disk that fails every persist, a node away) is one
+// episode, counted once until it heals. The counts and the timeline survive
+// ckptd's restarts through the history it hands to its persist callback.
 //
 // Metrics: ckpt_failures_total{job,cause}.
 //
@@ -71,14 +73,16 @@ class FailureLog {
               int rank = -1, absl::Time since = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kLateExit = absl::Seconds(10);
-  // A failure of `cause` that repeats until Healed (every persist to a
-  // failing disk): counted once per episode.
+  // A failure of `cause` that lasts until Healed (every persist to a
+  // failing disk, a node gone): counted once per episode. `node`: the node
+  // it is of (node_lost, peer_unreachable), an episode of its own.
   void FailedEpisode(const std::string& job, const std::string& cause,
-                     const std::string& detail, absl::Time at)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The episode of `cause` is over (a persist succeeded): recovered at `at`.
-  void Healed(const std::string& job, const std::string& cause, absl::Time at)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                     const std::string& detail, absl::Time at,
+                     const std::string& node = "") ABSL_LOCKS_EXCLUDED(mu_);
+  // The episode of `cause` (of `node`) is over (a persist succeeded, the
+  // node is back): recovered at `at`. An empty `job`: every job's.
+  void Healed(const std::string& job, const std::string& cause, absl::Time at,
+              const std::string& node = "") ABSL_LOCKS_EXCLUDED(mu_);
   // ckptd restarted and found this history: counts, timeline and failing
   // episodes go on; an incident left open ended with the daemon.
   void Restore(const proto::FailureHistory& history) ABSL_LOCKS_EXCLUDED(mu_);
@@ -97,13 +101,20 @@ class FailureLog {
     int rank = -1;      // the rank whose save ends it (-1: any)
     uint64_t last_step = 0;
     std::map<std::string, uint64_t> counts;  // by cause
-    std::set<std::string> failing;           // episodes not healed
+    std::set<std::string> failing;           // episodes not healed (EpisodeOf)
   };
 
   // Counts a failure and adds it to the timeline.
-  void Record(const std::string& job, Job& j, const std::string& cause,
-              const std::string& detail, absl::Time at, int rank)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  proto::FailureRecord& Record(const std::string& job, Job& j,
+                               const std::string& cause,
+                               const std::string& detail, absl::Time at,
+                               int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The name of an episode in Job::failing: its cause, and its node if any.
+  static std::string EpisodeOf(const std::string& cause,
+                               const std::string& node);
+  // Ends `j`'s episode of `cause` and `node`, if it has one; false if not.
+  static bool Heal(Job& j, const std::string& cause, const std::string& node,
+                   absl::Time at);
   static proto::FailureHistory HistoryOf(const std::string& job, const Job& j);
   void Keep(const std::optional<proto::FailureHistory>& history);
 

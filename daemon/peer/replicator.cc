@@ -49,14 +49,15 @@ uint64_t StableHash(absl::string_view s) {
 
 absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
     io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
-    Metrics* metrics, OnReplicated on_replicated, OnPeersLost on_peers_lost) {
+    Metrics* metrics, OnReplicated on_replicated, OnPeersLost on_peers_lost,
+    OnPeerReach on_peer_reach) {
   RETURN_IF_ERROR(snapshot::ValidateJobId(options.node_id));
   if (options.replicas < 0) {
     return absl::InvalidArgumentError("peer replicas must be 0 or more");
   }
-  std::unique_ptr<Replicator> r(
-      new Replicator(fs, std::move(options), coordinator, metrics,
-                     std::move(on_replicated), std::move(on_peers_lost)));
+  std::unique_ptr<Replicator> r(new Replicator(
+      fs, std::move(options), coordinator, metrics, std::move(on_replicated),
+      std::move(on_peers_lost), std::move(on_peer_reach)));
   ASSIGN_OR_RETURN(r->held_,
                    ReplicaStore::Open(fs, io::JoinPath(r->options_.dir, "held"),
                                       r->options_.held_budget_bytes));
@@ -96,13 +97,15 @@ absl::StatusOr<std::unique_ptr<Replicator>> Replicator::Start(
 
 Replicator::Replicator(io::FileSystem* fs, ReplicationOptions options,
                        Coordinator* coordinator, Metrics* metrics,
-                       OnReplicated on_replicated, OnPeersLost on_peers_lost)
+                       OnReplicated on_replicated, OnPeersLost on_peers_lost,
+                       OnPeerReach on_peer_reach)
     : fs_(fs),
       options_(std::move(options)),
       coordinator_(coordinator),
       metrics_(metrics),
       on_replicated_(std::move(on_replicated)),
       on_peers_lost_(std::move(on_peers_lost)),
+      on_peer_reach_(std::move(on_peer_reach)),
       incarnation_([] {
         absl::BitGen gen;
         return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
@@ -370,6 +373,7 @@ bool Replicator::Replicate(Pending& p,
     }
     if (pushed.ok()) {
       p.holders.push_back(peer->node_id());
+      if (on_peer_reach_) on_peer_reach_(shard.job(), peer->node_id(), pushed);
       continue;
     }
     metrics_->Add("ckpt_replication_failures_total", {{"job", shard.job()}});
@@ -377,6 +381,7 @@ bool Replicator::Replicate(Pending& p,
       // Down, or restarted at another address (chaos seed 2630233375: a round
       // of a thousand shards spent 3 s on each against a stale address).
       unreachable.insert(peer->node_id());
+      if (on_peer_reach_) on_peer_reach_(shard.job(), peer->node_id(), pushed);
     }
     if (absl::IsNotFound(pushed) &&
         !fs_->Exists(shard.shard_path()).value_or(false)) {

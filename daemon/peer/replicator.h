@@ -89,11 +89,18 @@ class Replicator {
   // Called (on the pushing thread) when peers left (their lease expired):
   // the shards they held replicas of are to be enqueued again.
   using OnPeersLost = std::function<void(const std::vector<std::string>& lost)>;
+  // Called (on the pushing thread) when a push to a peer found it, or did
+  // not: `status` OK once the peer holds the shard, or the error when the
+  // peer could not be reached (down, or no route: Unavailable or
+  // DeadlineExceeded). Other refusals are not the link's.
+  using OnPeerReach =
+      std::function<void(const std::string& job, const std::string& node,
+                         const absl::Status& status)>;
 
   static absl::StatusOr<std::unique_ptr<Replicator>> Start(
       io::FileSystem* fs, ReplicationOptions options, Coordinator* coordinator,
       Metrics* metrics, OnReplicated on_replicated,
-      OnPeersLost on_peers_lost = nullptr);
+      OnPeersLost on_peers_lost = nullptr, OnPeerReach on_peer_reach = nullptr);
   ~Replicator();
 
   // Where this node's peer service listens (known once it started): published
@@ -193,7 +200,8 @@ class Replicator {
   };
   Replicator(io::FileSystem* fs, ReplicationOptions options,
              Coordinator* coordinator, Metrics* metrics,
-             OnReplicated on_replicated, OnPeersLost on_peers_lost);
+             OnReplicated on_replicated, OnPeersLost on_peers_lost,
+             OnPeerReach on_peer_reach);
   void Loop();
   // Pushes `p` to peers until K hold it; true when done (or hopeless: its
   // file is gone).
@@ -274,6 +282,7 @@ class Replicator {
   Metrics* const metrics_;
   const OnReplicated on_replicated_;
   const OnPeersLost on_peers_lost_;
+  const OnPeerReach on_peer_reach_;
   // The pushing thread's last view: node id -> incarnation.
   std::map<std::string, std::string> known_peers_;
   // Losses seen whose re-protection waits for `reprotect_delay`: node -> when

@@ -140,6 +140,9 @@ absl::StatusOr<std::unique_ptr<CheckpointService>> CheckpointService::Start(
     while (!s->queue_.WaitForStop(absl::Milliseconds(250)))
       s->NoteHungTrainers();
   });
+  service->node_watch_ = std::make_unique<NodeWatch>(
+      service->coordinator_.get(), service->options_.node_id,
+      &service->failures_, [s = service.get()] { return s->ServedJobs(); });
   return service;
 }
 
@@ -183,7 +186,11 @@ absl::Status CheckpointService::StartPeerTier() {
                  const std::vector<std::string>& nodes) {
             Replicated(shard, nodes);
           },
-          [this](const std::vector<std::string>& lost) { PeersLost(lost); }));
+          [this](const std::vector<std::string>& lost) { PeersLost(lost); },
+          [this](const std::string& job, const std::string& node,
+                 const absl::Status& status) {
+            PeerReached(job, node, status);
+          }));
   return absl::OkStatus();
 }
 
@@ -318,6 +325,7 @@ absl::Status CheckpointService::InstallAgreedClusterKey() {
 }
 
 CheckpointService::~CheckpointService() {
+  node_watch_.reset();
   queue_.Stop();
   for (std::thread& t : workers_) t.join();
   if (housekeeper_.joinable()) housekeeper_.join();

@@ -51,6 +51,7 @@
 #include "daemon/health/hang_watch.h"
 #include "daemon/health/job_health.h"
 #include "daemon/health/liveness.h"
+#include "daemon/health/node_watch.h"
 #include "daemon/health/replica_audit.h"
 #include "daemon/health/stragglers.h"
 #include "daemon/memory/job_activity.h"
@@ -125,7 +126,8 @@ struct ServiceOptions {
   // process (snapshot::InstallSealKeys). False: the process's keys are left
   // as they are (a --cluster-key file, or none).
   bool agree_cluster_key = false;
-  // Names this node in the key's record.
+  // Names this node in the key's record and in the departures of other
+  // nodes it claims (health/node_watch.h).
   std::string node_id;
 };
 
@@ -422,6 +424,10 @@ class CheckpointService {
   void RevoteIfRejoined();
   // Peers that held replicas left: their shards are pushed again to others.
   void PeersLost(const std::vector<std::string>& lost);
+  // A push of `job`'s shard reached peer `node` or could not: a
+  // peer_unreachable episode of the job begins or heals.
+  void PeerReached(const std::string& job, const std::string& node,
+                   const absl::Status& status);
   // The steps the peer and shared tiers keep (their newest commits there).
   std::set<uint64_t> KeptElsewhere(
       const std::vector<proto::CommitRecord>& commits) const;
@@ -466,6 +472,8 @@ class CheckpointService {
   void Housekeeping();
   // Each rank HangWatch finds hung is a trainer_hung failure.
   void NoteHungTrainers();
+  // The jobs with a trainer session open here (NodeWatch's).
+  std::vector<std::string> ServedJobs() const;
   // When idle, housekeeping comes round this often.
   static constexpr absl::Duration kHousekeepingTick = absl::Milliseconds(500);
   // What holds the memory budget, for the error a save gets when it found
@@ -524,6 +532,8 @@ class CheckpointService {
   std::vector<std::thread> workers_;
   std::thread housekeeper_;   // Housekeeping
   std::thread hang_watcher_;  // NoteHungTrainers, four times a second
+  // Nodes lost from under the jobs (with etcd); after everything it uses.
+  std::unique_ptr<NodeWatch> node_watch_;
 };
 
 }  // namespace ckpt::daemon

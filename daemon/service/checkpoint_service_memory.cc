@@ -203,6 +203,14 @@ void CheckpointService::Housekeeping() {
   }
 }
 
+std::vector<std::string> CheckpointService::ServedJobs() const {
+  std::vector<std::string> jobs;
+  for (const auto& [job, a] : activity_.All()) {
+    if (a.sessions > 0) jobs.push_back(job);
+  }
+  return jobs;
+}
+
 void CheckpointService::NoteHungTrainers() {
   const absl::Time now = absl::Now();
   for (const HangWatch::Hung& h : hangs_.Check(now)) {

@@ -66,6 +66,9 @@ void CheckpointService::DeclareMetrics() {
                    "and their slot was still there");
   metrics_.Declare("ckpt_trainers_attached", T::kGauge,
                    "trainer sessions open (libckpt Checkpointers) per job");
+  metrics_.Declare("ckpt_coordinator_rejoins", T::kGauge,
+                   "times this ckptd took a new etcd lease after its lease "
+                   "expired (fenced, then rejoined), since it started");
   metrics_.Declare("ckpt_restores_total", T::kCounter,
                    "restores by rank that read from a source tier (a "
                    "resharded restore may count for two)");
@@ -94,6 +97,7 @@ void CheckpointService::DeclareMetrics() {
     for (const auto& [job, a] : activity_.All()) {
       m.Set("ckpt_trainers_attached", {{"job", job}}, a.sessions);
     }
+    m.Set("ckpt_coordinator_rejoins", {}, coordinator_->Rejoins());
     uint64_t disk = 0;
     auto shards = catalog_->ListShards();
     if (shards.ok()) {

@@ -52,6 +52,20 @@ void CheckpointService::PeersLost(const std::vector<std::string>& lost) {
   }
 }
 
+void CheckpointService::PeerReached(const std::string& job,
+                                    const std::string& node,
+                                    const absl::Status& status) {
+  if (status.ok()) {
+    failures_.Healed(job, "peer_unreachable", absl::Now(), node);
+    return;
+  }
+  failures_.FailedEpisode(
+      job, "peer_unreachable",
+      absl::StrCat("node ", node,
+                   " could not be reached for a replica: ", status.message()),
+      absl::Now(), node);
+}
+
 void CheckpointService::RevoteIfRejoined() {
   // Held for the whole re-vote: a caller returns only once the votes refused
   // while fenced are made again (garbage collection must not take a shard

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "daemon/health/node_watch.h"
 #include "daemon/service/checkpoint_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -235,6 +236,115 @@ TEST_F(EtcdCoordinatorTest, ANodePausedPastItsLeaseIsFencedThenRejoins) {
   EXPECT_NE(a->lease_id(), lease);
   EXPECT_THAT(*a->Vote("job", 2, 0, 2, {kDisk}), ElementsAre(kMem, kDisk));
   EXPECT_TRUE(a->ForgetStep("job", 1).ok());
+}
+
+// Membership changes name the jobs a node served; a departure is claimed
+// once, and a node that stops claims its own.
+TEST_F(EtcdCoordinatorTest,
+       MemberChangesNameTheJobsAndADepartureIsClaimedOnce) {
+  auto a = Node("node-a", absl::Seconds(1)), b = Node("node-b"),
+       c = Node("node-c");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(a->SetServedJobs({"train"}).ok());
+  int64_t revision = 0;
+  ASSERT_TRUE(b->WatchMemberChanges(&revision, absl::Milliseconds(10)).ok());
+  const int64_t lease = a->lease_id();
+  a->PauseKeepAliveForTesting(true);
+  // Waits (up to 20 s) for a change of node-a that `joined` or not.
+  auto await = [&](bool joined) -> std::optional<Coordinator::MemberChange> {
+    for (int i = 0; i < 100; ++i) {
+      auto changes = b->WatchMemberChanges(&revision, absl::Milliseconds(200));
+      EXPECT_TRUE(changes.ok()) << changes.status();
+      if (!changes.ok()) return std::nullopt;
+      for (const Coordinator::MemberChange& ch : *changes) {
+        if (ch.node == "node-a" && ch.joined == joined) return ch;
+      }
+    }
+    return std::nullopt;
+  };
+  std::optional<Coordinator::MemberChange> left = await(false);
+  ASSERT_TRUE(left.has_value()) << "node-a's lease never expired";
+  EXPECT_EQ(left->lease, lease);
+  EXPECT_THAT(left->jobs, ElementsAre("train"));
+  EXPECT_TRUE(*b->ClaimDeparture("node-a", lease, "node-b"));
+  EXPECT_FALSE(*c->ClaimDeparture("node-a", lease, "node-c"));
+  // Resumed: it joins again under a new lease, serving the same jobs.
+  a->PauseKeepAliveForTesting(false);
+  std::optional<Coordinator::MemberChange> back = await(true);
+  ASSERT_TRUE(back.has_value()) << "node-a never rejoined";
+  EXPECT_NE(back->lease, lease);
+  EXPECT_THAT(back->jobs, ElementsAre("train"));
+  // A node that stops claims its own departure first.
+  auto d = Node("node-d");
+  ASSERT_TRUE(d);
+  const int64_t d_lease = d->lease_id();
+  d.reset();
+  EXPECT_FALSE(*b->ClaimDeparture("node-d", d_lease, "node-b"));
+  // Started again, it drops the claims of its earlier departures.
+  d = Node("node-d");
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(*b->ClaimDeparture("node-d", d_lease, "node-b"));
+}
+
+// NodeWatch on three nodes: one paused past its lease while it serves a job
+// is one node_lost failure of the job in the whole cluster, healed when it
+// rejoins; one that stops cleanly is none.
+TEST_F(EtcdCoordinatorTest, ANodeLostIsCountedOnceAndHealsWhenItIsBack) {
+  auto a = Node("node-a", absl::Seconds(1)), b = Node("node-b"),
+       c = Node("node-c"), d = Node("node-d");
+  ASSERT_TRUE(a && b && c && d);
+  Metrics ma, mb, mc, md;
+  FailureLog fa(&ma), fb(&mb), fc(&mc), fd(&md);
+  std::atomic<int> a_rounds{0}, d_rounds{0};
+  auto watch = [](EtcdCoordinator* node, FailureLog* log,
+                  std::vector<std::string> jobs, std::atomic<int>* rounds) {
+    return std::make_unique<NodeWatch>(node, node->MemberKey().substr(12), log,
+                                       [jobs, rounds] {
+                                         if (rounds != nullptr) ++*rounds;
+                                         return jobs;
+                                       });
+  };
+  auto wa = watch(a.get(), &fa, {"train"}, &a_rounds);
+  auto wb = watch(b.get(), &fb, {"train"}, nullptr);
+  auto wc = watch(c.get(), &fc, {}, nullptr);
+  auto wd = watch(d.get(), &fd, {"other"}, &d_rounds);
+  // A second round began: the first one's jobs were kept.
+  for (int i = 0; i < 400 && (a_rounds < 2 || d_rounds < 2); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_GE(a_rounds.load(), 2);
+  ASSERT_GE(d_rounds.load(), 2);
+  // node-d stops cleanly: no failure.
+  wd.reset();
+  d.reset();
+  auto lost = [&] {
+    std::vector<proto::FailureRecord> all = fb.Timeline("");
+    for (const auto& r : fc.Timeline("")) all.push_back(r);
+    return all;
+  };
+  a->PauseKeepAliveForTesting(true);
+  for (int i = 0; i < 400 && lost().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(lost().size(), 1u) << "node-a's loss was not counted";
+  const proto::FailureRecord r = lost()[0];
+  EXPECT_EQ(r.job(), "train");
+  EXPECT_EQ(r.cause(), "node_lost");
+  EXPECT_EQ(r.node(), "node-a");
+  EXPECT_THAT(r.detail(), HasSubstr("node node-a's etcd lease expired"));
+  EXPECT_TRUE(fa.Timeline("").empty()) << "not by the node itself";
+  a->PauseKeepAliveForTesting(false);
+  auto recovered = [&] {
+    std::vector<proto::FailureRecord> now = lost();
+    return now.size() == 1 && now[0].recovered_unix_micros() != 0;
+  };
+  for (int i = 0; i < 400 && !recovered(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(recovered()) << "healed once node-a rejoined";
+  EXPECT_GE(lost()[0].recovered_unix_micros(), r.unix_micros());
+  // Still one: neither the rejoin nor node-d's stop counted again.
+  EXPECT_EQ(lost().size(), 1u);
 }
 
 // A daemon that persisted shards while fenced (its votes refused) votes for

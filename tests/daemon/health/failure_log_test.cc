@@ -117,6 +117,55 @@ TEST(FailureLogTest, EpisodesCountOnceAndTheHistorySurvivesARestart) {
       HasSubstr("ckpt_failures_total{job=\"j\",cause=\"daemon_restart\"} 2"));
 }
 
+// A node's failures (lost, unreachable) are episodes of that node: two nodes
+// away at once count twice, one node's return heals its own, and what is
+// still away survives a restart.
+TEST(FailureLogTest, EpisodesOfNodesAreTheirOwn) {
+  Metrics metrics;
+  proto::FailureHistory kept;
+  FailureLog log(&metrics, [&](const proto::FailureHistory& h) {
+    if (h.job() == "a") kept = h;
+  });
+  const absl::Time t0 = absl::FromUnixSeconds(2000);
+  log.FailedEpisode("a", "node_lost", "n1's lease expired", t0, "n1");
+  log.FailedEpisode("a", "node_lost", "n2's lease expired", t0, "n2");
+  log.FailedEpisode("a", "node_lost", "again", t0 + absl::Seconds(1), "n1");
+  log.FailedEpisode("b", "node_lost", "n1's lease expired", t0, "n1");
+  log.FailedEpisode("a", "peer_unreachable", "no route", t0, "n1");
+  EXPECT_EQ(kept.counts().at("node_lost"), 2u);
+  EXPECT_THAT(
+      metrics.Render(),
+      HasSubstr("ckpt_failures_total{job=\"b\",cause=\"node_lost\"} 1"));
+  // n1 is back: its episodes of every job heal, n2's and the unreachable
+  // link do not.
+  log.Healed("", "node_lost", t0 + absl::Seconds(5), "n1");
+  std::map<std::string, int64_t> recovered;
+  for (const proto::FailureRecord& r : log.Timeline("")) {
+    EXPECT_EQ(r.node().empty(), false) << r.cause();
+    recovered[r.job() + "/" + r.cause() + "/" + r.node()] =
+        r.recovered_unix_micros();
+  }
+  const int64_t back = absl::ToUnixMicros(t0 + absl::Seconds(5));
+  EXPECT_EQ(recovered["a/node_lost/n1"], back);
+  EXPECT_EQ(recovered["b/node_lost/n1"], back);
+  EXPECT_EQ(recovered["a/node_lost/n2"], 0);
+  EXPECT_EQ(recovered["a/peer_unreachable/n1"], 0);
+  EXPECT_THAT(
+      std::vector<std::string>(kept.failing().begin(), kept.failing().end()),
+      ::testing::UnorderedElementsAre("node_lost@n2", "peer_unreachable@n1"));
+  // Restarted: n2 is still away (not counted again); n1 lost again is a new
+  // episode.
+  Metrics metrics2;
+  FailureLog again(&metrics2);
+  again.Restore(kept);
+  again.FailedEpisode("a", "node_lost", "still", t0 + absl::Seconds(6), "n2");
+  again.FailedEpisode("a", "node_lost", "lost again", t0 + absl::Seconds(7),
+                      "n1");
+  EXPECT_THAT(
+      metrics2.Render(),
+      HasSubstr("ckpt_failures_total{job=\"a\",cause=\"node_lost\"} 3"));
+}
+
 TEST(FailureLogTest, TrainerExitReadsHowAProcessEnded) {
   EXPECT_EQ(TrainerExit(static_cast<uint32_t>(::getpid())), "") << "running";
   const pid_t killed = ::fork();
