@@ -41,8 +41,20 @@ struct HashedCopyRegion {
 
 // Copies `bytes` from `src` to `dst` in blocks small enough to stay in the
 // core's cache, each hashed right after its copy; returns the
-// snapshot::Checksum of the bytes written (memory is read once).
+// snapshot::Checksum of the bytes written (memory is read once). From 64 KiB
+// on x86-64 the stores stream past the cache (StreamingCopy) and each block
+// is hashed from the source lines its loads brought in; CKPT_COPY_STREAMING=0
+// copies with memcpy instead.
 uint64_t CopyAndChecksum(void* dst, const void* src, size_t bytes);
+
+// memcpy with non-temporal stores (x86-64; memcpy elsewhere): the
+// destination's lines are neither read first nor kept in the cache, which a
+// copy into a staging slot that only another process reads later gains from
+// (glibc's memcpy streams only copies larger than most of the cache).
+// Ordered (sfence) before it returns.
+void StreamingCopy(void* dst, const void* src, size_t bytes);
+// Whether CopyAndChecksum streams (x86-64 and CKPT_COPY_STREAMING is not 0).
+bool StreamingStores();
 
 // Copies and hashes in one pass: each `chunk_size` run of every region on
 // one thread, in blocks small enough to stay in the core's cache, each block

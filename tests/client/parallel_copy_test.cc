@@ -110,5 +110,38 @@ TEST(ParallelCopyAndHashTest, HashesEqualHashingAfterTheCopy) {
   }
 }
 
+// Streaming stores copy exactly, whatever the alignment of either side and
+// the length (the head to a 16-byte boundary, whole lines, the tail), and
+// touch nothing around the destination; CopyAndChecksum's hash (streamed
+// from 64 KiB) is the Checksum of what landed.
+TEST(StreamingCopyTest, CopiesExactlyAtEveryAlignment) {
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> src((size_t{2} << 20) + 256), dst(src.size() + 256);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (int round = 0; round < 300; ++round) {
+    const size_t skew_src = rng() % 64, skew_dst = rng() % 64;
+    const size_t bytes =
+        round < 200 ? rng() % 300 : rng() % (src.size() - 2 * 64);
+    std::fill(dst.begin(), dst.end(), 0x5A);
+    uint8_t* to = dst.data() + 64 + skew_dst;
+    const uint8_t* from = src.data() + skew_src;
+    if (round % 2 == 0) {
+      StreamingCopy(to, from, bytes);
+    } else {
+      ASSERT_EQ(CopyAndChecksum(to, from, bytes),
+                snapshot::Checksum(absl::MakeConstSpan(from, bytes)))
+          << "seed " << seed << ", " << bytes << " bytes";
+    }
+    ASSERT_EQ(0, std::memcmp(to, from, bytes))
+        << "seed " << seed << ", " << bytes << " bytes, skews " << skew_src
+        << "/" << skew_dst;
+    for (uint8_t* g = dst.data(); g < to; ++g) ASSERT_EQ(*g, 0x5A);
+    for (uint8_t* g = to + bytes; g < dst.data() + dst.size(); ++g) {
+      ASSERT_EQ(*g, 0x5A) << "seed " << seed << ": written past the end";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::client
