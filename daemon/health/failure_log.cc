@@ -26,7 +26,7 @@ FailureLog::FailureLog(Metrics* metrics, Persist persist,
 
 void FailureLog::Failed(const std::string& job, const std::string& cause,
                         const std::string& detail, bool incident, absl::Time at,
-                        int rank, absl::Time since) {
+                        int rank, absl::Time since, absl::Duration unseen) {
   std::optional<proto::FailureHistory> history;
   {
     absl::MutexLock lock(&mu_);
@@ -43,7 +43,7 @@ void FailureLog::Failed(const std::string& job, const std::string& cause,
     history = HistoryOf(job, j);
   }
   Keep(history);
-  if (incident && on_incident_) on_incident_(job, at, rank);
+  if (incident && on_incident_) on_incident_(job, at, rank, unseen);
 }
 
 void FailureLog::FailedEpisode(const std::string& job, const std::string& cause,

@@ -49,9 +49,10 @@ class FailureLog {
   // Called with a job's history after each change, to keep it.
   using Persist = std::function<void(const proto::FailureHistory&)>;
   // Called when an incident begins (the job stopped at `at`; `rank`: the
-  // rank that failed, whose save ends it, or -1).
-  using OnIncident =
-      std::function<void(const std::string& job, absl::Time at, int rank)>;
+  // rank that failed, whose save ends it, or -1; `unseen`: how long before
+  // `at` the job had surely stopped already).
+  using OnIncident = std::function<void(const std::string& job, absl::Time at,
+                                        int rank, absl::Duration unseen)>;
 
   // `metrics` must outlive this object.
   FailureLog(Metrics* metrics, Persist persist = nullptr,
@@ -67,10 +68,13 @@ class FailureLog {
   // next save of any rank). `since`: when the failed trainer's session
   // began; one that was there before the last incident and exits within
   // kLateExit of its recovery went down with it (noticed late: a launcher
-  // restarting the job at once).
+  // restarting the job at once). `unseen`: how long the failure surely
+  // went on before it was seen at `at` (a hang: its silence less one save
+  // interval), handed to OnIncident.
   void Failed(const std::string& job, const std::string& cause,
               const std::string& detail, bool incident, absl::Time at,
-              int rank = -1, absl::Time since = absl::InfiniteFuture())
+              int rank = -1, absl::Time since = absl::InfiniteFuture(),
+              absl::Duration unseen = absl::ZeroDuration())
       ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kLateExit = absl::Seconds(10);
   // A failure of `cause` that lasts until Healed (every persist to a

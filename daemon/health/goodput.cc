@@ -213,7 +213,8 @@ void Goodput::Staged(const std::string& job, uint32_t rank, absl::Time at) {
   Publish(due);
 }
 
-void Goodput::Failed(const std::string& job, absl::Time at, int rank) {
+void Goodput::Failed(const std::string& job, absl::Time at, int rank,
+                     absl::Duration unseen) {
   std::optional<proto::GoodputRecord> due;
   {
     absl::MutexLock lock(&mu_);
@@ -222,6 +223,13 @@ void Goodput::Failed(const std::string& job, absl::Time at, int rank) {
     j.record.set_job(job);
     j.staging.clear();  // a dead rank's copy ends with it
     if (!j.record.recovering()) {
+      proto::GoodputRecord& r = j.record;
+      const double stopped =
+          std::min(r.training_s(), absl::ToDoubleSeconds(unseen));
+      if (r.running() && stopped > 0) {
+        r.set_training_s(r.training_s() - stopped);
+        r.set_recovery_s(r.recovery_s() + stopped);
+      }
       j.record.set_recovering(true);
       j.record.set_training_at_failure_s(j.record.training_s());
       j.record.set_recovery_at_failure_s(j.record.recovery_s());

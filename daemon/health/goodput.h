@@ -83,8 +83,11 @@ class Goodput {
   void Staged(const std::string& job, uint32_t rank, absl::Time at)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A failure stopped the job (an incident): recovery from `at` until
-  // `rank` (-1: any rank) begins a save.
-  void Failed(const std::string& job, absl::Time at, int rank = -1)
+  // `rank` (-1: any rank) begins a save. `unseen`: the job had stopped that
+  // long before `at` (a hang seen after its silence): that time, counted
+  // as training until now, is recovery too.
+  void Failed(const std::string& job, absl::Time at, int rank = -1,
+              absl::Duration unseen = absl::ZeroDuration())
       ABSL_LOCKS_EXCLUDED(mu_);
   // A rank restored `step` and resumes training from it.
   void Resumed(const std::string& job, uint64_t step, absl::Time at)

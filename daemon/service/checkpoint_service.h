@@ -518,8 +518,9 @@ class CheckpointService {
                    [this](const proto::GoodputRecord& r) { KeepHealth(r); }};
   FailureLog failures_{
       &metrics_, [this](const proto::FailureHistory& h) { KeepHealth(h); },
-      [this](const std::string& job, absl::Time at, int rank) {
-        goodput_.Failed(job, at, rank);
+      [this](const std::string& job, absl::Time at, int rank,
+             absl::Duration unseen) {
+        goodput_.Failed(job, at, rank, unseen);
       }};
   absl::Mutex gc_mu_;  // one garbage collection at a time
   absl::Mutex begin_mu_;

@@ -225,8 +225,11 @@ void CheckpointService::NoteHungTrainers() {
           ")");
     }
     CKPT_LOG_WARN("job {}: trainer {}", h.job, detail);
+    // It hung at most one interval after its last save: the rest of its
+    // silence the job did not train.
     failures_.Failed(h.job, "trainer_hung", detail, /*incident=*/true, now,
-                     static_cast<int>(h.rank));
+                     static_cast<int>(h.rank), absl::InfiniteFuture(),
+                     std::max(absl::ZeroDuration(), h.silent - h.interval));
   }
 }
 

@@ -72,7 +72,7 @@ TEST(FailureLogTest, EpisodesCountOnceAndTheHistorySurvivesARestart) {
   std::vector<std::string> incidents;
   FailureLog log(
       &metrics, [&](const proto::FailureHistory& h) { kept = h; },
-      [&](const std::string& job, absl::Time, int) {
+      [&](const std::string& job, absl::Time, int, absl::Duration) {
         incidents.push_back(job);
       });
   const absl::Time t0 = absl::FromUnixSeconds(1000);
@@ -96,9 +96,8 @@ TEST(FailureLogTest, EpisodesCountOnceAndTheHistorySurvivesARestart) {
   // an incident of its own.
   Metrics metrics2;
   FailureLog again(&metrics2, nullptr,
-                   [&](const std::string& job, absl::Time, int) {
-                     incidents.push_back(job);
-                   });
+                   [&](const std::string& job, absl::Time, int,
+                       absl::Duration) { incidents.push_back(job); });
   again.Restore(kept);
   again.Failed("j", "daemon_restart", "ckptd restarted", /*incident=*/true,
                t0 + absl::Seconds(10));

@@ -156,6 +156,26 @@ TEST(GoodputTest, ARanksFailureLastsUntilThatRankSavesAgain) {
   EXPECT_THAT(s.training, DoubleNear(15.5, 1e-9));
 }
 
+// A hang is seen long after the job stopped: the silence before it was seen
+// (less the interval the rank may still have trained) is recovery, not
+// training; the wall time is unchanged.
+TEST(GoodputTest, AHangSeenLateCountsItsSilenceAsRecovery) {
+  Metrics metrics;
+  Goodput g(&metrics, nullptr);
+  g.SessionBegun("j", 101, T(0), T(0));
+  g.StagingBegun("j", 1, 0, T(9));
+  g.Staged("j", 0, T(10));
+  // Seen at 40 s, silent since its save at 9 s, saving every 1 s.
+  g.Failed("j", T(40), 0, absl::Seconds(30));
+  g.StagingBegun("j", 2, 0, T(45));
+  g.Staged("j", 0, T(46));
+  const Goodput::Split s = g.Of("j", T(50));
+  EXPECT_THAT(s.wall(), DoubleNear(50, 1e-9));
+  EXPECT_THAT(s.recovery, DoubleNear(35, 1e-9));
+  EXPECT_THAT(s.stall, DoubleNear(2, 1e-9));
+  EXPECT_THAT(s.training, DoubleNear(13, 1e-9));
+}
+
 TEST(GoodputTest, RandomEventsAlwaysAddUpToTheRunningClock) {
   const uint64_t seed = std::random_device{}();
   std::printf("GoodputTest seed %llu\n", static_cast<unsigned long long>(seed));
