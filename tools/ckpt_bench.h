@@ -27,9 +27,11 @@ std::string RunCapture(const std::string& cmd);
 double Fio(const std::string& file, bool write, uint64_t size_mib,
            unsigned iodepth);
 
-// Starts a ckptd for the benchmark; returns its pid.
+// Starts a ckptd for the benchmark (with `flags` besides its own); returns
+// its pid.
 pid_t StartDaemon(const std::string& dir, const std::string& staging,
-                  uint64_t budget_mib);
+                  uint64_t budget_mib,
+                  const std::vector<std::string>& flags = {});
 
 // The bench's ckptd: stopped, and its staging directory removed, however the
 // bench ends.

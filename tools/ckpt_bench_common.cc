@@ -43,7 +43,7 @@ double Fio(const std::string& file, bool write, uint64_t size_mib,
 }
 
 pid_t StartDaemon(const std::string& dir, const std::string& staging,
-                  uint64_t budget_mib) {
+                  uint64_t budget_mib, const std::vector<std::string>& flags) {
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   // In the build tree, or beside ckpt-bench (tools/gpu-check.sh's pack).
   std::string ckptd =
@@ -59,11 +59,24 @@ pid_t StartDaemon(const std::string& dir, const std::string& staging,
       ::dup2(fileno(f), 1);
       ::dup2(fileno(f), 2);
     }
-    std::string budget = std::to_string(budget_mib) + "M";
-    ::execl(ckptd.c_str(), ckptd.c_str(), "--socket", socket.c_str(),
-            "--data-dir", (dir + "/data").c_str(), "--staging-dir",
-            staging.c_str(), "--memory-budget", budget.c_str(), "--keep-memory",
-            "1", "--keep-disk", "1", static_cast<char*>(nullptr));
+    const std::string budget = std::to_string(budget_mib) + "M";
+    const std::string data = dir + "/data";
+    std::vector<const char*> argv = {ckptd.c_str(),
+                                     "--socket",
+                                     socket.c_str(),
+                                     "--data-dir",
+                                     data.c_str(),
+                                     "--staging-dir",
+                                     staging.c_str(),
+                                     "--memory-budget",
+                                     budget.c_str(),
+                                     "--keep-memory",
+                                     "1",
+                                     "--keep-disk",
+                                     "1"};
+    for (const std::string& f : flags) argv.push_back(f.c_str());
+    argv.push_back(nullptr);
+    ::execv(ckptd.c_str(), const_cast<char* const*>(argv.data()));
     ::_exit(127);
   }
   for (int i = 0; i < 200; ++i) {

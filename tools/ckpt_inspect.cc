@@ -132,6 +132,8 @@ int InspectStep(const std::string& data_dir, const std::string& socket_path,
     if (!r.shard_path().empty()) rj["shard_path"] = r.shard_path();
     if (!r.slot_path().empty()) rj["slot_path"] = r.slot_path();
     if (!r.error().empty()) rj["error"] = r.error();
+    // A newer save of the rank took its place on the disk (--persist-newest).
+    if (r.persist_skipped()) rj["persist_skipped"] = true;
     rj["items"] = nlohmann::json::array();
     // The persisted manifest has chunk and codec figures; a shard only in
     // memory has the trainer's description of its items.
@@ -161,10 +163,13 @@ int InspectStep(const std::string& data_dir, const std::string& socket_path,
   std::map<std::string, std::vector<std::string>> boxes;
   std::map<std::string, std::string> kinds;
   for (const nlohmann::json& rj : j["ranks"]) {
-    std::printf("  rank %u: %s%s%s\n", rj["rank"].get<uint32_t>(),
+    std::printf("  rank %u: %s%s%s%s\n", rj["rank"].get<uint32_t>(),
                 rj["state"].get<std::string>().c_str(),
                 rj.contains("shard_path") ? ", on disk" : "",
-                rj.contains("slot_path") ? ", in memory" : "");
+                rj.contains("slot_path") ? ", in memory" : "",
+                rj.contains("persist_skipped")
+                    ? ", not persisted (a newer save came first)"
+                    : "");
     if (rj.contains("error"))
       std::printf("    error: %s\n", rj["error"].get<std::string>().c_str());
     for (const nlohmann::json& ij : rj["items"]) {

@@ -29,6 +29,7 @@ std::string WhyKept(const proto::ShardRecord& shard,
     case proto::SHARD_STAGING:
       return "being staged";
     case proto::SHARD_STAGED:
+      if (shard.persist_skipped()) return "";  // a newer save replaces it
       return shard.error().empty()
                  ? "being persisted"
                  : "its persist failed and is being tried again";

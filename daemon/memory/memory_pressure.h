@@ -5,8 +5,9 @@
 //  - a copy goes only when its shard is safe at a durable tier: persisted to
 //    this node's disk (whether or not the other ranks' shards of its step
 //    are: a restore of the step reads this rank from the file), or its step
-//    committed and kept at the peer or shared tier; never a copy that is
-//    being staged or persisted, the only copy of a shard whose persist
+//    committed and kept at the peer or shared tier, or its persist was
+//    skipped for a newer save of its rank (--persist-newest); never a copy that
+//    is being staged or persisted, the only copy of a shard whose persist
 //    failed, or one a reader holds (a restore, ckpt verify: `pinned`);
 //  - copies of idle jobs (no trainer attached, no recent save) go first,
 //    least recently active job first, oldest step first; then the older

@@ -4,9 +4,21 @@
 
 namespace ckpt::daemon {
 
-void PersistQueue::Add(const SlotId& id) {
+std::vector<SlotId> PersistQueue::Add(const SlotId& id, bool newest_only) {
   absl::MutexLock lock(&mu_);
+  std::vector<SlotId> skipped;
+  if (newest_only) {
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->job == id.job && it->rank == id.rank && it->step < id.step) {
+        skipped.push_back(*it);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   queue_.push_back(id);
+  return skipped;
 }
 
 void PersistQueue::RequestGc(const std::string& job) {

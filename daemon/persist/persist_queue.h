@@ -7,6 +7,9 @@
 //   a collection of its job (the step it made safe may free older copies).
 // - A shard saved again before it was persisted is withdrawn from the queue
 //   (Withdraw), waiting out a persist of it in flight.
+// - Newest only (Add's `newest_only`): a rank's newer shard takes the place
+//   of its older ones still waiting (not one in flight), when saves come
+//   faster than the disk takes them.
 //
 // The caller does the work: Next hands out one piece, Done or GcDone
 // reports it finished. Nothing here touches the disk.
@@ -22,6 +25,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -39,8 +43,11 @@ class PersistQueue {
     std::string gc_job;
   };
 
-  // Queues a staged shard behind those queued before it.
-  void Add(const SlotId& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues a staged shard behind those queued before it. With
+  // `newest_only`, the same rank's older shards still waiting leave the
+  // queue: returned, they will not be persisted.
+  std::vector<SlotId> Add(const SlotId& id, bool newest_only = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Asks for a collection of `job` (once, however often asked before one of
   // the threads takes it).
   void RequestGc(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);

@@ -63,7 +63,9 @@ RetentionPlan PlanRetention(const std::vector<proto::CommitRecord>& commits,
     return policy.peer_tier && (peer.empty() || step > peer.front());
   };
   for (const proto::ShardRecord& r : shards) {
-    if (r.state() == proto::SHARD_STAGING || r.state() == proto::SHARD_STAGED)
+    // (A staged copy whose persist was skipped goes like a persisted one.)
+    if (r.state() == proto::SHARD_STAGING ||
+        (r.state() == proto::SHARD_STAGED && !r.persist_skipped()))
       continue;
     const uint64_t step = r.step();
     if (policy.resume_steps.count(step) > 0) continue;

@@ -2,7 +2,9 @@
 // pure function of the commit records and the catalog, so that ckptd and
 // `ckpt gc --dry-run` apply exactly the same rules:
 //  - nothing is dropped before some step is committed on disk, and nothing
-//    that is not persisted yet (STAGING, STAGED);
+//    that is not persisted yet (STAGING, STAGED) unless its persist was
+//    skipped for a newer save of its rank (persist_skipped: its slot goes
+//    by the memory rule below);
 //  - shard files go only for steps older than the oldest of the newest
 //    `keep_disk` disk commits, so the latest committed step and the one before
 //    it stay until newer ones are committed;

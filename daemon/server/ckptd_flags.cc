@@ -127,6 +127,11 @@ void AddLocalOptions(CLI::App& app, CkptdFlags& f) {
                  "committed steps kept in memory")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
+  app.add_flag("--persist-newest", f.persist_newest,
+               "when saves come faster than the disk takes them, persist "
+               "each rank's newest waiting save only: the older ones stay "
+               "committed in memory but never reach the disk (saving every "
+               "step)");
   app.add_option("--full-every", f.full_every,
                  "incremental saves: every Nth save of a rank stores every "
                  "chunk, the others only what changed since the rank's last "
@@ -501,6 +506,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFrom(const CkptdFlags& f) {
   options.staging.wait_timeout = absl::Seconds(f.wait_timeout_s);
   options.keep_disk_steps = f.keep_disk;
   options.keep_memory_steps = f.keep_memory;
+  options.persist_newest = f.persist_newest;
   options.full_every = f.full_every;
   options.agree_cluster_key = f.cluster_key.empty();
   options.node_id = f.node_id;

@@ -23,6 +23,7 @@ struct CkptdFlags {
   std::string policy = "wait";
   double wait_timeout_s = 60;
   int keep_disk = 2, keep_memory = 1, persist_threads = 2, zstd_level = 1;
+  bool persist_newest = false;
   int background_nice = 0;
   int recycle_files = 2;
   int full_every = 10;

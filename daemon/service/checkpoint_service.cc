@@ -547,8 +547,29 @@ absl::Status CheckpointService::StageComplete(
 }
 
 void CheckpointService::Enqueue(const SlotId& id) {
-  queue_.Add(id);
+  for (const SlotId& old : queue_.Add(id, options_.persist_newest)) {
+    SkipPersist(old, id.step);
+  }
   changes_.Bump();
+}
+
+void CheckpointService::SkipPersist(const SlotId& id, uint64_t newer) {
+  absl::StatusOr<absl::optional<proto::ShardRecord>> r =
+      catalog_->GetShard(id.job, id.step, id.rank);
+  if (!r.ok() || !r->has_value() || (*r)->state() != proto::SHARD_STAGED) {
+    return;  // withdrawn meanwhile
+  }
+  (*r)->set_persist_skipped(true);
+  if (absl::Status s = catalog_->PutShard(**r); !s.ok()) {
+    CKPT_LOG_WARN("{}: recording its skipped persist: {}",
+                  Describe(id.job, id.step, id.rank), s.ToString());
+    return;
+  }
+  metrics_.Add("ckpt_persists_skipped_total", {{"job", id.job}});
+  CKPT_LOG_DEBUG("{}: not persisted, step {} came first (--persist-newest)",
+                 Describe(id.job, id.step, id.rank), newer);
+  // Its memory copy may go now.
+  queue_.RequestGc(id.job);
 }
 
 void CheckpointService::WaitIdle() {

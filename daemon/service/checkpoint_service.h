@@ -83,6 +83,12 @@ struct ServiceOptions {
   // committed at the same tier.
   int keep_disk_steps = 2;
   int keep_memory_steps = 1;
+  // A rank's newer shard takes the place of its older ones still waiting to
+  // be persisted (PersistQueue's newest only): saves that come faster than
+  // the disk do not queue up behind it. The skipped ones stay committed in
+  // memory (persist_skipped), never on disk; waiting for their disk commit
+  // fails at once.
+  bool persist_newest = false;
   // Shard files retired by garbage collection that are kept (in
   // <data_dir>/recycle/) for the next persists to write over; 0 deletes them
   // at once. See FileRecycler.
@@ -296,8 +302,11 @@ class CheckpointService {
   // With options_.agree_cluster_key: the cluster's key, made or read through
   // the coordinator, installed for the process.
   absl::Status InstallAgreedClusterKey();
-  // Queues a staged shard for the persist threads.
+  // Queues a staged shard for the persist threads (with persist_newest,
+  // skipping the rank's older ones still waiting).
   void Enqueue(const SlotId& id);
+  // `id` will not be persisted: step `newer` of its rank took its place.
+  void SkipPersist(const SlotId& id, uint64_t newer);
   // Persist threads take queued shards first, then garbage collection asked
   // for a job (after a persist or a memory-tier commit).
   void PersistLoop();

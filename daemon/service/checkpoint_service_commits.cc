@@ -136,6 +136,15 @@ absl::StatusOr<proto::CommitRecord> CheckpointService::WaitCommitted(
                             absl::StrCat(Describe(job, step, r.rank()),
                                          " failed to persist: ", r.error()));
       }
+      // The disk and the tiers made from its files never get it.
+      if (r.persist_skipped() && tier != proto::TIER_MEMORY) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            Describe(job, step, r.rank()), " will not reach tier ",
+            TierName(tier),
+            ": a newer save of its rank came before the disk took it "
+            "(ckptd --persist-newest persists each rank's newest waiting "
+            "save only)"));
+      }
     }
     if (!kept) RETURN_IF_ERROR(NotWaitedFor(job, step, tier));
     // Another node's vote may commit the step (etcd): look again every

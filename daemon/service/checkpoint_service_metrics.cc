@@ -61,6 +61,9 @@ void CheckpointService::DeclareMetrics() {
                    "(--idle-job-memory-ttl), operator (ckpt gc --memory)");
   metrics_.Declare("ckpt_memory_evicted_bytes_total", T::kCounter,
                    "bytes of those copies");
+  metrics_.Declare("ckpt_persists_skipped_total", T::kCounter,
+                   "staged shards not persisted because a newer save of "
+                   "their rank came first (--persist-newest)");
   metrics_.Declare("ckpt_persist_retries_total", T::kCounter,
                    "failed persists tried again because memory was short "
                    "and their slot was still there");

@@ -225,6 +225,7 @@ CheckpointService::RecordPersisted(proto::ShardRecord& r,
     r.add_base_steps(b.step());
   }
   r.set_state(proto::SHARD_PERSISTED);
+  r.clear_persist_skipped();
   r.clear_error();  // an earlier attempt's (RetryFailedPersists)
   r.set_shard_path(path);
   r.set_raw_bytes(sizes.raw);

@@ -49,6 +49,10 @@ TEST(WhyKeptTest, OnlyCopiesSafeAtADurableTierMayGo) {
             "its persist failed and is being tried again");
   EXPECT_EQ(WhyKept(Shard("j", 1, 0, proto::SHARD_FAILED), {1}),
             "its persist failed: the memory copy is the only one");
+  // A newer save of its rank took its place on the disk (--persist-newest).
+  proto::ShardRecord skipped = Shard("j", 1, 0, proto::SHARD_STAGED);
+  skipped.set_persist_skipped(true);
+  EXPECT_EQ(WhyKept(skipped, {}), "");
 }
 
 class PlanEvictionTest : public ::testing::Test {

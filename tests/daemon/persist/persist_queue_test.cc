@@ -32,6 +32,32 @@ TEST(PersistQueueTest, EachRankPersistsInStepOrderWhileOtherRanksGoAhead) {
   EXPECT_FALSE(q.Persisting());
 }
 
+// Newest only: a rank's newer shard takes the place of its older ones still
+// waiting, never of one in flight or of another rank's.
+TEST(PersistQueueTest, NewestOnlySkipsTheRanksOlderWaitingShards) {
+  PersistQueue q;
+  EXPECT_TRUE(q.Add({"j", 1, 0}, true).empty());
+  std::optional<PersistQueue::Work> first = q.Next();  // step 1 in flight
+  ASSERT_TRUE(first && first->shard);
+  EXPECT_TRUE(q.Add({"j", 2, 0}, true).empty());
+  EXPECT_TRUE(q.Add({"j", 2, 1}, true).empty());
+  EXPECT_TRUE(q.Add({"other", 1, 0}, true).empty());
+  EXPECT_EQ(q.Add({"j", 3, 0}, true), (std::vector<SlotId>{{"j", 2, 0}}));
+  EXPECT_EQ(q.Add({"j", 4, 0}, true), (std::vector<SlotId>{{"j", 3, 0}}));
+  EXPECT_TRUE(q.Add({"j", 5, 0}, false).empty()) << "not newest only";
+  q.Done(*first->shard);
+  std::vector<SlotId> order;
+  for (int i = 0; i < 4; ++i) {
+    std::optional<PersistQueue::Work> w = q.Next();
+    ASSERT_TRUE(w && w->shard);
+    order.push_back(*w->shard);
+    q.Done(*w->shard);
+  }
+  EXPECT_EQ(order,
+            (std::vector<SlotId>{
+                {"j", 2, 1}, {"other", 1, 0}, {"j", 4, 0}, {"j", 5, 0}}));
+}
+
 TEST(PersistQueueTest, APersistAsksForItsJobsCollectionOnceAndItComesLast) {
   PersistQueue q;
   q.RequestGc("other");

@@ -95,6 +95,26 @@ TEST(RetentionTest, ThePreviousMemoryCommitStaysUntilANewerOne) {
   EXPECT_EQ(Describe(plan), "") << "memory keeps 2 steps, disk keeps step 1";
 }
 
+// A staged shard whose persist was skipped (a newer save of its rank came
+// first) loses its slot like a persisted one once a newer step is committed
+// in memory; a plain staged one never.
+TEST(RetentionTest, SkippedPersistsGoByTheMemoryRule) {
+  proto::ShardRecord skipped = Shard(2, proto::SHARD_STAGED, false, true);
+  skipped.set_persist_skipped(true);
+  const std::vector<proto::CommitRecord> commits = {
+      Commit(1, kMem), Commit(1, kDisk), Commit(2, kMem), Commit(3, kMem)};
+  RetentionPlan plan =
+      PlanRetention(commits,
+                    {Shard(1, kPersisted, true, true), skipped,
+                     Shard(3, proto::SHARD_STAGED, false, true)},
+                    {1, 1});
+  EXPECT_EQ(Describe(plan), "1:S 2:Sx ");
+  // The newest memory commit itself stays.
+  plan = PlanRetention({Commit(1, kMem), Commit(1, kDisk), Commit(2, kMem)},
+                       {Shard(1, kPersisted, true, true), skipped}, {1, 1});
+  EXPECT_EQ(Describe(plan), "1:S ");
+}
+
 TEST(RetentionTest, FailedShardsLoseTheirSlotOnceOlderThanTheCommits) {
   RetentionPlan plan =
       PlanRetention({Commit(2, kMem), Commit(2, kDisk)},

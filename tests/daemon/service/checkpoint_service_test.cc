@@ -133,6 +133,42 @@ TEST_F(CheckpointServiceTest, PersistFailureIsReportedAndTheNextSaveSucceeds) {
   EXPECT_TRUE(RankState(3, 0).Check(service->ShardPath("job", 3, 0)).ok());
 }
 
+// --persist-newest on a disk slower than the saves: step 1 is being
+// persisted when steps 2, 3 and 4 come; 2 and 3 give way to 4. They stay
+// committed in memory, a wait for their disk commit fails at once, and their
+// memory copies go like persisted ones' once step 4 is committed.
+TEST_F(CheckpointServiceTest, PersistNewestSkipsSavesTheDiskCannotTakeInTime) {
+  io::FaultInjectionFs fs(io::DefaultFileSystem());
+  fs.SetWriteThroughput(100 << 10);  // two seconds per shard
+  ServiceOptions options = Options();
+  options.persist_newest = true;
+  auto service = Start(&fs, options);
+  for (uint64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE(
+        RankState(step, 0).Stage(service.get(), "job", step, 0, 1).ok());
+  }
+  const absl::Time start = absl::Now();
+  auto skipped = service->WaitCommitted("job", 2, kDisk, absl::Seconds(60));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "no wait for it";
+  ASSERT_EQ(skipped.status().code(), absl::StatusCode::kFailedPrecondition)
+      << skipped.status();
+  EXPECT_THAT(skipped.status().message(),
+              HasSubstr("job job step 2 rank 0 will not reach tier "
+                        "local_disk: a newer save of its rank came before "
+                        "the disk took it"));
+  EXPECT_TRUE(service->WaitCommitted("job", 3, kMem, absl::Seconds(1)).ok());
+  ASSERT_TRUE(service->WaitCommitted("job", 4, kDisk, absl::Seconds(60)).ok());
+  EXPECT_TRUE(RankState(4, 0).Check(service->ShardPath("job", 4, 0)).ok());
+  service->WaitIdle();
+  EXPECT_THAT(service->metrics()->Render(),
+              HasSubstr("ckpt_persists_skipped_total{job=\"job\"} 2"));
+  EXPECT_FALSE(std::filesystem::exists(service->ShardPath("job", 2, 0)));
+  EXPECT_FALSE(std::filesystem::exists(service->ShardPath("job", 3, 0)));
+  EXPECT_EQ(service->arena()->used_bytes(), RankState(4, 0).bytes())
+      << "only step 4 is left in memory";
+  EXPECT_EQ(*service->LatestCommitted("job", kDisk).value(), 4u);
+}
+
 TEST_F(CheckpointServiceTest, RefusesBadSlotDescriptions) {
   auto service = Start(io::DefaultFileSystem(), Options());
   RankState state(1, 0);
