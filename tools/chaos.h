@@ -286,6 +286,13 @@ class Chaos {
   // The times `node`'s ckptd rejoined etcd after its lease expired (0 when
   // it cannot be asked).
   double Rejoins(const Node& node);
+  // The node_lost failures of the job every ckptd counted, summed.
+  double NodeLostCounted();
+  // stop_past_lease of `node`, which serves ranks of the job: if its lease
+  // expired (it rejoined etcd), another ckptd counted a node_lost (a
+  // violation if not within 3 s).
+  void CheckLeaseLossCounted(const Node& node, double rejoins_before,
+                             double lost_before);
   // Why rank `rank` ended with another state than the reference: the first
   // of its resumes whose logged state differs from the reference's, if any.
   std::string ExplainResumes(uint32_t rank);

@@ -111,26 +111,18 @@ void Chaos::InjectOne() {
     // ranks of the job there (their sessions open and kept with its
     // membership: NodeWatch's rounds are 500 ms), its loss is the job's.
     const uint32_t index = static_cast<uint32_t>(&node - nodes_.data());
+    double lost_before = 0;
     if (index < o_.ranks) {
       AwaitSessions(node, index);
       SleepMs(1100);
       rejoins_before = Rejoins(node);
+      lost_before = NodeLostCounted();
     }
     ::kill(node.pid, SIGSTOP);
     pause(1000 * kLeaseTtlS + 500, 1000 * kLeaseTtlS + 2500);
     ::kill(node.pid, SIGCONT);
-    if (rejoins_before.has_value()) {
-      // Its next keep-alive finds the lease gone and it takes a new one.
-      const Clock::time_point until = Clock::now() + std::chrono::seconds(3);
-      double rejoins = *rejoins_before;
-      while (rejoins <= *rejoins_before && Clock::now() < until) {
-        SleepMs(100);
-        rejoins = Rejoins(node);
-      }
-      Log(absl::StrCat(node.id, " rejoined etcd ", rejoins, " time(s) (",
-                       *rejoins_before, " before the fault)"));
-      if (rejoins > *rejoins_before) report_.leases_expired++;
-    }
+    if (rejoins_before.has_value())
+      CheckLeaseLossCounted(node, *rejoins_before, lost_before);
   } else if (kind == "kill_etcd") {
     etcd_->Kill();
     pause(100, 2000);
