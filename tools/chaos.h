@@ -156,6 +156,9 @@ struct Node {
   std::string dir;      // data directory, socket, log
   std::string staging;  // tmpfs: the memory tier
   pid_t pid = -1;
+  // The last StartDaemon with an environment (a kill point) saw that
+  // daemon die during its start and started it again without.
+  bool died_at_start = false;
   std::string socket() const { return dir + "/run/ckptd.sock"; }
   std::string data() const { return dir + "/data"; }
   std::string log() const { return dir + "/ckptd.log"; }

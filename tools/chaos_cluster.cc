@@ -55,12 +55,17 @@ bool Chaos::StartDaemon(Node& node, const std::string& env) {
   std::error_code ec;
   std::filesystem::create_directories(node.dir, ec);
   node.pid = Spawn(args, node.log(), env);
+  node.died_at_start = false;
   for (int i = 0; i < 400; ++i) {
     int status;
     if (Exited(node.pid, &status)) {
       node.pid = -1;
       // A kill point may fire during start-up recovery (GC runs then too).
-      if (!env.empty()) return StartDaemon(node, "");
+      if (!env.empty()) {
+        const bool started = StartDaemon(node, "");
+        node.died_at_start = true;
+        return started;
+      }
       Violation(absl::StrCat(node.id, "'s ckptd exited at start (wait status ",
                              status, "); see ", node.log()));
       return false;
