@@ -318,6 +318,10 @@ class Chaos {
   std::vector<pid_t> ranks_;
   Clock::time_point job_started_, job_ended_;  // the first ranks to the last
   std::set<std::string> lost_nodes_;  // lose_node: their figures began anew
+  // Hangs injected per node of the victim since it was last lost, and
+  // those whose counts a lost node took with it.
+  std::map<std::string, int> hangs_on_node_;
+  int hangs_forgotten_ = 0;
   std::map<proto::Tier, uint64_t> newest_seen_;
   uint64_t checked_steps_ = 0;
   Report report_;

@@ -78,6 +78,7 @@ void Chaos::InjectOne() {
     // replacement takes its id, sooner or later than its lease expires.
     computed = KillNode(node);
     lost_nodes_.insert(node.id);
+    hangs_forgotten_ += std::exchange(hangs_on_node_[node.id], 0);
     // Steps the node voted for before it died may still get committed (the
     // other ranks' votes complete them) with its shards gone: committed at
     // the memory and disk tiers only, they are lost with it, as those tiers
@@ -99,6 +100,7 @@ void Chaos::InjectOne() {
     const uint32_t victim =
         std::uniform_int_distribution<uint32_t>(0, o_.ranks - 1)(rng_);
     AwaitSessions(NodeOf(victim), victim);
+    hangs_on_node_[NodeOf(victim).id]++;
     ::kill(ranks_[victim], SIGSTOP);
     pause(1000 * kHungAfterS + 1500, 1000 * kHungAfterS + 3000);
     ::kill(ranks_[victim], SIGCONT);

@@ -197,7 +197,8 @@ void Chaos::CheckHealth() {
   // (No upper bound: a persist that writes nothing new, all its chunks
   // unchanged, succeeds inside a window and ends the episode.)
   expected["disk_error"] = {disk > 0 ? 1.0 : 0.0};
-  const double hangs = faults({"hang_trainer"});
+  // (A node lost and replaced took the counts its ckptd had made.)
+  const double hangs = faults({"hang_trainer"}) - hangs_forgotten_;
   expected["trainer_hung"] = {hangs, hangs};
   expected["sdc_suspected"] = {0, 0};
   expected["operator_rollback"] = {0, 0};

@@ -6,6 +6,7 @@
 #include "daemon/coord/etcd_ops.h"
 #include "io/logging.h"
 #include "io/status_macros.h"
+#include "snapshot/names.h"
 
 namespace ckpt::daemon {
 
@@ -17,11 +18,21 @@ namespace {
 constexpr char kNodesPrefix[] = "/ckpt/nodes/";
 
 // The jobs a membership key's value names (none for a damaged one, or one
-// an older ckptd wrote: its node id alone).
-std::vector<std::string> JobsOf(const std::string& value) {
+// an older ckptd wrote: its node id alone). A name that is no job id is
+// dropped: it would become a metric label and a catalog key here.
+std::vector<std::string> JobsOf(const std::string& key,
+                                const std::string& value) {
   proto::NodeRecord record;
   if (!record.ParseFromString(value)) return {};
-  return {record.jobs().begin(), record.jobs().end()};
+  std::vector<std::string> jobs;
+  for (const std::string& job : record.jobs()) {
+    if (absl::Status s = snapshot::ValidateJobId(job); !s.ok()) {
+      CKPT_LOG_WARN("{} names a job that is none: {}", key, s.ToString());
+      continue;
+    }
+    jobs.push_back(job);
+  }
+  return jobs;
 }
 
 }  // namespace
@@ -64,6 +75,8 @@ absl::StatusOr<Coordinator::Membership> EtcdCoordinator::WatchMembers(
 
 absl::Status EtcdCoordinator::SetServedJobs(
     const std::vector<std::string>& jobs) {
+  for (const std::string& job : jobs)
+    RETURN_IF_ERROR(snapshot::ValidateJobId(job));
   int64_t lease;
   {
     absl::MutexLock lock(&mu_);
@@ -109,11 +122,11 @@ EtcdCoordinator::WatchMemberChanges(int64_t* revision, absl::Duration timeout) {
     c.node = e.kv().key().substr(sizeof(kNodesPrefix) - 1);
     if (e.type() == etcdserverpb::Event::DELETE) {
       c.lease = e.prev_kv().lease();
-      c.jobs = JobsOf(e.prev_kv().value());
+      c.jobs = JobsOf(e.kv().key(), e.prev_kv().value());
     } else if (!e.has_prev_kv() || e.prev_kv().lease() != e.kv().lease()) {
       c.joined = true;
       c.lease = e.kv().lease();
-      c.jobs = JobsOf(e.kv().value());
+      c.jobs = JobsOf(e.kv().key(), e.kv().value());
     } else {
       continue;  // the same membership, its jobs updated
     }

@@ -65,9 +65,14 @@ void FailureLog::Healed(const std::string& job, const std::string& cause,
   std::vector<proto::FailureHistory> histories;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [name, j] : jobs_) {
-      if (!job.empty() && name != job) continue;
+    // (Called after every replica push: one job is looked up, not scanned.)
+    auto heal = [&](const std::string& name, Job& j) {
       if (Heal(j, cause, node, at)) histories.push_back(HistoryOf(name, j));
+    };
+    if (job.empty()) {
+      for (auto& [name, j] : jobs_) heal(name, j);
+    } else if (auto it = jobs_.find(job); it != jobs_.end()) {
+      heal(job, it->second);
     }
   }
   for (const proto::FailureHistory& h : histories) Keep(h);

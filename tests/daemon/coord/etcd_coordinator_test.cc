@@ -245,6 +245,9 @@ TEST_F(EtcdCoordinatorTest,
   auto a = Node("node-a", absl::Seconds(1)), b = Node("node-b"),
        c = Node("node-c");
   ASSERT_TRUE(a && b && c);
+  // A name that is no job id is refused before it reaches etcd.
+  const absl::Status bad = a->SetServedJobs({"train", "../etc\nx"});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
   ASSERT_TRUE(a->SetServedJobs({"train"}).ok());
   int64_t revision = 0;
   ASSERT_TRUE(b->WatchMemberChanges(&revision, absl::Milliseconds(10)).ok());
